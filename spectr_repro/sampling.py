@@ -1,0 +1,43 @@
+"""The one place where logits become probabilities and probabilities become tokens.
+
+Used by the engine (target and draft alike) and by every verifier, so that the distribution a
+token was sampled from is, bit for bit, the distribution handed to the acceptance test.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def probs_from_logits(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    """Softmax of ``logits / temperature`` in float32; temperature 0 gives a one-hot argmax.
+
+    logits: [..., V] of any floating dtype. Returns float32 [..., V].
+    """
+    if temperature < 0:
+        raise ValueError(f"temperature must be >= 0, got {temperature}")
+    logits = logits.float()
+    if temperature == 0:
+        # Greedy decoding as a distribution: ties go to the lowest id, as torch.argmax does.
+        one_hot = torch.zeros_like(logits)
+        return one_hot.scatter_(-1, logits.argmax(dim=-1, keepdim=True), 1.0)
+    return torch.softmax(logits / temperature, dim=-1)
+
+
+def sample(probs: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+    """Draw one token id per row of ``probs`` ([..., V], need not be normalised).
+
+    Returns a LongTensor of shape ``probs.shape[:-1]``.
+    """
+    flat = probs.reshape(-1, probs.shape[-1])
+    if flat.dtype in (torch.float16, torch.bfloat16):
+        flat = flat.float()
+    tokens = torch.multinomial(flat, 1, generator=generator).squeeze(-1)
+    return tokens.reshape(probs.shape[:-1])
+
+
+def uniform(n: int, generator: torch.Generator | None = None, device=None) -> torch.Tensor:
+    """``n`` i.i.d. U(0, 1) draws in float64 (acceptance tests compare them with float64 ratios)."""
+    if device is None and generator is not None:
+        device = generator.device
+    return torch.rand(n, generator=generator, device=device, dtype=torch.float64)

@@ -1,0 +1,128 @@
+"""The contract every verification rule follows.
+
+Shapes (K drafts, L draft tokens each, V vocabulary):
+    draft_tokens  LongTensor [K, L]
+    draft_probs   float      [K, L, V]    row i = q(. | context, draft[:i]), the law token i was drawn from
+    target_probs  float      [K, L+1, V]  row i = p(. | context, draft[:i])
+p is the target and q the draft, everywhere.
+
+A rule returns the accepted prefix of one draft followed by exactly one more token (a correction
+when it stopped early, a bonus from p when the whole block passed). ``law`` gives the exact law of
+that outcome for small inputs, by integrating the rule's uniform draws analytically.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+
+@dataclass(frozen=True)
+class VerifyResult:
+    tokens: torch.Tensor  # 1-D LongTensor: accepted draft tokens + one correction/bonus token
+    num_accepted: int  # = len(tokens) - 1
+    draft_index: int  # which draft row the accepted prefix came from
+    state: Any = None  # carry-over for the next call (None for rules used "as is")
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """One atom of a rule's exact per-iteration law."""
+
+    probability: float
+    tokens: tuple[int, ...]
+    state: Any = None
+
+
+class Verifier:
+    """Base class: subclasses set the class attributes and implement ``_sample`` and ``_law``.
+
+    Inputs are validated once here (shapes, dtypes, non-negative, normalised rows) so that every
+    rule sees the same clean tensors: float32 or float64, never half precision.
+    """
+
+    name: str = ""
+    lossless: bool = False  # what this harness guarantees (proven by the exact tests)
+    claimed_lossless: bool = True  # what the rule's authors claim
+    single_draft: bool = False  # True: K > 1 is a ValueError
+
+    def __init__(self, check_inputs: bool = True, **options: Any) -> None:
+        self.check_inputs = check_inputs
+        if options:
+            raise TypeError(f"{self.name}: unknown options {sorted(options)}")
+
+    def __call__(
+        self,
+        draft_tokens: torch.Tensor,
+        draft_probs: torch.Tensor,
+        target_probs: torch.Tensor,
+        generator: torch.Generator | None = None,
+        state: Any = None,
+    ) -> VerifyResult:
+        if self.check_inputs:
+            validate_inputs(draft_tokens, draft_probs, target_probs, self.name, self.single_draft)
+        return self._sample(draft_tokens, draft_probs, target_probs, generator, state)
+
+    def law(
+        self,
+        draft_tokens: torch.Tensor,
+        draft_probs: torch.Tensor,
+        target_probs: torch.Tensor,
+        state: Any = None,
+    ) -> list[Outcome]:
+        """Exact law of this iteration's outcome given the drafts (small inputs only)."""
+        validate_inputs(draft_tokens, draft_probs, target_probs, self.name, self.single_draft)
+        return self._law(draft_tokens, draft_probs, target_probs, state)
+
+    def _sample(self, draft_tokens, draft_probs, target_probs, generator, state) -> VerifyResult:
+        raise NotImplementedError
+
+    def _law(self, draft_tokens, draft_probs, target_probs, state) -> list[Outcome]:
+        raise NotImplementedError
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(name={self.name!r}, lossless={self.lossless})"
+
+
+def _tolerance(dtype: torch.dtype) -> float:
+    return 1e-8 if dtype == torch.float64 else 1e-3
+
+
+def validate_inputs(
+    draft_tokens: torch.Tensor,
+    draft_probs: torch.Tensor,
+    target_probs: torch.Tensor,
+    name: str = "verifier",
+    single_draft: bool = False,
+) -> None:
+    """Raise ValueError with one clear message if the inputs break the contract."""
+    if not isinstance(draft_tokens, torch.Tensor) or draft_tokens.dim() != 2:
+        raise ValueError(f"{name}: draft_tokens must be a [K, L] LongTensor")
+    if draft_tokens.dtype not in (torch.int64, torch.int32):
+        raise ValueError(f"{name}: draft_tokens must be integer, got {draft_tokens.dtype}")
+    K, L = draft_tokens.shape
+    if K < 1 or L < 1:
+        raise ValueError(f"{name}: need K >= 1 and L >= 1, got draft_tokens of shape {tuple(draft_tokens.shape)}")
+    if single_draft and K != 1:
+        raise ValueError(f"{name} verifies a single draft; got K={K} (use spectr, rbv, sbv or spectr_gbv for K > 1)")
+    if draft_probs.dim() != 3 or tuple(draft_probs.shape[:2]) != (K, L):
+        raise ValueError(f"{name}: draft_probs must be [K={K}, L={L}, V], got {tuple(draft_probs.shape)}")
+    V = draft_probs.shape[2]
+    if tuple(target_probs.shape) != (K, L + 1, V):
+        raise ValueError(f"{name}: target_probs must be [K={K}, L+1={L + 1}, V={V}], got {tuple(target_probs.shape)}")
+    for label, probs in (("draft_probs", draft_probs), ("target_probs", target_probs)):
+        if probs.dtype not in (torch.float32, torch.float64):
+            raise ValueError(f"{name}: {label} must be float32 or float64 (never half precision), got {probs.dtype}")
+        if not bool(torch.isfinite(probs).all()) or bool((probs < 0).any()):
+            raise ValueError(f"{name}: {label} has negative or non-finite entries")
+        sums = probs.sum(-1, dtype=torch.float64)
+        if bool(((sums - 1).abs() > _tolerance(probs.dtype)).any()):
+            worst = float((sums - 1).abs().max())
+            raise ValueError(f"{name}: {label} rows must sum to 1 (worst deviation {worst:.3g})")
+    if bool(((draft_tokens < 0) | (draft_tokens >= V)).any()):
+        raise ValueError(f"{name}: draft_tokens out of range [0, {V})")
+    drawn = draft_probs.gather(-1, draft_tokens.long().unsqueeze(-1)).squeeze(-1)
+    if bool((drawn <= 0).any()):
+        raise ValueError(f"{name}: a draft token has probability 0 under the draft_probs it was sampled from")
