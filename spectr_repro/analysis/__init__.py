@@ -1,0 +1,34 @@
+"""Analysis of results folders: load records, Table 1 beside the paper, ablation figures, REPORT.md.
+
+Reads files only (``cells/<cell_id>/summary.json`` and ``records.jsonl``), never the engine or
+models, so a report can be rebuilt anywhere from a results folder.
+
+    from spectr_repro.analysis import load_results, build_table1, make_figures, load_paper_numbers
+    python -m spectr_repro report results/cpu_quick
+"""
+
+from spectr_repro.analysis.figures import (
+    ablation_data,
+    acceptance_data,
+    make_figures,
+    plot_ablation,
+    plot_acceptance,
+)
+from spectr_repro.analysis.load import Results, load_results
+from spectr_repro.analysis.paper import load_paper_numbers
+from spectr_repro.analysis.tables import Setting, build_table1, main_setting, table1
+
+__all__ = [
+    "Results",
+    "Setting",
+    "ablation_data",
+    "acceptance_data",
+    "build_table1",
+    "load_paper_numbers",
+    "load_results",
+    "main_setting",
+    "make_figures",
+    "plot_ablation",
+    "plot_acceptance",
+    "table1",
+]

@@ -1,0 +1,309 @@
+"""Ablation figures (block efficiency and speed-up vs K, vs L, vs T) and per-position acceptance.
+
+Figures are drawn on matplotlib's Agg canvas through the object API (no pyplot state), so they work
+the same headless, in tests and in a notebook, and are saved as PNG and SVG.
+
+Points are the cells' summary values (the numbers in Table 1). Error bars are 95 % bootstrap
+intervals over prompts (1000 resamples, seed 0) of the same ratio-of-sums statistic computed from
+the per-prompt records: block efficiency = Σ new_tokens / Σ target_calls, speed-up = Σ AR wall time /
+Σ method wall time. Cells without records get no error bars.
+
+Each ablation holds the other two axes at the pair's main setting (see ``tables.main_setting``);
+single-draft methods (sd, bv, gbv) have no K axis and are drawn as dashed horizontal lines in the
+K figure.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+
+from spectr_repro.analysis.load import (
+    DATASET_ORDER,
+    METHOD_LABELS,
+    METHOD_ORDER,
+    SINGLE_DRAFT_METHODS,
+    ordered,
+)
+from spectr_repro.analysis.tables import METRICS, Setting, cells_at, main_setting
+
+AXES = {"K": "number of drafts K", "L": "draft length L", "temperature": "temperature T"}
+AXIS_FILE_NAMES = {"K": "K", "L": "L", "temperature": "T"}
+BOOTSTRAP_RESAMPLES = 1000
+BOOTSTRAP_LEVEL = 0.95
+
+
+def method_color(method: str) -> tuple:
+    """A fixed colour per method across every figure."""
+    from matplotlib import colormaps
+
+    index = METHOD_ORDER.index(method) if method in METHOD_ORDER else len(METHOD_ORDER)
+    return colormaps["tab10"](index % 10)
+
+
+def ratio_interval(
+    numerators,
+    denominators,
+    level: float = BOOTSTRAP_LEVEL,
+    resamples: int = BOOTSTRAP_RESAMPLES,
+    seed: int = 0,
+) -> tuple[float, float, float]:
+    """(statistic, low, high): Σnum/Σden and its percentile bootstrap interval over rows.
+
+    Rows are prompts; resampling them with replacement keeps each prompt's numerator and
+    denominator together. Fewer than two rows give NaN bounds.
+    """
+    num = np.asarray(numerators, dtype=float)
+    den = np.asarray(denominators, dtype=float)
+    if num.shape != den.shape or num.ndim != 1:
+        raise ValueError(
+            f"numerators and denominators must be 1-D of equal length; got {num.shape}, {den.shape}"
+        )
+    statistic = num.sum() / den.sum() if den.sum() > 0 else np.nan
+    if len(num) < 2:
+        return statistic, np.nan, np.nan
+    rng = np.random.default_rng(seed)
+    picks = rng.integers(0, len(num), size=(resamples, len(num)))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        stats = num[picks].sum(axis=1) / den[picks].sum(axis=1)
+    tail = (1 - level) / 2
+    low, high = np.nanquantile(stats, [tail, 1 - tail])
+    return statistic, float(low), float(high)
+
+
+_RATIO_COLUMNS = {
+    "block_efficiency": ("new_tokens", "target_calls"),
+    "speedup": ("ar_wall_time_s", "wall_time_s"),
+}
+
+
+def _error_bar(records: pd.DataFrame, metric: str, centre: float) -> tuple[float, float]:
+    """(below, above) half-widths around ``centre`` from the records' bootstrap interval."""
+    num_col, den_col = _RATIO_COLUMNS[metric]
+    if records.empty or records[[num_col, den_col]].isna().any().any():
+        return np.nan, np.nan
+    statistic, low, high = ratio_interval(records[num_col], records[den_col])
+    if np.isnan(low):
+        return np.nan, np.nan
+    return max(statistic - low, 0.0), max(high - statistic, 0.0)
+
+
+def ablation_data(
+    cells: pd.DataFrame, records: pd.DataFrame, model_pair: str, axis: str, setting: Setting | None = None
+) -> pd.DataFrame:
+    """Long table for one ablation: dataset, method, value (of ``axis``), metric, mean, err_low, err_high,
+    num_cells, num_prompts. AR is left out (it is 1 by definition on both metrics)."""
+    if axis not in AXES:
+        raise ValueError(f"axis must be one of {', '.join(AXES)}; got {axis!r}")
+    pair_cells = cells[cells["model_pair"] == model_pair]
+    if pair_cells.empty:
+        raise ValueError(f"no cells for model pair {model_pair!r}")
+    setting = setting or main_setting(pair_cells)
+    selected = cells_at(pair_cells, setting, vary=axis)
+    selected = selected[selected["method"] != "ar"]
+    rows = []
+    for (dataset, method, value), group in selected.groupby(["dataset", "method", axis]):
+        keys = set(zip(group["experiment"], group["cell_id"]))
+        cell_records = (
+            records[[k in keys for k in zip(records["experiment"], records["cell_id"])]]
+            if not records.empty
+            else records
+        )
+        for metric in METRICS:
+            centre = float(group[metric].mean())
+            below, above = _error_bar(cell_records, metric, centre)
+            rows.append(
+                {
+                    "dataset": dataset,
+                    "method": method,
+                    "value": value,
+                    "metric": metric,
+                    "mean": centre,
+                    "err_low": below,
+                    "err_high": above,
+                    "num_cells": len(group),
+                    "num_prompts": len(cell_records),
+                }
+            )
+    return pd.DataFrame(
+        rows,
+        columns=[
+            "dataset",
+            "method",
+            "value",
+            "metric",
+            "mean",
+            "err_low",
+            "err_high",
+            "num_cells",
+            "num_prompts",
+        ],
+    )
+
+
+def _swept_datasets(data: pd.DataFrame) -> list[str]:
+    counts = data.groupby(["dataset", "method"])["value"].nunique()
+    swept = counts[counts >= 2].reset_index()["dataset"]
+    return ordered(swept, DATASET_ORDER)
+
+
+def _new_figure(rows: int, cols: int, width: float = 4.2, height: float = 3.0) -> Figure:
+    figure = Figure(figsize=(width * cols, height * rows), layout="constrained")
+    FigureCanvasAgg(figure)
+    return figure
+
+
+def plot_ablation(data: pd.DataFrame, axis: str, title: str = "") -> Figure | None:
+    """Rows datasets that sweep ``axis``, columns BE and speed-up; one line per method.
+
+    None when no method varies ``axis`` in ``data``.
+    """
+    datasets = _swept_datasets(data) if not data.empty else []
+    if not datasets:
+        return None
+    figure = _new_figure(len(datasets), len(METRICS))
+    grid = figure.subplots(len(datasets), len(METRICS), squeeze=False)
+    for row, dataset in enumerate(datasets):
+        for col, (metric, metric_title) in enumerate(METRICS.items()):
+            ax = grid[row][col]
+            subset = data[(data["dataset"] == dataset) & (data["metric"] == metric)]
+            for method in ordered(subset["method"], METHOD_ORDER):
+                line = subset[subset["method"] == method].sort_values("value")
+                label = METHOD_LABELS.get(method, method)
+                if axis == "K" and method in SINGLE_DRAFT_METHODS and len(line) == 1:
+                    ax.axhline(
+                        line["mean"].iloc[0],
+                        color=method_color(method),
+                        linestyle="--",
+                        linewidth=1.2,
+                        label=f"{label} (K={int(line['value'].iloc[0])})",
+                    )
+                    continue
+                errors = np.vstack([line["err_low"].to_numpy(), line["err_high"].to_numpy()])
+                ax.errorbar(
+                    line["value"],
+                    line["mean"],
+                    yerr=None if np.isnan(errors).all() else errors,
+                    marker="o",
+                    markersize=4,
+                    capsize=3,
+                    color=method_color(method),
+                    label=label,
+                )
+            if metric == "speedup":
+                ax.axhline(1.0, color="grey", linewidth=0.8, linestyle=":")
+            ax.set_xlabel(AXES[axis])
+            ax.set_ylabel(metric_title)
+            ax.set_title(dataset, fontsize=10)
+            ax.grid(alpha=0.3)
+            if axis in ("K", "L"):
+                ax.xaxis.get_major_locator().set_params(integer=True)
+    grid[0][-1].legend(fontsize=8, loc="best")
+    if title:
+        figure.suptitle(title, fontsize=11)
+    return figure
+
+
+def acceptance_data(cells: pd.DataFrame, model_pair: str, setting: Setting | None = None) -> pd.DataFrame:
+    """Long table: dataset, method, position (1-based), acceptance (P(accepted | reached)), averaged
+    over cells at the main setting."""
+    pair_cells = cells[cells["model_pair"] == model_pair]
+    if pair_cells.empty:
+        raise ValueError(f"no cells for model pair {model_pair!r}")
+    setting = setting or main_setting(pair_cells)
+    selected = cells_at(pair_cells, setting)
+    rows = []
+    for _, cell in selected[selected["method"] != "ar"].iterrows():
+        values = cell["acceptance_by_position"]
+        if not isinstance(values, list | tuple) or not values:
+            continue
+        for position, value in enumerate(values, 1):
+            rows.append(
+                {
+                    "dataset": cell["dataset"],
+                    "method": cell["method"],
+                    "position": position,
+                    "acceptance": np.nan if value is None else float(value),
+                }
+            )
+    frame = pd.DataFrame(rows, columns=["dataset", "method", "position", "acceptance"])
+    return frame.groupby(["dataset", "method", "position"], as_index=False)["acceptance"].mean()
+
+
+def plot_acceptance(data: pd.DataFrame, title: str = "") -> Figure | None:
+    """One panel per dataset, one line per method: acceptance probability at each draft position."""
+    if data.empty:
+        return None
+    datasets = ordered(data["dataset"], DATASET_ORDER)
+    cols = min(len(datasets), 3)
+    rows = -(-len(datasets) // cols)
+    figure = _new_figure(rows, cols)
+    grid = figure.subplots(rows, cols, squeeze=False)
+    for index, dataset in enumerate(datasets):
+        ax = grid[index // cols][index % cols]
+        subset = data[data["dataset"] == dataset]
+        for method in ordered(subset["method"], METHOD_ORDER):
+            line = subset[subset["method"] == method].sort_values("position")
+            ax.plot(
+                line["position"],
+                line["acceptance"],
+                marker="o",
+                markersize=3,
+                color=method_color(method),
+                label=METHOD_LABELS.get(method, method),
+            )
+        ax.set_ylim(0, 1.02)
+        ax.set_xlabel("draft position i")
+        ax.set_ylabel("P(accepted | reached)")
+        ax.set_title(dataset, fontsize=10)
+        ax.grid(alpha=0.3)
+        ax.xaxis.get_major_locator().set_params(integer=True)
+    for index in range(len(datasets), rows * cols):
+        grid[index // cols][index % cols].set_visible(False)
+    grid[0][0].legend(fontsize=8, loc="lower left")
+    if title:
+        figure.suptitle(title, fontsize=11)
+    return figure
+
+
+def save_figure(figure: Figure, stem: str | Path) -> list[Path]:
+    """Write ``stem``.png (150 dpi) and ``stem``.svg; returns both paths."""
+    stem = Path(stem)
+    stem.parent.mkdir(parents=True, exist_ok=True)
+    # Pair names contain dots (qwen25coder_1.5b_0.5b): append suffixes, never Path.with_suffix.
+    paths = [stem.parent / f"{stem.name}.png", stem.parent / f"{stem.name}.svg"]
+    figure.savefig(paths[0], dpi=150)
+    figure.savefig(paths[1])
+    return paths
+
+
+def make_figures(
+    cells: pd.DataFrame,
+    records: pd.DataFrame,
+    model_pair: str,
+    out_dir: str | Path,
+    setting: Setting | None = None,
+) -> dict[str, list[Path]]:
+    """Every figure for one pair: keys "ablation_K", "ablation_L", "ablation_T", "acceptance" (only
+    those the results allow); values the written PNG and SVG paths."""
+    out_dir = Path(out_dir)
+    pair_cells = cells[cells["model_pair"] == model_pair]
+    setting = setting or main_setting(pair_cells)
+    written: dict[str, list[Path]] = {}
+    for axis in AXES:
+        data = ablation_data(cells, records, model_pair, axis, setting)
+        name = f"ablation_{AXIS_FILE_NAMES[axis]}"
+        figure = plot_ablation(data, axis, title=f"{model_pair}: {AXES[axis]} varied, others at {setting}")
+        if figure is not None:
+            written[name] = save_figure(figure, out_dir / f"{name}_{model_pair}")
+    figure = plot_acceptance(
+        acceptance_data(cells, model_pair, setting),
+        title=f"{model_pair}: per-position acceptance at {setting}",
+    )
+    if figure is not None:
+        written["acceptance"] = save_figure(figure, out_dir / f"acceptance_{model_pair}")
+    return written

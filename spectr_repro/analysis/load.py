@@ -1,0 +1,207 @@
+"""Read a results folder into pandas DataFrames.
+
+A results folder is anything holding ``cells/<cell_id>/summary.json`` (one per cell) and, next to
+it, ``records.jsonl`` (one JSON line per prompt), as written by the runner. The folder may be one
+experiment (``results/cpu_quick``) or a parent of several (``results/``): every ``cells/*/summary.json``
+below it is read. Analysis never imports the engine or models, so a report can be rebuilt anywhere
+from the files alone.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+# Canonical orders (rows and columns of every table and legend).
+METHOD_ORDER = ["ar", "sd", "spectr", "bv", "gbv", "spectr_gbv", "rbv", "sbv"]
+DATASET_ORDER = ["humaneval", "gsm8k", "mgsm", "lm1b", "alpaca"]
+METHOD_LABELS = {
+    "ar": "AR",
+    "sd": "SD",
+    "spectr": "SpecTr",
+    "bv": "BV",
+    "gbv": "GBV",
+    "spectr_gbv": "SpecTr-GBV",
+    "rbv": "RBV",
+    "sbv": "SBV",
+}
+# Methods that draft a single sequence (K = 1 always); their values do not depend on K.
+SINGLE_DRAFT_METHODS = frozenset({"ar", "sd", "bv", "gbv"})
+
+SUMMARY_KEYS = [
+    "experiment",
+    "cell_id",
+    "method",
+    "dataset",
+    "model_pair",
+    "K",
+    "L",
+    "temperature",
+    "seed",
+    "num_prompts",
+    "max_new_tokens",
+    "tokens",
+    "target_calls",
+    "block_efficiency",
+    "block_efficiency_std",
+    "wall_time_s",
+    "ar_wall_time_s",
+    "speedup",
+    "tokens_per_s",
+    "acceptance_by_position",
+    "time_split",
+    "environment",
+    "created_at",
+]
+RECORD_KEYS = [
+    "prompt_id",
+    "method",
+    "K",
+    "L",
+    "temperature",
+    "seed",
+    "prompt_tokens",
+    "new_tokens",
+    "target_calls",
+    "block_efficiency",
+    "wall_time_s",
+    "ar_wall_time_s",
+    "completion",
+    "reference",
+    "accepted_lengths",
+]
+# Summary columns copied onto each record row so records can be grouped like cells.
+_CELL_COLUMNS_FOR_RECORDS = ["experiment", "cell_id", "dataset", "model_pair", "max_new_tokens"]
+
+
+def ordered(values, order: list[str]) -> list[str]:
+    """``values`` sorted by ``order``; unknown names keep their sorted order after the known ones."""
+    values = list(dict.fromkeys(values))
+    known = [v for v in order if v in values]
+    return known + sorted(v for v in values if v not in order)
+
+
+@dataclass
+class Results:
+    """Everything in one results folder.
+
+    ``cells``: one row per cell (summary keys as columns; ``time_split`` also flattened into
+    ``time_<part>_s`` columns). ``records``: one row per prompt per cell, with the cell's
+    experiment, cell_id, dataset, model_pair and max_new_tokens attached.
+    """
+
+    root: Path
+    cells: pd.DataFrame
+    records: pd.DataFrame
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        with open(path, encoding="utf-8") as handle:
+            data = json.load(handle)
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{path}: not valid JSON ({err})") from err
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: expected a JSON object, got {type(data).__name__}")
+    return data
+
+
+def _read_jsonl(path: Path) -> list[dict]:
+    rows = []
+    with open(path, encoding="utf-8") as handle:
+        for line_number, line in enumerate(handle, 1):
+            if not line.strip():
+                continue
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError as err:
+                raise ValueError(f"{path}:{line_number}: not valid JSON ({err})") from err
+    return rows
+
+
+def summary_paths(results_dir: str | Path) -> list[Path]:
+    """Every ``cells/<cell_id>/summary.json`` below ``results_dir``, sorted."""
+    root = Path(results_dir)
+    return sorted(p for p in root.rglob("summary.json") if p.parent.parent.name == "cells")
+
+
+def load_cells(results_dir: str | Path) -> pd.DataFrame:
+    """One row per cell. Raises ValueError when the folder is missing or holds no cells."""
+    root = Path(results_dir)
+    if not root.is_dir():
+        raise ValueError(f"results folder {str(root)!r} does not exist")
+    paths = summary_paths(root)
+    if not paths:
+        raise ValueError(
+            f"no cells found under {str(root)!r} (expected cells/<cell_id>/summary.json); "
+            "run an experiment first, e.g. `make reproduce`"
+        )
+    rows = []
+    for path in paths:
+        summary = _read_json(path)
+        missing = [
+            k for k in ("method", "dataset", "model_pair", "K", "L", "temperature") if k not in summary
+        ]
+        if missing:
+            raise ValueError(f"{path}: summary lacks required keys {missing}")
+        summary.setdefault("cell_id", path.parent.name)
+        summary.setdefault("experiment", path.parent.parent.parent.name)
+        summary["cell_dir"] = str(path.parent)
+        rows.append(summary)
+    cells = pd.DataFrame(rows)
+    for key in SUMMARY_KEYS:
+        if key not in cells:
+            cells[key] = None
+    for part in _time_parts(cells["time_split"]):
+        cells[f"time_{part}_s"] = [
+            (split or {}).get(part, np.nan) if isinstance(split, dict) else np.nan
+            for split in cells["time_split"]
+        ]
+    cells["K"] = cells["K"].astype(int)
+    cells["L"] = cells["L"].astype(int)
+    cells["temperature"] = cells["temperature"].astype(float)
+    return cells.reset_index(drop=True)
+
+
+def _time_parts(splits: pd.Series) -> list[str]:
+    parts: dict[str, None] = {}
+    for split in splits:
+        if isinstance(split, dict):
+            parts.update(dict.fromkeys(split))
+    return list(parts)
+
+
+def load_records(cells: pd.DataFrame) -> pd.DataFrame:
+    """One row per prompt of every cell that has a ``records.jsonl`` (cells without one are skipped)."""
+    frames = []
+    for cell in cells.itertuples(index=False):
+        path = Path(cell.cell_dir) / "records.jsonl"
+        if not path.is_file():
+            continue
+        rows = _read_jsonl(path)
+        if not rows:
+            continue
+        frame = pd.DataFrame(rows)
+        for column in _CELL_COLUMNS_FOR_RECORDS:
+            frame[column] = getattr(cell, column)
+        for column in ("method", "K", "L", "temperature", "seed"):
+            if column not in frame:
+                frame[column] = getattr(cell, column)
+        frames.append(frame)
+    if not frames:
+        return pd.DataFrame(columns=RECORD_KEYS + _CELL_COLUMNS_FOR_RECORDS)
+    records = pd.concat(frames, ignore_index=True)
+    for key in RECORD_KEYS:
+        if key not in records:
+            records[key] = None
+    return records
+
+
+def load_results(results_dir: str | Path) -> Results:
+    """Cells and records of ``results_dir`` (see module docstring)."""
+    cells = load_cells(results_dir)
+    return Results(root=Path(results_dir), cells=cells, records=load_records(cells))

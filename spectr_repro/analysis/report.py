@@ -1,0 +1,442 @@
+"""`python -m spectr_repro report [results_dir ...]`: REPORT.md with environment, settings, Table 1
+beside the paper's numbers, ablation figures, per-position acceptance, and (when present) the
+losslessness audit, quality metrics and the theory summary.
+
+Outputs, next to the first results folder (or ``--output``):
+
+    REPORT.md
+    tables/table1_<pair>.{md,csv,tex}       Table 1 (ours, paper, difference)
+    tables/ablation_<K|L|T>_<pair>.csv      the numbers behind each ablation figure
+    figures/ablation_<K|L|T>_<pair>.{png,svg}, figures/acceptance_<pair>.{png,svg}
+
+The report reads files only (records and summaries), so it can be rebuilt anywhere.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import importlib
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+
+from spectr_repro.analysis.figures import AXES, AXIS_FILE_NAMES, ablation_data, make_figures
+from spectr_repro.analysis.load import (
+    DATASET_ORDER,
+    METHOD_LABELS,
+    METHOD_ORDER,
+    Results,
+    load_results,
+    ordered,
+)
+from spectr_repro.analysis.paper import PAPER_SOURCE, load_paper_numbers, unlabelled_numbers
+from spectr_repro.analysis.tables import AVERAGE, METRICS, build_table1, main_setting
+
+DEFAULT_RESULTS_DIR = "results/cpu_quick"
+ENVIRONMENT_KEYS = ["device", "device_name", "torch", "transformers", "python", "git_commit", "num_threads"]
+
+
+def _merge(results: list[Results]) -> Results:
+    cells = pd.concat([r.cells for r in results], ignore_index=True)
+    records = pd.concat(
+        [r.records for r in results if not r.records.empty] or [results[0].records], ignore_index=True
+    )
+    return Results(root=results[0].root, cells=cells, records=records)
+
+
+def _markdown(frame: pd.DataFrame, index: bool = False) -> str:
+    return frame.to_markdown(index=index, disable_numparse=True)
+
+
+def _unique_text(values) -> str:
+    unique = sorted({str(v) for v in values if v is not None and not (isinstance(v, float) and pd.isna(v))})
+    return ", ".join(unique) if unique else "—"
+
+
+def _repository_commit() -> str | None:
+    """The commit of the checkout this report is generated from (None outside a git checkout)."""
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            cwd=Path(__file__).resolve().parent,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() or None if out.returncode == 0 else None
+
+
+def environment_section(cells: pd.DataFrame) -> str:
+    rows = []
+    for env in cells["environment"]:
+        env = env if isinstance(env, dict) else {}
+        rows.append({key: str(env.get(key, "")) for key in ENVIRONMENT_KEYS})
+    table = pd.DataFrame(rows, columns=ENVIRONMENT_KEYS)
+    table = table.groupby(ENVIRONMENT_KEYS, dropna=False).size().rename("cells").reset_index()
+    lines = [
+        "## Environment",
+        "",
+        "Where the cells were measured (from each summary's `environment`):",
+        "",
+        _markdown(table),
+        "",
+    ]
+    commit = _repository_commit()
+    if commit:
+        lines += [
+            f"Report generated from commit `{commit}` with pandas {pd.__version__}, Python "
+            f"{sys.version.split()[0]}.",
+            "",
+        ]
+    return "\n".join(lines)
+
+
+def settings_section(cells: pd.DataFrame, records: pd.DataFrame) -> str:
+    lines = ["## Settings", ""]
+    lines.append(
+        f"- Experiments: {_unique_text(cells['experiment'])}; "
+        f"model pairs: {_unique_text(cells['model_pair'])}."
+    )
+    lines.append(
+        f"- Cells: {len(cells)} ({(cells['method'] != 'ar').sum()} speculative, "
+        f"{(cells['method'] == 'ar').sum()} AR baselines); prompts recorded: {len(records)}."
+    )
+    lines.append(
+        f"- max_new_tokens: {_unique_text(cells['max_new_tokens'])}; seeds: {_unique_text(cells['seed'])}."
+    )
+    wall = pd.to_numeric(cells["wall_time_s"], errors="coerce").sum()
+    lines.append(
+        f"- Measured generation time summed over cells (speculative and AR cells, timed prompts only): "
+        f"{wall / 60:.1f} min."
+    )
+    lines.append(
+        "- Block efficiency = tokens per target call, bonus token included (AR = 1.00). "
+        "Speed-up = AR wall time / method wall time on the same prompts in the same process."
+    )
+    lines.append("")
+    prompts = cells.groupby(["model_pair", "dataset"])["num_prompts"].agg(_unique_text).unstack("dataset")
+    prompts = prompts.reindex(columns=ordered(prompts.columns, DATASET_ORDER)).fillna("")
+    lines += ["Prompts per cell (by model pair and dataset):", "", _markdown(prompts, index=True), ""]
+    grid = (
+        cells.groupby(["model_pair", "method"])
+        .agg(
+            K=("K", _unique_text),
+            L=("L", _unique_text),
+            T=("temperature", _unique_text),
+            datasets=("dataset", lambda d: ", ".join(ordered(d, DATASET_ORDER))),
+            cells=("cell_id", "size"),
+        )
+        .reset_index()
+    )
+    grid["_order"] = grid["method"].map(lambda m: METHOD_ORDER.index(m) if m in METHOD_ORDER else 99)
+    grid = grid.sort_values(["model_pair", "_order"]).drop(columns="_order")
+    lines += ["Grid (values present in the results):", "", _markdown(grid), ""]
+    return "\n".join(lines)
+
+
+def _relative(path: Path, start: Path) -> str:
+    return Path(os.path.relpath(path, start)).as_posix()
+
+
+def pair_sections(results: Results, paper: pd.DataFrame, out_dir: Path) -> str:
+    cells, records = results.cells, results.records
+    parts = []
+    for pair in ordered(cells["model_pair"], []):
+        pair_cells = cells[cells["model_pair"] == pair]
+        if (pair_cells["method"] == "ar").all():
+            parts.append(f"## {pair}\n\nOnly AR cells: nothing to compare.\n")
+            continue
+        setting = main_setting(pair_cells)
+        table = build_table1(cells, paper, pair, out_dir / "tables", setting)
+        datasets = [
+            d
+            for d in table.comparison["dataset"].unique()
+            if d != AVERAGE and table.comparison.loc[table.comparison["dataset"] == d, "ours"].notna().any()
+        ]
+        has_paper = table.comparison["paper"].notna().any()
+        lines = [
+            f"## Table 1 — {pair}",
+            "",
+            f"Main setting {setting} (single-draft methods sd, bv, gbv at K=1). "
+            f"`{AVERAGE}` = mean over this table's datasets ({', '.join(ordered(datasets, DATASET_ORDER))}), "
+            "given only for methods that have all of them.",
+            "Paper values in parentheses with Δ = ours − paper; "
+            + (
+                "the paper's averages are over its five datasets and its own prompts, hardware and models."
+                if has_paper
+                else "the paper reports no numbers for this model pair (see \"The paper's "
+                'numbers" below for the DeepSeek pairs).'
+            ),
+            "",
+            table.markdown,
+            "Files: " + ", ".join(f"[{p.name}]({_relative(p, out_dir)})" for p in table.paths.values()),
+            "",
+        ]
+        figures = make_figures(cells, records, pair, out_dir / "figures", setting)
+        lines += [
+            f"## Ablations — {pair}",
+            "",
+            "Each figure varies one axis with the other two at the main setting; points are cell values, "
+            "error bars 95 % bootstrap intervals over prompts (1000 resamples). Single-draft methods are "
+            "dashed lines in the K figure.",
+            "",
+        ]
+        not_swept = []
+        for axis in AXES:
+            name = f"ablation_{AXIS_FILE_NAMES[axis]}"
+            if name not in figures:
+                not_swept.append(AXES[axis])
+                continue
+            csv_path = out_dir / "tables" / f"{name}_{pair}.csv"
+            ablation_data(cells, records, pair, axis, setting).to_csv(
+                csv_path, index=False, float_format="%.4f"
+            )
+            png, svg = figures[name]
+            lines += [
+                f"### Block efficiency and speed-up vs {AXIS_FILE_NAMES[axis]}",
+                "",
+                f"![{name} {pair}]({_relative(png, out_dir)})",
+                "",
+                f"Numbers: [{csv_path.name}]({_relative(csv_path, out_dir)}); "
+                f"SVG: [{svg.name}]({_relative(svg, out_dir)}).",
+                "",
+            ]
+        if not_swept:
+            lines += [f"Not swept in these results (no method takes two values): {', '.join(not_swept)}.", ""]
+        if "acceptance" in figures:
+            png = figures["acceptance"][0]
+            lines += [
+                "### Per-position acceptance",
+                "",
+                "P(draft position i accepted | position i reached), at the main setting.",
+                "",
+                f"![acceptance {pair}]({_relative(png, out_dir)})",
+                "",
+            ]
+        parts.append("\n".join(lines))
+    return "\n".join(parts)
+
+
+def paper_section(paper: pd.DataFrame) -> str:
+    labelled = paper[
+        (paper["model_pair"] != "") & (paper["metric"].isin(METRICS)) & (paper["dataset"] == AVERAGE)
+    ]
+    lines = [
+        "## The paper's numbers",
+        "",
+        f"Source: {PAPER_SOURCE}; kept in `results/paper/paper_numbers.csv`. "
+        "Blank = not reported (never filled in).",
+        "",
+    ]
+    if not labelled.empty:
+        wide = labelled.pivot_table(index="method", columns=["model_pair", "metric"], values="value")
+        wide = wide.reindex(index=ordered(wide.index, METHOD_ORDER))
+        wide.index = [METHOD_LABELS.get(m, m) for m in wide.index]
+        wide.columns = [
+            f"{pair} {'BE' if metric == 'block_efficiency' else 'speed-up'}" for pair, metric in wide.columns
+        ]
+        lines += [
+            "Averages over the five datasets:",
+            "",
+            wide.map(lambda v: "" if pd.isna(v) else f"{v:.2f}")
+            .rename_axis("method")
+            .to_markdown(disable_numparse=True),
+            "",
+        ]
+    unlabelled = unlabelled_numbers(paper)
+    if not unlabelled.empty:
+        lines += ["Seen without setting labels (model pair unknown, so never placed in a table above):", ""]
+        for row in unlabelled.itertuples(index=False):
+            where = row.dataset or "—"
+            lines.append(
+                f"- {METHOD_LABELS.get(row.method, row.method)}, {where}, {row.metric}: {row.value:g}"
+            )
+        lines.append("")
+    return "\n".join(lines)
+
+
+def find_audit(results_dirs: list[Path]) -> Path | None:
+    """audit.json next to or above the results folders (results/audit/audit.json), or in ./results/audit."""
+    candidates = []
+    for folder in results_dirs:
+        candidates += [
+            folder / "audit" / "audit.json",
+            folder.parent / "audit" / "audit.json",
+            folder / "audit.json",
+        ]
+    candidates.append(Path("results") / "audit" / "audit.json")
+    return next((c for c in candidates if c.is_file()), None)
+
+
+def audit_rows(audit) -> list[dict]:
+    """The audit's rows, whether the JSON is a list of rows or an object holding one."""
+    if isinstance(audit, list):
+        return [row for row in audit if isinstance(row, dict)]
+    if isinstance(audit, dict):
+        if "rule" in audit:
+            return [audit]
+        for value in audit.values():
+            if isinstance(value, list) and value and isinstance(value[0], dict) and "rule" in value[0]:
+                return value
+    return []
+
+
+def audit_section(path: Path, out_dir: Path) -> str:
+    audit = json.loads(path.read_text(encoding="utf-8"))
+    rows = audit_rows(audit)
+    lines = [
+        "## Lossless status (audit)",
+        "",
+        f"From [{path.name}]({_relative(path, out_dir)}): exact total-variation distance between each rule's "
+        "decoded law and the target's, a Monte-Carlo chi-square check through the real sampler, and the "
+        "audit's verdict.",
+        "",
+    ]
+    if isinstance(audit, dict):
+        for key, value in audit.items():
+            if not isinstance(value, list | dict):
+                lines.append(f"- {key}: {value}")
+        lines.append("")
+    if not rows:
+        return "\n".join(lines + ["The audit file holds no rows.", ""])
+    columns = ["rule", "K", "options", "exact_tv", "p_value", "mc_tv", "verdict", "claimed_lossless"]
+    table = pd.DataFrame(rows)
+    table = table[[c for c in columns if c in table] + [c for c in table if c not in columns]]
+    for column in ("exact_tv", "mc_tv"):
+        if column in table:
+            table[column] = table[column].map(lambda v: "" if v is None or pd.isna(v) else f"{v:.2e}")
+    if "p_value" in table:
+        table["p_value"] = table["p_value"].map(lambda v: "" if v is None or pd.isna(v) else f"{v:.3g}")
+    if "options" in table:
+        table["options"] = table["options"].map(
+            lambda v: json.dumps(v, sort_keys=True) if isinstance(v, dict) else v
+        )
+    lines += [_markdown(table.astype(str)), ""]
+    if {"rule", "verdict"} <= set(table):
+        lines += ["Per method:", ""]
+        for rule in ordered(table["rule"], METHOD_ORDER):
+            rule_rows = table[table["rule"] == rule]
+            verdicts = "; ".join(
+                f"K={row.get('K', '?')}: {row['verdict']}" for _, row in rule_rows.iterrows()
+            )
+            claimed = ""
+            if "claimed_lossless" in rule_rows:
+                claimed = f" (claimed lossless: {_unique_text(rule_rows['claimed_lossless'])})"
+            lines.append(f"- **{METHOD_LABELS.get(rule, rule)}**{claimed}: {verdicts}")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def quality_section(results: Results) -> str | None:
+    """Markdown from spectr_repro.quality when that module exists (optional, imported lazily).
+
+    Uses ``report_section(results_dir, records) -> str`` if present, else
+    ``quality_table(records) -> DataFrame``.
+    """
+    try:
+        quality = importlib.import_module("spectr_repro.quality")
+    except ImportError:
+        return None
+    if hasattr(quality, "report_section"):
+        text = quality.report_section(results.root, results.records)
+        return text if text else None
+    if hasattr(quality, "quality_table"):
+        table = quality.quality_table(results.records)
+        if table is None or len(table) == 0:
+            return None
+        return "\n".join(
+            ["## Quality", "", _markdown(table.reset_index() if table.index.name else table), ""]
+        )
+    return None
+
+
+def theory_section(results_dirs: list[Path], out_dir: Path) -> str | None:
+    for folder in results_dirs:
+        for candidate in (folder.parent / "theory" / "THEORY.md", Path("results") / "theory" / "THEORY.md"):
+            if candidate.is_file():
+                return (
+                    f"## Theory\n\nExact laws, the LP limit and the paper's bound on toy models: "
+                    f"[{candidate.name}]({_relative(candidate, out_dir)}).\n"
+                )
+    return None
+
+
+def build_report(
+    results_dirs: list[str | Path],
+    output: str | Path | None = None,
+    paper_csv: str | Path | None = None,
+    audit: str | Path | None = None,
+) -> Path:
+    """Write REPORT.md (and its tables and figures) and return its path. ValueError on bad input,
+    raised before anything is written."""
+    folders = [Path(d) for d in results_dirs]
+    results = _merge([load_results(folder) for folder in folders])
+    paper = load_paper_numbers(paper_csv)
+    audit_path = Path(audit) if audit is not None else find_audit(folders)
+    if audit is not None and not audit_path.is_file():
+        raise ValueError(f"audit file {str(audit_path)!r} not found")
+    report_path = Path(output) if output is not None else folders[0] / "REPORT.md"
+    out_dir = report_path.parent
+    out_dir.mkdir(parents=True, exist_ok=True)
+
+    command = "python -m spectr_repro report " + " ".join(str(f) for f in folders)
+    sections = [
+        "# spectr_repro report",
+        "",
+        f"Reproduction of *SpecTr-GBV* (arXiv 2604.25925) and baselines. Generated "
+        f"{dt.datetime.now().isoformat(timespec='seconds')} by `{command}` from "
+        f"{len(results.cells)} cells.",
+        "",
+        environment_section(results.cells),
+        settings_section(results.cells, results.records),
+        pair_sections(results, paper, out_dir),
+        paper_section(paper),
+    ]
+    if audit_path is not None:
+        sections.append(audit_section(audit_path, out_dir))
+    else:
+        sections.append(
+            "## Lossless status (audit)\n\nNo audit found (run `python -m spectr_repro audit`).\n"
+        )
+    for optional in (quality_section(results), theory_section(folders, out_dir)):
+        if optional:
+            sections.append(optional)
+    report_path.write_text("\n".join(sections).rstrip() + "\n", encoding="utf-8")
+    return report_path
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m spectr_repro report",
+        description="Write REPORT.md (tables, figures, environment, settings, audit) for results folders.",
+    )
+    parser.add_argument(
+        "results_dirs",
+        nargs="*",
+        default=[DEFAULT_RESULTS_DIR],
+        metavar="results_dir",
+        help=f"folders holding cells/<cell_id>/summary.json (default: {DEFAULT_RESULTS_DIR}); "
+        "several are merged",
+    )
+    parser.add_argument("--output", help="report path (default: <first results_dir>/REPORT.md)")
+    parser.add_argument("--paper", help="paper numbers CSV (default: results/paper/paper_numbers.csv)")
+    parser.add_argument("--audit", help="audit.json (default: results/audit/audit.json when present)")
+    args = parser.parse_args(argv)
+    try:
+        path = build_report(args.results_dirs, output=args.output, paper_csv=args.paper, audit=args.audit)
+    except ValueError as err:
+        print(f"report: error: {err}", file=sys.stderr)
+        return 2
+    print(f"report written: {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
