@@ -1,0 +1,96 @@
+"""Datasets by name: ``load_examples("gsm8k", num_prompts=8, seed=0, tokenizer=tok) -> list[Example]``.
+
+One small spec per dataset (``humaneval``, ``gsm8k``, ``mgsm``, ``lm1b``, ``alpaca``) says where the records
+come from (``$SPECTR_REPRO_DATA`` local copies first, then a package copy, then the HuggingFace hub), how a
+record becomes a prompt for a base model or a chat model, its stop strings, reference answer and answer
+extractor. Configs: ``conf/dataset/<name>.yaml`` (``name``, ``prompt_style``, ``options``).
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Mapping
+from pathlib import Path
+
+from spectr_repro.data.alpaca import Alpaca
+from spectr_repro.data.answers import answers_match, extract_number_answer, normalize_number
+from spectr_repro.data.base import (
+    DATA_ENV_VAR,
+    PROMPT_STYLES,
+    DatasetSpec,
+    Example,
+    resolve_prompt_style,
+    select_indices,
+)
+from spectr_repro.data.gsm8k import GSM8K
+from spectr_repro.data.humaneval import HumanEval
+from spectr_repro.data.lm1b import LM1B
+from spectr_repro.data.mgsm import LANGUAGES as MGSM_LANGUAGES
+from spectr_repro.data.mgsm import MGSM
+
+DATASETS: dict[str, DatasetSpec] = {
+    spec.name: spec for spec in (HumanEval(), GSM8K(), MGSM(), LM1B(), Alpaca())
+}
+
+
+def get_dataset(name: str) -> DatasetSpec:
+    """The spec named ``name`` (ValueError naming the closest names otherwise)."""
+    if name not in DATASETS:
+        close = difflib.get_close_matches(name, DATASETS, n=3, cutoff=0.4)
+        hint = f"; did you mean {', '.join(close)}?" if close else ""
+        raise ValueError(f"unknown dataset {name!r}{hint} (known: {', '.join(DATASETS)})")
+    return DATASETS[name]
+
+
+def load_examples(
+    dataset: str | Mapping,
+    num_prompts: int | None,
+    seed: int = 0,
+    tokenizer=None,
+    prompt_style: str | None = None,
+    data_dir: str | Path | None = None,
+    **dataset_options,
+) -> list[Example]:
+    """``num_prompts`` examples drawn from a seeded permutation of the dataset (None: all, in file order).
+
+    ``dataset`` is a name or a dataset config (``name``, optional ``prompt_style`` and ``options``); explicit
+    arguments override the config. ``prompt_style``: ``auto`` (default; chat template when ``tokenizer`` has
+    one), ``base`` (raw text) or ``chat`` (force the template).
+    """
+    if isinstance(dataset, Mapping):
+        config = dict(dataset)
+        name = config.get("name")
+        if name is None:
+            raise ValueError(f"dataset config lacks 'name': {config}")
+        dataset_options = {**dict(config.get("options") or {}), **dataset_options}
+        prompt_style = prompt_style or config.get("prompt_style")
+    else:
+        name = dataset
+    spec = get_dataset(name)
+    style = resolve_prompt_style(prompt_style or "auto", tokenizer)
+    records = spec.load_records(data_dir, **dataset_options)
+    indices = select_indices(len(records), num_prompts, seed)
+    return [spec.to_example(records[i], i, tokenizer, style) for i in indices]
+
+
+def encode_prompt(tokenizer, example: Example):
+    """Token ids [1, T] of ``example.prompt``: special tokens added for base prompts only (the chat template
+    already wrote them)."""
+    add_special = example.meta.get("prompt_style") != "chat"
+    return tokenizer(example.prompt, add_special_tokens=add_special, return_tensors="pt").input_ids
+
+
+__all__ = [
+    "DATASETS",
+    "DATA_ENV_VAR",
+    "PROMPT_STYLES",
+    "DatasetSpec",
+    "Example",
+    "MGSM_LANGUAGES",
+    "answers_match",
+    "encode_prompt",
+    "extract_number_answer",
+    "get_dataset",
+    "load_examples",
+    "normalize_number",
+]

@@ -1,0 +1,206 @@
+"""What every dataset spec provides, and the shared machinery: sources, prompt styles, seeded selection.
+
+A spec (one small subclass per dataset, in the style of lm-evaluation-harness task configs) declares:
+
+* where the records come from: a hub id (``datasets.load_dataset``) and local file(s) under
+  ``$SPECTR_REPRO_DATA`` (a folder laid out like ``shared/datasets``, see its SOURCES.md);
+* how a record becomes a prompt for a base model (raw text) or for a chat model (messages, plus an optional
+  start of the assistant's reply);
+* the stop strings of each style, the reference answer, and (for math) the answer extractor.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar
+
+DATA_ENV_VAR = "SPECTR_REPRO_DATA"
+PROMPT_STYLES = ("auto", "base", "chat")
+
+
+@dataclass(frozen=True)
+class Example:
+    """One prompt ready for generation.
+
+    ``prompt`` is the final text. When ``meta["prompt_style"] == "chat"`` the chat template already wrote any
+    BOS token, so tokenize it with ``add_special_tokens=False`` (``encode_prompt`` does the right thing).
+    ``stop_strings`` end the completion (checked on the generated text only).
+    """
+
+    id: str
+    prompt: str
+    reference: str | None
+    stop_strings: tuple[str, ...]
+    meta: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class HubSource:
+    path: str
+    config: str | None
+    split: str
+
+
+class DatasetSpec:
+    """Base class of the dataset specs. Subclasses set the class attributes and override the record hooks."""
+
+    name: ClassVar[str]
+    description: ClassVar[str]
+    hub: ClassVar[HubSource]
+    base_stop_strings: ClassVar[tuple[str, ...]] = ()
+    chat_stop_strings: ClassVar[tuple[str, ...]] = ()
+    option_defaults: ClassVar[dict[str, Any]] = {}
+
+    # ---- sources -------------------------------------------------------------------------------------
+    def local_files(self, data_dir: Path, **options) -> list[Path]:
+        """The local files to read (all must exist)."""
+        raise NotImplementedError
+
+    def read_local(self, paths: list[Path], **options) -> list[dict]:
+        raise NotImplementedError
+
+    def read_hub(self, **options) -> list[dict]:
+        """Records from the hub, in the local schema (subclasses remap fields that differ)."""
+        return [dict(row) for row in _load_hub(self.hub.path, self.hub.config, self.hub.split)]
+
+    def read_fallback(self, **options) -> list[dict] | None:
+        """An offline source besides ``$SPECTR_REPRO_DATA`` (e.g. a package's copy), or None."""
+        return None
+
+    # ---- records -> prompts ---------------------------------------------------------------------------
+    def record_id(self, record: dict, index: int) -> str:
+        return f"{self.name}/{index}"
+
+    def base_prompt(self, record: dict) -> str:
+        raise NotImplementedError
+
+    def chat_messages(self, record: dict) -> list[dict[str, str]]:
+        raise NotImplementedError
+
+    def assistant_prefix(self, record: dict) -> str:
+        """Text that starts the assistant's reply in chat style (appended after the generation prompt)."""
+        return ""
+
+    def reference(self, record: dict) -> str | None:
+        return None
+
+    def meta(self, record: dict) -> dict:
+        return {}
+
+    def extract_answer(self, text: str) -> str | None:
+        """The final answer in a completion (math datasets); None for datasets without one."""
+        return None
+
+    # ---- driver ---------------------------------------------------------------------------------------
+    def resolve_options(self, options: dict) -> dict:
+        unknown = sorted(set(options) - set(self.option_defaults))
+        if unknown:
+            allowed = ", ".join(self.option_defaults) or "none"
+            raise ValueError(f"dataset {self.name}: unknown option(s) {unknown}; allowed: {allowed}")
+        return {**self.option_defaults, **options}
+
+    def load_records(self, data_dir: str | Path | None = None, **options) -> list[dict]:
+        """All records, from ``data_dir`` / ``$SPECTR_REPRO_DATA`` when set, else a fallback, else the hub."""
+        options = self.resolve_options(options)
+        data_dir = data_dir or os.environ.get(DATA_ENV_VAR)
+        if data_dir:
+            data_dir = Path(data_dir).expanduser()
+            paths = self.local_files(data_dir, **options)
+            missing = [str(p) for p in paths if not p.is_file()]
+            if missing:
+                raise ValueError(
+                    f"dataset {self.name}: missing local file(s) {', '.join(missing)} (the data folder "
+                    f"comes from {DATA_ENV_VAR}={data_dir}; lay it out like shared/datasets, see SOURCES.md)"
+                )
+            return self.read_local(paths, **options)
+        fallback = self.read_fallback(**options)
+        if fallback is not None:
+            return fallback
+        try:
+            return self.read_hub(**options)
+        except Exception as error:  # datasets raises many types for "no network" / "no such dataset"
+            raise ValueError(
+                f"dataset {self.name}: could not load {self.hub.path!r} from the HuggingFace hub "
+                f"({type(error).__name__}: {str(error)[:300]}) and no local copy is set: set {DATA_ENV_VAR} "
+                "to a folder laid out like shared/datasets (see its SOURCES.md)"
+            ) from error
+
+    def to_example(self, record: dict, index: int, tokenizer=None, style: str = "base") -> Example:
+        if style == "chat":
+            prompt = apply_chat_template(tokenizer, self.chat_messages(record)) + self.assistant_prefix(
+                record
+            )
+            stops = self.chat_stop_strings
+        else:
+            prompt, stops = self.base_prompt(record), self.base_stop_strings
+        return Example(
+            id=self.record_id(record, index),
+            prompt=prompt,
+            reference=self.reference(record),
+            stop_strings=tuple(stops),
+            meta={"dataset": self.name, "index": index, "prompt_style": style, **self.meta(record)},
+        )
+
+
+def _load_hub(path: str, config: str | None, split: str):
+    import datasets
+
+    return datasets.load_dataset(path, config, split=split)
+
+
+def resolve_prompt_style(prompt_style: str, tokenizer) -> str:
+    """``auto``: chat when the tokenizer has a chat template, else base; ``chat`` requires a template."""
+    if prompt_style not in PROMPT_STYLES:
+        raise ValueError(f"prompt_style must be one of {PROMPT_STYLES}, got {prompt_style!r}")
+    has_template = tokenizer is not None and bool(getattr(tokenizer, "chat_template", None))
+    if prompt_style == "chat" and not has_template:
+        raise ValueError("prompt_style='chat' needs a tokenizer with a chat template")
+    if prompt_style == "auto":
+        return "chat" if has_template else "base"
+    return prompt_style
+
+
+def apply_chat_template(tokenizer, messages: list[dict[str, str]]) -> str:
+    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    if not isinstance(text, str):
+        raise ValueError(f"apply_chat_template returned {type(text).__name__}, expected the prompt text")
+    return text
+
+
+def select_indices(num_records: int, num_prompts: int | None, seed: int) -> list[int]:
+    """``num_prompts`` record indices drawn without replacement from a seeded permutation.
+
+    The permutation depends on ``seed`` and ``num_records`` only, so every method of a sweep gets the same
+    prompts, and a larger ``num_prompts`` extends a smaller one. ``None`` keeps every record in file order.
+    """
+    if num_prompts is None:
+        return list(range(num_records))
+    if num_prompts < 1:
+        raise ValueError(f"num_prompts must be >= 1 (or None for all), got {num_prompts}")
+    if num_prompts > num_records:
+        raise ValueError(f"num_prompts={num_prompts} but the dataset has only {num_records} records")
+    order = list(range(num_records))
+    random.Random(seed).shuffle(order)
+    return order[:num_prompts]
+
+
+def parse_choice(value: str | Sequence[str], allowed: Sequence[str], what: str) -> list[str]:
+    """``"all"``, one value, a comma list or a list, each checked against ``allowed``."""
+    import difflib
+
+    if isinstance(value, str):
+        values = list(allowed) if value == "all" else [v.strip() for v in value.split(",") if v.strip()]
+    else:
+        values = list(value)
+    for item in values:
+        if item not in allowed:
+            close = difflib.get_close_matches(item, allowed, n=3)
+            hint = f"; did you mean {', '.join(close)}?" if close else ""
+            raise ValueError(f"unknown {what} {item!r}{hint} (choose from {', '.join(allowed)} or 'all')")
+    if not values:
+        raise ValueError(f"no {what} given")
+    return values

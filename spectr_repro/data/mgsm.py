@@ -1,0 +1,68 @@
+"""MGSM: 250 GSM8K test problems translated into 10 languages (+ English; Shi et al. 2022)."""
+
+from __future__ import annotations
+
+import csv
+
+from spectr_repro.data.answers import extract_number_answer, normalize_number
+from spectr_repro.data.base import DatasetSpec, HubSource, _load_hub, parse_choice
+from spectr_repro.data.gsm8k import MATH_INSTRUCTION
+
+LANGUAGES = ("bn", "de", "en", "es", "fr", "ja", "ru", "sw", "te", "th", "zh")
+
+
+class MGSM(DatasetSpec):
+    name = "mgsm"
+    description = "MGSM: multilingual grade-school math (language option: one code, a comma list or 'all')"
+    hub = HubSource("juletxara/mgsm", "en", "test")
+    base_stop_strings = ("Question:", "\n\n\n")
+    option_defaults = {"language": "en"}
+
+    def local_files(self, data_dir, language="en", **options):
+        return [
+            data_dir / "mgsm" / f"mgsm_{lang}.tsv" for lang in parse_choice(language, LANGUAGES, "language")
+        ]
+
+    def read_local(self, paths, **options):
+        records = []
+        for path in paths:
+            lang = path.stem.removeprefix("mgsm_")
+            # No header; two columns (question, answer). QUOTE_NONE: questions contain bare quote marks.
+            with open(path, encoding="utf-8", newline="") as handle:
+                rows = list(csv.reader(handle, delimiter="\t", quoting=csv.QUOTE_NONE))
+            for row_index, (question, answer) in enumerate(rows):
+                records.append({"language": lang, "row": row_index, "question": question, "answer": answer})
+        return records
+
+    def read_hub(self, language="en", **options):
+        records = []
+        for lang in parse_choice(language, LANGUAGES, "language"):
+            for row_index, row in enumerate(_load_hub(self.hub.path, lang, self.hub.split)):
+                records.append(
+                    {
+                        "language": lang,
+                        "row": row_index,
+                        "question": row["question"],
+                        "answer": str(row["answer_number"]),
+                    }
+                )
+        return records
+
+    def record_id(self, record, index):
+        return f"mgsm_{record['language']}/{record['row']}"
+
+    def base_prompt(self, record):
+        # The English form of MGSM's own exemplar format ("Question: ... Step-by-Step Answer: ...").
+        return f"Question: {record['question']}\nStep-by-Step Answer:"
+
+    def chat_messages(self, record):
+        return [{"role": "user", "content": f"{record['question']}\n{MATH_INSTRUCTION}"}]
+
+    def reference(self, record):
+        return normalize_number(record["answer"])  # "2,125" -> "2125"
+
+    def meta(self, record):
+        return {"language": record["language"]}
+
+    def extract_answer(self, text):
+        return extract_number_answer(text)
