@@ -1,0 +1,41 @@
+import json
+
+import pytest
+
+from spectr_repro.analysis.load import load_results
+
+
+def test_loads_every_cell_and_record(synthetic):
+    results = load_results(synthetic.root)
+    summaries = list(synthetic.root.glob("cells/*/summary.json"))
+    assert len(results.cells) == len(summaries) > 0
+    assert len(results.records) == 3 * len(summaries)
+    # records carry their cell's identity so they can be grouped like cells
+    assert set(results.records["model_pair"]) == set(results.cells["model_pair"])
+    assert results.records["dataset"].notna().all()
+    assert {"time_total_s", "time_draft_s"} <= set(results.cells.columns)
+    one = json.loads(summaries[0].read_text())
+    row = results.cells[results.cells["cell_id"] == one["cell_id"]].iloc[0]
+    assert row["block_efficiency"] == pytest.approx(one["block_efficiency"])
+
+
+def test_parent_folder_holding_several_experiments_is_read(synthetic):
+    assert len(load_results(synthetic.root.parent).cells) == len(load_results(synthetic.root).cells)
+
+
+def test_missing_or_empty_folder_is_a_clear_error(tmp_path):
+    with pytest.raises(ValueError, match="does not exist"):
+        load_results(tmp_path / "nope")
+    with pytest.raises(ValueError, match="no cells found"):
+        load_results(tmp_path)
+
+
+def test_malformed_summary_names_the_file(tmp_path):
+    cell = tmp_path / "cells" / "broken"
+    cell.mkdir(parents=True)
+    (cell / "summary.json").write_text("{not json")
+    with pytest.raises(ValueError, match="broken"):
+        load_results(tmp_path)
+    (cell / "summary.json").write_text(json.dumps({"method": "sd"}))
+    with pytest.raises(ValueError, match="lacks required keys"):
+        load_results(tmp_path)

@@ -1,0 +1,106 @@
+import json
+import re
+import shutil
+
+import pytest
+
+from spectr_repro.__main__ import main as cli_main
+from spectr_repro.analysis.report import audit_rows, find_audit, main
+
+
+@pytest.fixture
+def results_copy(synthetic, tmp_path):
+    target = tmp_path / "results" / "synthetic"
+    shutil.copytree(synthetic.root, target)
+    return target
+
+
+def _links(markdown):
+    return re.findall(r"\]\(([^)]+)\)", markdown)
+
+
+def test_report_has_every_section_and_its_files_exist(results_copy, capsys):
+    audit_dir = results_copy.parent / "audit"
+    audit_dir.mkdir()
+    audit = {
+        "threshold": "exact TV < 1e-9",
+        "rows": [
+            {
+                "rule": "spectr_gbv",
+                "K": 2,
+                "options": {"carry_over": False},
+                "exact_tv": 0.0123,
+                "p_value": 1e-12,
+                "mc_tv": 0.012,
+                "verdict": "NOT lossless",
+                "claimed_lossless": True,
+            },
+            {
+                "rule": "sd",
+                "K": 1,
+                "options": {},
+                "exact_tv": 0.0,
+                "p_value": 0.61,
+                "mc_tv": 0.003,
+                "verdict": "lossless",
+                "claimed_lossless": True,
+            },
+        ],
+    }
+    (audit_dir / "audit.json").write_text(json.dumps(audit))
+
+    assert cli_main(["report", str(results_copy)]) == 0
+    report_path = results_copy / "REPORT.md"
+    assert str(report_path) in capsys.readouterr().out
+    report = report_path.read_text()
+    for heading in (
+        "## Environment",
+        "## Settings",
+        "## Table 1 — qwen25coder_1.5b_0.5b",
+        "## Table 1 — deepseek_33b_1.3b",
+        "## Ablations — qwen25coder_1.5b_0.5b",
+        "## The paper's numbers",
+        "## Lossless status (audit)",
+    ):
+        assert heading in report
+    assert "synthetic CPU" in report and "2.13.0+cpu" in report and "abc1234" in report
+    assert "max_new_tokens: 64" in report
+    assert "(paper 8.59, Δ" in report  # the 33B pair is set beside the paper
+    assert "**SpecTr-GBV** (claimed lossless: True): K=2: NOT lossless" in report
+    assert "threshold: exact TV < 1e-9" in report
+    links = _links(report)
+    # K, L, T and acceptance for Qwen, acceptance for DeepSeek
+    assert sum(link.endswith(".png") for link in links) == 5
+    for link in links:
+        assert (results_copy / link).is_file(), link
+    assert (results_copy / "tables" / "table1_qwen25coder_1.5b_0.5b.tex").is_file()
+
+
+def test_audit_is_found_next_to_the_results_and_read_in_either_shape(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # no ./results/audit either
+    folder = tmp_path / "results" / "cpu_quick"
+    folder.mkdir(parents=True)
+    assert find_audit([folder]) is None
+    (tmp_path / "results" / "audit").mkdir()
+    (tmp_path / "results" / "audit" / "audit.json").write_text("[]")
+    assert find_audit([folder]) == tmp_path / "results" / "audit" / "audit.json"
+    row = {"rule": "sd", "K": 1, "verdict": "lossless"}
+    assert audit_rows([row]) == audit_rows({"rows": [row]}) == audit_rows(row) == [row]
+    assert audit_rows({"note": "nothing"}) == []
+
+
+def test_bad_input_exits_non_zero_and_writes_nothing(tmp_path, capsys):
+    missing = tmp_path / "missing"
+    assert main([str(missing)]) == 2
+    assert "does not exist" in capsys.readouterr().err
+    assert not missing.exists()
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert main([str(empty)]) == 2
+    assert list(empty.iterdir()) == []
+
+
+def test_missing_audit_file_given_explicitly_is_an_error(results_copy, capsys):
+    assert main([str(results_copy), "--audit", str(results_copy / "nope.json")]) == 2
+    assert "audit file" in capsys.readouterr().err
+    assert not (results_copy / "REPORT.md").exists()
