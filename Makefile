@@ -48,12 +48,17 @@ lint: $(PY)
 models: $(PY)
 	$(PY) scripts/make_models.py
 
+# PRESET=paper: the paper's main table and its K, L, T ablations (conf/experiment/); else one experiment.
+# `experiment=` (not `+experiment=`): config.yaml already lists the group with a null default.
+REPRODUCE_EXPERIMENTS = $(if $(filter paper,$(PRESET)),paper_main ablation_K ablation_L ablation_T,$(PRESET))
+
 reproduce: $(PY)
 	@if [ "$(PRESET)" = "cpu_quick" ]; then $(MAKE) models; fi
-	$(PY) -m spectr_repro sweep +experiment=$(PRESET)
+	$(foreach experiment,$(REPRODUCE_EXPERIMENTS),$(PY) -m spectr_repro sweep experiment=$(experiment) && ) true
 	$(PY) -m spectr_repro theory
 	$(PY) -m spectr_repro audit
-	$(PY) -m spectr_repro report results/$(PRESET)
+	$(PY) -m spectr_repro report $(addprefix results/,$(REPRODUCE_EXPERIMENTS))
+	@echo "report: results/$(firstword $(REPRODUCE_EXPERIMENTS))/REPORT.md"
 
 bench: $(PY)
 	$(PY) scripts/bench.py
