@@ -65,6 +65,10 @@ class SpeculativeDecoding(Verifier):
     claimed_lossless = True
     single_draft = True
 
+    def correction(self, p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+        """Law of the token emitted after a rejection: norm((p - q)+) ([V] rows; p where that has no mass)."""
+        return residual(p, q, fallback=p)
+
     def _sample(self, draft_tokens, draft_probs, target_probs, generator, state) -> VerifyResult:
         tokens = draft_tokens[0].long().to(draft_probs.device)
         L = tokens.shape[0]
@@ -77,7 +81,7 @@ class SpeculativeDecoding(Verifier):
         if tau == L:
             extra = sample(p[L], generator)
         else:  # only the stopping position needs a full-vocabulary residual
-            extra = sample(residual(p[tau], q[tau], fallback=p[tau]), generator)
+            extra = sample(self.correction(p[tau], q[tau]), generator)
         out = torch.cat([tokens[:tau], extra.view(1)])
         return VerifyResult(out, tau, 0, None)
 
@@ -90,7 +94,7 @@ class SpeculativeDecoding(Verifier):
         law = LawBuilder()
         reach = 1.0
         for i in range(L):
-            law.add(prefix[:i], reach * (1.0 - accept[i]), residual(p[i], q[i], fallback=p[i]))
+            law.add(prefix[:i], reach * (1.0 - accept[i]), self.correction(p[i], q[i]))
             reach *= accept[i]
         law.add(prefix, reach, p[L])
         return law.outcomes()

@@ -29,9 +29,18 @@ from spectr_repro.verify.common import normalize, sample
 from spectr_repro.verify.sd import LawBuilder, token_ratios, uniform_list
 
 
+# Slack on the K-SEQ condition: near rho = 1 with p ~ q the excess below is flat (order (rho - 1)^k) and
+# its sign is decided by float64 round-off of beta; a residual at most this far below 0 is clipped to 0.
+EXCESS_SLACK = 1e-15
+
+
 def _kseq_excess(rho: float, beta: float, k: int) -> float:
     """rho * beta - (1 - (1 - beta)^k): >= 0 exactly when rho is admissible."""
     return rho * beta - (1.0 - (1.0 - beta) ** k)
+
+
+def _admissible(rho: float, beta: float, k: int) -> bool:
+    return _kseq_excess(rho, beta, k) >= -EXCESS_SLACK
 
 
 def optimal_rho(p: torch.Tensor, q: torch.Tensor, k: int, tol: float = 1e-14) -> float:
@@ -44,7 +53,7 @@ def optimal_rho(p: torch.Tensor, q: torch.Tensor, k: int, tol: float = 1e-14) ->
         return 1.0
     p64, q64 = p.double(), q.double()
     beta_one = float(torch.minimum(p64, q64).sum())
-    if _kseq_excess(1.0, beta_one, k) >= 0:  # p = q, disjoint supports, ...
+    if _admissible(1.0, beta_one, k):  # p = q, disjoint supports, ...
         return 1.0
     # Tokens with q = 0 never enter min(q, p/rho) except as 0 = q: give them ratio +inf ("above").
     ratio = torch.where(q64 > 0, p64 / q64.clamp_min(1e-300), torch.full_like(p64, float("inf")))
@@ -59,7 +68,7 @@ def optimal_rho(p: torch.Tensor, q: torch.Tensor, k: int, tol: float = 1e-14) ->
     beta_at = above_q[:-1] + below_p[:-1] / ratio
     excess = ratio * beta_at - 1.0 + (1.0 - beta_at) ** k
     inside = (ratio > 1.0) & (ratio < k)
-    admissible = torch.where(inside, excess >= 0, ratio >= k)
+    admissible = torch.where(inside, excess >= -EXCESS_SLACK, ratio >= k)
     admissible = torch.cat([admissible, torch.ones(1, dtype=torch.bool, device=p64.device)])
     j = admissible.int().argmax()  # first admissible breakpoint (monotone sequence)
     prev_ratio = torch.cat([torch.ones_like(zero), ratio])[j]
@@ -69,7 +78,7 @@ def optimal_rho(p: torch.Tensor, q: torch.Tensor, k: int, tol: float = 1e-14) ->
         if hi - lo <= tol * hi:
             break
         mid = 0.5 * (lo + hi)
-        if _kseq_excess(mid, a + b / mid, k) >= 0:
+        if _admissible(mid, a + b / mid, k):
             hi = mid
         else:
             lo = mid
@@ -99,13 +108,17 @@ class SpecTr(Verifier):
         # depends only on (p, q, k): memoise it across calls by value (law inputs are small by contract).
         self._law_steps: dict[tuple[bytes, bytes, int], tuple[float, torch.Tensor]] = {}
 
+    def correction(self, p: torch.Tensor, q: torch.Tensor, rho: float, k: int) -> torch.Tensor:
+        """Law of the token emitted when all k survivors are rejected (see ``kseq_residual``)."""
+        return kseq_residual(p, q, rho, k)
+
     def _law_step(self, p: torch.Tensor, q: torch.Tensor, k: int) -> tuple[float, torch.Tensor]:
         key = (p.numpy().tobytes(), q.numpy().tobytes(), k)
         if key not in self._law_steps:
             if len(self._law_steps) > 100_000:
                 self._law_steps.clear()
             rho = optimal_rho(p, q, k)
-            self._law_steps[key] = (rho, kseq_residual(p, q, rho, k))
+            self._law_steps[key] = (rho, self.correction(p, q, rho, k))
         return self._law_steps[key]
 
     def _sample(self, draft_tokens, draft_probs, target_probs, generator, state) -> VerifyResult:
@@ -125,7 +138,7 @@ class SpecTr(Verifier):
             accepted = (rows[s][t] for s, u, r in zip(survivors, eta, ratios) if u < min(1.0, r / rho))
             chosen = next(accepted, None)  # the first survivor whose test passes
             if chosen is None:
-                extra = sample(kseq_residual(p, q, rho, k), generator)
+                extra = sample(self.correction(p, q, rho, k), generator)
                 return VerifyResult(torch.cat([tokens[first, :t], extra.view(1)]), t, first, None)
             survivors = [s for s in survivors if rows[s][t] == chosen]
         first = survivors[0]
