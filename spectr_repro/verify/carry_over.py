@@ -1,0 +1,171 @@
+"""The carry-over target that makes greedy block verification (GBV) exactly lossless.
+
+GBV's correction norm((P(x^τ)·p − Q(x^τ)·q)₊) uses the *unclipped* joint ratio P/Q, so one iteration
+alone does not reproduce the target law. It does once later tokens are drawn from, and verified
+against, a modified target: after an iteration that started at absolute position a and ended with a
+correction, every token at position a+m with m ≤ L is governed by
+
+    p′(z | v) ∝ (P(v)·T(z | v) − Q(v)·q(z | v))₊
+
+where v = the m−1 tokens emitted since position a, T = the effective target that iteration used,
+P(v) = the product of T along v and Q(v) = the product of the draft q along v. Beyond that horizon the
+previous effective target applies; when several such *frames* are alive they compose, oldest first
+(an older frame always expires before a newer one). The form is our reconstruction of the paper's
+"Algorithm 2", checked by exact enumeration in tests/verify/test_gbv.py.
+
+The frame target depends on P(v) and Q(v) only through their ratio, so a frame stores log P − log Q
+(float64, may be ±inf), the number of rows it still governs, and the power K of the residual form:
+    power 1:  (P·T − Q·q)₊                              (GBV)
+    power K:  P·T·(1 − min(1, Q·q / (P·T))^K)           (the released SpecTr-GBV correction at K drafts;
+                                                         equal to the power-1 form at K = 1)
+
+State is a small frozen dataclass so that callers (the engine, the exact-law kit) can hash and thread
+it without knowing what is inside; ``None`` means "no frame alive: the next target is plain p".
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from spectr_repro.verify.common import normalize
+
+
+@dataclass(frozen=True)
+class CarryFrame:
+    """One modification of the target left by an iteration that ended with a correction."""
+
+    log_ratio: float  # log P(v) − log Q(v) over the tokens v emitted since that iteration began
+    remaining: int  # how many more tokens (rows) this frame governs
+    power: int = 1  # residual form, see the module docstring
+
+
+@dataclass(frozen=True)
+class CarryOverState:
+    frames: tuple[CarryFrame, ...]  # oldest first
+
+
+def check_state(state, L: int, name: str) -> tuple[CarryFrame, ...]:
+    """The frames of ``state`` (``None`` = none), or ValueError if it cannot belong to this block."""
+    if state is None:
+        return ()
+    if not isinstance(state, CarryOverState):
+        raise ValueError(f"{name}: state must be None or the CarryOverState returned by the previous call, "
+                         f"got {type(state).__name__}")
+    for frame in state.frames:
+        # Rows 0..L-1 have a draft row q; the bonus row L does not, so a frame may not reach it.
+        if not 1 <= frame.remaining <= L:
+            raise ValueError(f"{name}: carry-over state governs {frame.remaining} more tokens but this block "
+                             f"has L={L} draft positions; keep L fixed across iterations")
+    return state.frames
+
+
+def residual_weights(prev: torch.Tensor, draft: torch.Tensor, log_ratio: torch.Tensor,
+                     power: int) -> torch.Tensor:
+    """Unnormalised frame target: prev, draft [..., V]; log_ratio [...] = log P − log Q (float64).
+
+    Scaled by 1/max(P, Q) so that tiny products never underflow; a frame only ever gets normalised.
+    """
+    log_ratio = log_ratio.unsqueeze(-1)
+    if power == 1:
+        # (P·T − Q·q)₊ / max(P, Q) = (min(1, r)·T − min(1, 1/r)·q)₊ with r = P/Q.
+        scale_target = torch.exp(log_ratio.clamp(max=0))
+        scale_draft = torch.exp((-log_ratio).clamp(max=0))
+        return (scale_target * prev - scale_draft * draft).clamp_min(0)
+    # P·T·(1 − min(1, q / (r·T))^K) / P; T = 0 gives 0, r = +inf gives T, r = 0 gives 0.
+    tiny = torch.finfo(prev.dtype).tiny
+    ratio = torch.where(prev > 0, draft * torch.exp(-log_ratio) / prev.clamp_min(tiny),
+                        torch.ones((), dtype=torch.float64, device=prev.device))
+    return prev * (1 - ratio.clamp(max=1).nan_to_num(1.0) ** power)
+
+
+def frame_chain(base: torch.Tensor, draft: torch.Tensor, log_ratios: list[torch.Tensor],
+                powers: list[int]) -> list[torch.Tensor]:
+    """Targets T_0 = base, T_f = frame f applied to T_{f−1}, for the frames alive at one row.
+
+    base, draft: [..., V]; log_ratios: one [...] float64 tensor per frame (oldest first).
+    A frame whose residual has no mass (a probability-0 history) leaves the target unchanged.
+    """
+    chain = [base]
+    for log_ratio, power in zip(log_ratios, powers):
+        prev = chain[-1]
+        chain.append(normalize(residual_weights(prev, draft, log_ratio, power), fallback=prev))
+    return chain
+
+
+@dataclass
+class EffectiveTargets:
+    """Effective target of every draft row and position, plus what is needed to advance the state.
+
+    probs: [K, L+1, V] (the input target_probs itself when no frame is alive);
+    log_ratios: [F, K, L+1] float64, frame f's log P − log Q over the draft's first i tokens (column i);
+    frames: the frames alive at the start of the block (oldest first).
+    """
+
+    probs: torch.Tensor
+    log_ratios: torch.Tensor
+    frames: tuple[CarryFrame, ...]
+
+
+def effective_targets(draft_tokens: torch.Tensor, draft_probs: torch.Tensor, target_probs: torch.Tensor,
+                      frames: tuple[CarryFrame, ...]) -> EffectiveTargets:
+    """Apply the alive frames to the raw target rows of every draft (vectorised over drafts and V)."""
+    K, L = draft_tokens.shape
+    log_ratios = torch.empty(len(frames), K, L + 1, dtype=torch.float64, device=target_probs.device)
+    if not frames:
+        return EffectiveTargets(target_probs, log_ratios, frames)
+    probs = target_probs.clone()
+    log_ratios[:, :, 0] = torch.tensor([f.log_ratio for f in frames], dtype=torch.float64,
+                                       device=target_probs.device).unsqueeze(-1)
+    horizon = max(f.remaining for f in frames)  # <= L, checked by check_state
+    tokens = draft_tokens.long()
+    for i in range(horizon):
+        alive = [f_idx for f_idx, f in enumerate(frames) if f.remaining > i]
+        draft_row = draft_probs[:, i]
+        chain = frame_chain(target_probs[:, i], draft_row, [log_ratios[f, :, i] for f in alive],
+                            [frames[f].power for f in alive])
+        probs[:, i] = chain[-1]
+        token = tokens[:, i : i + 1]
+        log_q = torch.log(draft_row.gather(-1, token).squeeze(-1).double())
+        for position, f_idx in enumerate(alive):
+            # P of frame f multiplies the target in force *below* it (chain[position]), Q the draft.
+            log_target = torch.log(chain[position].gather(-1, token).squeeze(-1).double())
+            log_ratios[f_idx, :, i + 1] = log_ratios[f_idx, :, i] + log_target - log_q
+    return EffectiveTargets(probs, log_ratios, frames)
+
+
+def next_state(effective: EffectiveTargets, draft_probs: torch.Tensor, target_probs: torch.Tensor,
+               draft_index: int, num_accepted: int, last_token: int, new_frame_log_ratio: float | None,
+               power: int, L: int) -> CarryOverState | None:
+    """State after emitting draft ``draft_index``'s first ``num_accepted`` tokens and ``last_token``.
+
+    ``new_frame_log_ratio``: log P − log Q through the correction token (None after a bonus token);
+    the new frame governs the L − τ − 1 positions left in this iteration's horizon.
+    """
+    tau = num_accepted
+    consumed = tau + 1
+    frames = effective.frames
+    kept: list[CarryFrame] = []
+    survivors = [f_idx for f_idx, f in enumerate(frames) if f.remaining > consumed]
+    if survivors:
+        # Frames alive past this block were alive at row τ (τ < L since remaining <= L): extend their
+        # ratio by the last token, which needs the chain of targets at row τ of the chosen draft.
+        alive = [f_idx for f_idx, f in enumerate(frames) if f.remaining > tau]
+        row_ratios = [effective.log_ratios[f, draft_index : draft_index + 1, tau] for f in alive]
+        draft_row = draft_probs[draft_index : draft_index + 1, tau]
+        chain = frame_chain(target_probs[draft_index : draft_index + 1, tau], draft_row, row_ratios,
+                            [frames[f].power for f in alive])
+        q_value = float(draft_row[0, last_token])
+        log_q = math.log(q_value) if q_value > 0 else -math.inf
+        for position, f_idx in enumerate(alive):
+            if f_idx not in survivors:
+                continue
+            target_value = float(chain[position][0, last_token])
+            log_target = math.log(target_value) if target_value > 0 else -math.inf
+            log_ratio = float(row_ratios[position][0]) + log_target - log_q
+            kept.append(CarryFrame(log_ratio, frames[f_idx].remaining - consumed, frames[f_idx].power))
+    if new_frame_log_ratio is not None and L - consumed > 0:
+        kept.append(CarryFrame(float(new_frame_log_ratio), L - consumed, power))
+    return CarryOverState(tuple(kept)) if kept else None
