@@ -15,6 +15,7 @@ K figure.
 
 from __future__ import annotations
 
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -24,9 +25,11 @@ from matplotlib.figure import Figure
 
 from spectr_repro.analysis.load import (
     DATASET_ORDER,
-    METHOD_LABELS,
     METHOD_ORDER,
     SINGLE_DRAFT_METHODS,
+    base_method,
+    method_label,
+    order_methods,
     ordered,
 )
 from spectr_repro.analysis.tables import METRICS, Setting, cells_at, main_setting
@@ -41,7 +44,10 @@ def method_color(method: str) -> tuple:
     """A fixed colour per method across every figure."""
     from matplotlib import colormaps
 
-    index = METHOD_ORDER.index(method) if method in METHOD_ORDER else len(METHOD_ORDER)
+    base = base_method(method)
+    if base != method:  # an option variant ("gbv[carry_over=False]"): a stable colour of its own
+        return colormaps["tab20"](zlib.crc32(method.encode()) % 20)
+    index = METHOD_ORDER.index(base) if base in METHOD_ORDER else len(METHOD_ORDER)
     return colormaps["tab10"](index % 10)
 
 
@@ -171,10 +177,10 @@ def plot_ablation(data: pd.DataFrame, axis: str, title: str = "") -> Figure | No
         for col, (metric, metric_title) in enumerate(METRICS.items()):
             ax = grid[row][col]
             subset = data[(data["dataset"] == dataset) & (data["metric"] == metric)]
-            for method in ordered(subset["method"], METHOD_ORDER):
+            for method in order_methods(subset["method"]):
                 line = subset[subset["method"] == method].sort_values("value")
-                label = METHOD_LABELS.get(method, method)
-                if axis == "K" and method in SINGLE_DRAFT_METHODS and len(line) == 1:
+                label = method_label(method)
+                if axis == "K" and base_method(method) in SINGLE_DRAFT_METHODS and len(line) == 1:
                     ax.axhline(
                         line["mean"].iloc[0],
                         color=method_color(method),
@@ -246,7 +252,7 @@ def plot_acceptance(data: pd.DataFrame, title: str = "") -> Figure | None:
     for index, dataset in enumerate(datasets):
         ax = grid[index // cols][index % cols]
         subset = data[data["dataset"] == dataset]
-        for method in ordered(subset["method"], METHOD_ORDER):
+        for method in order_methods(subset["method"]):
             line = subset[subset["method"] == method].sort_values("position")
             ax.plot(
                 line["position"],
@@ -254,7 +260,7 @@ def plot_acceptance(data: pd.DataFrame, title: str = "") -> Figure | None:
                 marker="o",
                 markersize=3,
                 color=method_color(method),
-                label=METHOD_LABELS.get(method, method),
+                label=method_label(method),
             )
         ax.set_ylim(0, 1.02)
         ax.set_xlabel("draft position i")

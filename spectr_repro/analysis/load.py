@@ -78,6 +78,38 @@ RECORD_KEYS = [
 _CELL_COLUMNS_FOR_RECORDS = ["experiment", "cell_id", "dataset", "model_pair", "max_new_tokens"]
 
 
+def base_method(name: str) -> str:
+    """The rule behind a method name: "gbv[carry_over=False]" -> "gbv"."""
+    return str(name).split("[", 1)[0]
+
+
+def method_label(name: str) -> str:
+    """Display name: the paper's spelling, options kept ("GBV[carry_over=False]")."""
+    base = base_method(name)
+    return METHOD_LABELS.get(base, base) + str(name)[len(base) :]
+
+
+def order_methods(names) -> list[str]:
+    """Method names in the canonical order of their rules, variants of one rule side by side."""
+    names = list(dict.fromkeys(names))
+    rank = {m: i for i, m in enumerate(METHOD_ORDER)}
+    return sorted(names, key=lambda n: (rank.get(base_method(n), len(rank)), base_method(n), str(n)))
+
+
+def _options_text(options) -> str:
+    if not isinstance(options, dict) or not options:
+        return ""
+    return ",".join(f"{key}={options[key]}" for key in sorted(options))
+
+
+def _name_variants(cells: pd.DataFrame) -> pd.Series:
+    """A rule run with several option sets (e.g. gbv with and without carry-over) would otherwise be
+    averaged into one row: each option set becomes its own method, "gbv[carry_over=False]"."""
+    options = cells["method_options"].map(_options_text)
+    several = options.groupby(cells["method"]).transform("nunique") > 1
+    return cells["method"].where(~several | (options == ""), cells["method"] + "[" + options + "]")
+
+
 def ordered(values, order: list[str]) -> list[str]:
     """``values`` sorted by ``order``; unknown names keep their sorted order after the known ones."""
     values = list(dict.fromkeys(values))
@@ -90,8 +122,9 @@ class Results:
     """Everything in one results folder.
 
     ``cells``: one row per cell (summary keys as columns; ``time_split`` also flattened into
-    ``time_<part>_s`` columns). ``records``: one row per prompt per cell, with the cell's
-    experiment, cell_id, dataset, model_pair and max_new_tokens attached.
+    ``time_<part>_s`` columns; ``rule`` is the verification rule and ``method`` the rule plus its
+    options when one rule was run with several option sets). ``records``: one row per prompt per
+    cell, with the cell's experiment, cell_id, dataset, model_pair and max_new_tokens attached.
     """
 
     root: Path
@@ -153,9 +186,11 @@ def load_cells(results_dir: str | Path) -> pd.DataFrame:
         summary["cell_dir"] = str(path.parent)
         rows.append(summary)
     cells = pd.DataFrame(rows)
-    for key in SUMMARY_KEYS:
+    for key in SUMMARY_KEYS + ["method_options"]:
         if key not in cells:
             cells[key] = None
+    cells["rule"] = cells["method"]
+    cells["method"] = _name_variants(cells)
     for part in _time_parts(cells["time_split"]):
         cells[f"time_{part}_s"] = [
             (split or {}).get(part, np.nan) if isinstance(split, dict) else np.nan
@@ -188,7 +223,8 @@ def load_records(cells: pd.DataFrame) -> pd.DataFrame:
         frame = pd.DataFrame(rows)
         for column in _CELL_COLUMNS_FOR_RECORDS:
             frame[column] = getattr(cell, column)
-        for column in ("method", "K", "L", "temperature", "seed"):
+        frame["method"] = cell.method  # the cell's name, option variants included
+        for column in ("K", "L", "temperature", "seed"):
             if column not in frame:
                 frame[column] = getattr(cell, column)
         frames.append(frame)

@@ -32,6 +32,7 @@ from spectr_repro.analysis.load import (
     METHOD_ORDER,
     Results,
     load_results,
+    order_methods,
     ordered,
 )
 from spectr_repro.analysis.paper import PAPER_SOURCE, load_paper_numbers, unlabelled_numbers
@@ -135,8 +136,8 @@ def settings_section(cells: pd.DataFrame, records: pd.DataFrame) -> str:
         )
         .reset_index()
     )
-    grid["_order"] = grid["method"].map(lambda m: METHOD_ORDER.index(m) if m in METHOD_ORDER else 99)
-    grid = grid.sort_values(["model_pair", "_order"]).drop(columns="_order")
+    rank = {m: i for i, m in enumerate(order_methods(grid["method"]))}
+    grid = grid.sort_values(["model_pair", "method"], key=lambda c: c.map(rank) if c.name == "method" else c)
     lines += ["Grid (values present in the results):", "", _markdown(grid), ""]
     return "\n".join(lines)
 

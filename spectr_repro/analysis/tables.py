@@ -21,9 +21,10 @@ import pandas as pd
 
 from spectr_repro.analysis.load import (
     DATASET_ORDER,
-    METHOD_LABELS,
-    METHOD_ORDER,
     SINGLE_DRAFT_METHODS,
+    base_method,
+    method_label,
+    order_methods,
     ordered,
 )
 from spectr_repro.analysis.paper import paper_table
@@ -59,7 +60,7 @@ def main_setting(cells: pd.DataFrame) -> Setting:
     temperature = float(_mode(speculative["temperature"], PAPER_MAIN["temperature"]))
     at_t = speculative[speculative["temperature"] == temperature]
     length = int(_mode(at_t["L"], PAPER_MAIN["L"]))
-    multi = at_t[(at_t["L"] == length) & ~at_t["method"].isin(SINGLE_DRAFT_METHODS)]
+    multi = at_t[(at_t["L"] == length) & ~at_t["method"].map(base_method).isin(SINGLE_DRAFT_METHODS)]
     drafts = int(_mode(multi["K"], PAPER_MAIN["K"])) if not multi.empty else 1
     return Setting(K=drafts, L=length, temperature=temperature)
 
@@ -72,7 +73,7 @@ def cells_at(cells: pd.DataFrame, setting: Setting, vary: str | None = None) -> 
     if vary not in (None, "K", "L", "temperature"):
         raise ValueError(f"vary must be one of None, 'K', 'L', 'temperature'; got {vary!r}")
     is_ar = cells["method"] == "ar"
-    single = cells["method"].isin(SINGLE_DRAFT_METHODS)
+    single = cells["method"].map(base_method).isin(SINGLE_DRAFT_METHODS)
     keep = pd.Series(True, index=cells.index)
     if vary != "temperature":
         keep &= cells["temperature"] == setting.temperature
@@ -97,7 +98,7 @@ def table1(cells: pd.DataFrame, model_pair: str, metric: str, setting: Setting |
     setting = setting or main_setting(pair_cells)
     selected = cells_at(pair_cells, setting)
     wide = selected.pivot_table(index="method", columns="dataset", values=metric, aggfunc="mean")
-    wide = wide.reindex(index=ordered(wide.index, METHOD_ORDER), columns=ordered(wide.columns, DATASET_ORDER))
+    wide = wide.reindex(index=order_methods(wide.index), columns=ordered(wide.columns, DATASET_ORDER))
     wide[AVERAGE] = wide.mean(axis=1).where(wide.notna().all(axis=1))
     wide.index.name, wide.columns.name = "method", "dataset"
     return wide
@@ -118,7 +119,7 @@ def compare_with_paper(ours: pd.DataFrame, paper: pd.DataFrame, model_pair: str,
     ours_long["diff"] = ours_long["ours"] - ours_long["paper"]
     ours_long.insert(0, "metric", metric)
     ours_long.insert(0, "model_pair", model_pair)
-    methods = ordered(ours_long["method"], METHOD_ORDER)
+    methods = order_methods(ours_long["method"])
     datasets = ordered(ours_long["dataset"], DATASET_ORDER + [AVERAGE])
     ours_long["_m"] = ours_long["method"].map(methods.index)
     ours_long["_d"] = ours_long["dataset"].map(datasets.index)
@@ -151,9 +152,9 @@ def display_table(comparison: pd.DataFrame, latex: bool = False) -> pd.DataFrame
     )
     wide = comparison.pivot(index="method", columns="dataset", values="text").fillna("")
     wide = wide.reindex(
-        index=ordered(wide.index, METHOD_ORDER), columns=ordered(wide.columns, DATASET_ORDER + [AVERAGE])
+        index=order_methods(wide.index), columns=ordered(wide.columns, DATASET_ORDER + [AVERAGE])
     )
-    wide.index = [METHOD_LABELS.get(m, m) for m in wide.index]
+    wide.index = [method_label(m) for m in wide.index]
     wide.index.name = "method"
     wide.columns.name = None
     return wide

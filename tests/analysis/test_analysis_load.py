@@ -39,3 +39,31 @@ def test_malformed_summary_names_the_file(tmp_path):
     (cell / "summary.json").write_text(json.dumps({"method": "sd"}))
     with pytest.raises(ValueError, match="lacks required keys"):
         load_results(tmp_path)
+
+
+def test_one_rule_run_with_two_option_sets_gives_two_methods(synthetic, tmp_path):
+    import shutil
+
+    from spectr_repro.analysis.tables import table1
+
+    root = tmp_path / "variants"
+    shutil.copytree(synthetic.root, root)
+    cell = next(p for p in root.glob("cells/qwen25coder*__humaneval__gbv__K1_L6_T0.4"))
+    twin = cell.parent / (cell.name + "_no_carry")
+    shutil.copytree(cell, twin)
+    for folder, carry_over, be in ((cell, True, None), (twin, False, 1.5)):
+        summary = json.loads((folder / "summary.json").read_text())
+        summary.update(cell_id=folder.name, method_options={"carry_over": carry_over})
+        if be is not None:
+            summary["block_efficiency"] = be
+        (folder / "summary.json").write_text(json.dumps(summary))
+    results = load_results(root)
+    assert set(results.cells["rule"]) >= {"gbv"}
+    table = table1(results.cells, "qwen25coder_1.5b_0.5b", "block_efficiency")
+    # not averaged together: one row per option set, the variant without options keeps the rule's name
+    assert table.loc["gbv[carry_over=False]", "humaneval"] == 1.5
+    assert table.loc["gbv[carry_over=True]", "humaneval"] > 3
+    assert "gbv" in table.index  # gsm8k cell (no options recorded)
+    assert set(results.records.loc[results.records["cell_id"] == twin.name, "method"]) == {
+        "gbv[carry_over=False]"
+    }
