@@ -28,7 +28,6 @@ from spectr_repro.verify.base import Outcome, Verifier, VerifyResult
 from spectr_repro.verify.common import normalize, sample
 from spectr_repro.verify.sd import LawBuilder, token_ratios, uniform_list
 
-
 # Slack on the K-SEQ condition: near rho = 1 with p ~ q the excess below is flat (order (rho - 1)^k) and
 # its sign is decided by float64 round-off of beta; a residual at most this far below 0 is clipped to 0.
 EXCESS_SLACK = 1e-15
@@ -52,28 +51,27 @@ def optimal_rho(p: torch.Tensor, q: torch.Tensor, k: int, tol: float = 1e-14) ->
     if k == 1:
         return 1.0
     p64, q64 = p.double(), q.double()
-    beta_one = float(torch.minimum(p64, q64).sum())
+    # Tokens with q = 0 enter min(q, p/rho) only as 0 = q: ratio +inf puts them "above" every rho.
+    ratio, order = (p64 / q64).nan_to_num(nan=float("inf")).sort()
+    p_sorted, q_sorted = p64[order], q64[order]
+    below_p = p_sorted.cumsum(0)  # sum_{m <= j} p_m
+    above_q = q_sorted.flip(0).cumsum(0).flip(0)  # sum_{m >= j} q_m
+    # On the piece [r_{j-1}, r_j] (and at r_j): beta = A_j + B_j / rho, A_j = above_q[j], B_j = below_p[j-1].
+    beta_at = above_q + (below_p - p_sorted) / ratio
+    excess = ratio * beta_at - 1.0 + (1.0 - beta_at) ** k
+    admissible = torch.where((ratio > 1.0) & (ratio < k), excess >= -EXCESS_SLACK, ratio >= k)
+    # admissible is monotone along the sorted ratios: j = the first admissible breakpoint (V if none).
+    j, beta_one = torch.stack([(~admissible).sum().double(), torch.minimum(p64, q64).sum()]).tolist()
     if _admissible(1.0, beta_one, k):  # p = q, disjoint supports, ...
         return 1.0
-    # Tokens with q = 0 never enter min(q, p/rho) except as 0 = q: give them ratio +inf ("above").
-    ratio = torch.where(q64 > 0, p64 / q64.clamp_min(1e-300), torch.full_like(p64, float("inf")))
-    ratio, order = ratio.sort()
-    p_sorted, q_sorted = p64[order], q64[order]
-    zero = torch.zeros(1, dtype=torch.float64, device=p64.device)
-    # For rho between sorted ratios r_{j-1} and r_j: beta = A_j + B_j / rho with A_j = sum_{m >= j} q_m,
-    # B_j = sum_{m < j} p_m. Index j = V (past every ratio) is appended.
-    above_q = torch.cat([q_sorted.flip(0).cumsum(0).flip(0), zero])
-    below_p = torch.cat([zero, p_sorted.cumsum(0)])
-    ratio_ext = torch.cat([ratio, torch.full_like(zero, float("inf"))])
-    beta_at = above_q[:-1] + below_p[:-1] / ratio
-    excess = ratio * beta_at - 1.0 + (1.0 - beta_at) ** k
-    inside = (ratio > 1.0) & (ratio < k)
-    admissible = torch.where(inside, excess >= -EXCESS_SLACK, ratio >= k)
-    admissible = torch.cat([admissible, torch.ones(1, dtype=torch.bool, device=p64.device)])
-    j = admissible.int().argmax()  # first admissible breakpoint (monotone sequence)
-    prev_ratio = torch.cat([torch.ones_like(zero), ratio])[j]
-    lo, hi, a, b = torch.stack([prev_ratio.clamp(min=1.0), ratio_ext[j].clamp(max=float(k)), above_q[j],
-                                below_p[j]]).tolist()
+    j, V = int(j), ratio.numel()
+    columns = torch.stack([ratio, above_q, below_p])[:, max(j - 1, 0) : j + 1].tolist()
+    at_j = [column[-1] for column in columns] if j < V else None
+    before_j = [column[0] for column in columns] if j > 0 else None
+    lo = max(before_j[0], 1.0) if before_j else 1.0
+    hi = min(at_j[0], float(k)) if at_j else float(k)
+    a = at_j[1] if at_j else 0.0
+    b = before_j[2] if before_j else 0.0
     for _ in range(200):  # scalar bisection on the piece beta = a + b / rho, rho in [lo, hi]
         if hi - lo <= tol * hi:
             break
