@@ -307,25 +307,41 @@ def audit_section(path: Path, out_dir: Path) -> str:
         lines.append("")
     if not rows:
         return "\n".join(lines + ["The audit file holds no rows.", ""])
-    columns = ["rule", "K", "options", "exact_tv", "p_value", "mc_tv", "verdict", "claimed_lossless"]
+    # The columns the audit contract names, plus its flags; per-toy details stay in AUDIT.md / audit.json.
+    columns = [
+        "rule",
+        "K",
+        "options",
+        "exact_tv",
+        "p_value",
+        "mc_tv",
+        "verdict",
+        "claimed_lossless",
+        "harness_lossless",
+        "flags",
+    ]
     table = pd.DataFrame(rows)
-    table = table[[c for c in columns if c in table] + [c for c in table if c not in columns]]
+    table = table[[c for c in columns if c in table]].copy()
     for column in ("exact_tv", "mc_tv"):
         if column in table:
             table[column] = table[column].map(lambda v: "" if v is None or pd.isna(v) else f"{v:.2e}")
     if "p_value" in table:
         table["p_value"] = table["p_value"].map(lambda v: "" if v is None or pd.isna(v) else f"{v:.3g}")
     if "options" in table:
-        table["options"] = table["options"].map(
-            lambda v: json.dumps(v, sort_keys=True) if isinstance(v, dict) else v
-        )
-    lines += [_markdown(table.astype(str)), ""]
+        table["options"] = table["options"].map(_options_cell)
+    if "flags" in table:
+        table["flags"] = table["flags"].map(lambda v: "; ".join(map(str, v)) if isinstance(v, list) else v)
+    lines += [_markdown(table.astype(object).where(table.notna(), "").astype(str)), ""]
+    details = path.parent / "AUDIT.md"
+    if details.is_file():
+        lines += [f"Details per toy model: [{details.name}]({_relative(details, out_dir)}).", ""]
     if {"rule", "verdict"} <= set(table):
         lines += ["Per method:", ""]
         for rule in ordered(table["rule"], METHOD_ORDER):
             rule_rows = table[table["rule"] == rule]
             verdicts = "; ".join(
-                f"K={row.get('K', '?')}: {row['verdict']}" for _, row in rule_rows.iterrows()
+                f"K={row.get('K', '?')}{' ' + row['options'] if row.get('options') else ''}: {row['verdict']}"
+                for _, row in rule_rows.iterrows()
             )
             claimed = ""
             if "claimed_lossless" in rule_rows:
@@ -333,6 +349,12 @@ def audit_section(path: Path, out_dir: Path) -> str:
             lines.append(f"- **{METHOD_LABELS.get(rule, rule)}**{claimed}: {verdicts}")
         lines.append("")
     return "\n".join(lines)
+
+
+def _options_cell(options) -> str:
+    if isinstance(options, dict):
+        return ", ".join(f"{key}={value}" for key, value in sorted(options.items()))
+    return "" if options is None else str(options)
 
 
 def quality_section(results: Results) -> str | None:

@@ -34,6 +34,8 @@ def test_report_has_every_section_and_its_files_exist(results_copy, capsys):
                 "mc_tv": 0.012,
                 "verdict": "NOT lossless",
                 "claimed_lossless": True,
+                "flags": ["biased"],
+                "toys": [{"label": "V=2,L=2,seed=0", "tv": 0.0123}],
             },
             {
                 "rule": "sd",
@@ -66,8 +68,10 @@ def test_report_has_every_section_and_its_files_exist(results_copy, capsys):
     assert "synthetic CPU" in report and "2.13.0+cpu" in report and "abc1234" in report
     assert "max_new_tokens: 64" in report
     assert "(paper 8.59, Δ" in report  # the 33B pair is set beside the paper
-    assert "**SpecTr-GBV** (claimed lossless: True): K=2: NOT lossless" in report
+    assert "**SpecTr-GBV** (claimed lossless: True): K=2 carry_over=False: NOT lossless" in report
     assert "threshold: exact TV < 1e-9" in report
+    assert "| biased" in report and "V=2,L=2,seed=0" not in report  # per-toy details stay in the audit
+    assert "nan" not in report
     links = _links(report)
     # K, L, T and acceptance for Qwen, acceptance for DeepSeek
     assert sum(link.endswith(".png") for link in links) == 5
