@@ -1,0 +1,68 @@
+"""``python -m spectr_repro {run,sweep,report,theory,audit} [args]`` (also the ``spectr-repro`` script).
+
+Each subcommand lives in its own module and takes the remaining argv; they are imported lazily so
+that e.g. ``report`` works on a laptop without loading the runner.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from collections.abc import Sequence
+
+# name -> (module, function, one-line description)
+COMMANDS: dict[str, tuple[str, str, str]] = {
+    "run": ("spectr_repro.runner", "main_run", "run one cell (method, K, L, T, dataset, model pair)"),
+    "sweep": ("spectr_repro.runner", "main_sweep",
+              "run a grid: comma lists (K=1,3,5,7) and/or an experiment's grid (experiment=paper_main)"),
+    "report": ("spectr_repro.analysis.report", "main", "tables, figures and REPORT.md from a results folder"),
+    "theory": ("spectr_repro.theory.cli", "main_theory", "exact laws, LP limit, paper's bound (toys)"),
+    "audit": ("spectr_repro.theory.cli", "main_audit", "validity audit of every verification rule"),
+}
+
+
+def usage() -> str:
+    lines = ["usage: python -m spectr_repro <command> [args]", "", "commands:"]
+    lines += [f"  {name:<7} {description}" for name, (_, _, description) in COMMANDS.items()]
+    lines += ["", "Run `python -m spectr_repro <command> --help` for a command's options."]
+    try:
+        from spectr_repro.runner import help_text
+
+        lines += ["", "run/sweep:", help_text()]
+    except Exception as error:  # the help must still print without the runner's dependencies
+        lines += ["", f"(config groups unavailable: {error})"]
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help", "help"):
+        print(usage())
+        return 0 if argv else 2
+    command, rest = argv[0], argv[1:]
+    if command not in COMMANDS:
+        import difflib
+
+        close = difflib.get_close_matches(command, COMMANDS, n=1)
+        hint = f" Did you mean {close[0]}?" if close else ""
+        print(f"error: unknown command {command!r}.{hint} Commands: {', '.join(COMMANDS)}", file=sys.stderr)
+        return 2
+    module_name, function_name, _ = COMMANDS[command]
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as error:
+        if error.name and module_name.startswith(error.name):
+            print(f"error: `{command}` is not available yet ({module_name} is missing)", file=sys.stderr)
+            return 2
+        raise
+    function = getattr(module, function_name, None)
+    if function is None:
+        print(f"error: `{command}` is not available yet ({module_name}:{function_name} is missing)",
+              file=sys.stderr)
+        return 2
+    result = function(rest)
+    return int(result or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,297 @@
+"""Hydra composition for the CLI: parse overrides, expand sweeps into cells, validate.
+
+The runner composes ``conf/config.yaml`` with Hydra's compose API (version_base 1.3) so that ``run``
+and ``sweep`` are ordinary commands that run every cell in ONE process (models loaded once). A sweep
+is the cartesian product of
+
+- the comma lists / ranges given on the command line (``K=1,3 method=sd,spectr``), and
+- the selected experiment's ``grid`` for every axis the command line does not set (a mapping
+  key -> list, or a list of such mappings whose cells are unioned).
+
+Bad input raises :class:`UsageError` (one message; the CLI prints it and exits with status 2).
+"""
+
+from __future__ import annotations
+
+import copy
+import difflib
+import itertools
+import os
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from omegaconf import DictConfig, ListConfig, OmegaConf, open_dict
+
+from spectr_repro.verify import VERIFIERS
+
+# Groups that hold a choice; their options are the yaml files in conf/<group>/.
+GROUPS = ("method", "model_pair", "dataset", "experiment", "hardware", "logger")
+INTEGER_KEYS = ("K", "L", "num_prompts", "max_new_tokens", "seed")
+
+
+class UsageError(ValueError):
+    """Bad command-line input: the CLI prints the message (no traceback) and exits with status 2."""
+
+
+def conf_dir() -> Path:
+    """The ``conf/`` folder (next to the package in a clone; SPECTR_REPRO_CONF overrides)."""
+    explicit = os.environ.get("SPECTR_REPRO_CONF")
+    path = Path(explicit) if explicit else Path(__file__).resolve().parents[2] / "conf"
+    if not (path / "config.yaml").is_file():
+        raise UsageError(f"cannot find the Hydra configs: {path}/config.yaml does not exist "
+                         "(run from a clone of the repository or set SPECTR_REPRO_CONF)")
+    return path
+
+
+def group_options(group: str) -> list[str]:
+    folder = conf_dir() / group
+    return sorted(p.stem for p in folder.glob("*.yaml")) if folder.is_dir() else []
+
+
+def single_draft_methods() -> list[str]:
+    return [name for name, spec in VERIFIERS.items() if spec.single_draft]
+
+
+def multi_draft_methods() -> list[str]:
+    return [name for name, spec in VERIFIERS.items() if not spec.single_draft]
+
+
+# --------------------------------------------------------------------------------------------------
+# Overrides
+
+
+@dataclass(frozen=True)
+class ParsedArgs:
+    fixed: tuple[str, ...]  # overrides with one value, as typed (normalised)
+    sweeps: tuple[tuple[str, tuple[str, ...]], ...]  # (key as typed, value strings) per sweep override
+    user_keys: frozenset[str]  # keys/groups set on the command line
+    launcher_overrides: tuple[str, ...]  # hydra/launcher=..., hydra.launcher.* (SLURM path)
+
+
+def _normalise(argument: str) -> str:
+    # `make reproduce` and Hydra habits write +experiment=X; experiment is in the defaults list already.
+    if argument.startswith("+experiment="):
+        return argument[1:]
+    if argument.startswith("--force"):
+        return "force=true"
+    return argument
+
+
+def parse_arguments(arguments: Sequence[str]) -> ParsedArgs:
+    """Parse Hydra overrides; check group options before composing (clear 'did you mean')."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+
+    lines = [_normalise(a) for a in arguments]
+    for line in lines:
+        if line.startswith("-"):
+            raise UsageError(f"unknown option {line!r}; use key=value overrides (see --help)")
+    try:
+        parsed = OverridesParser.create().parse_overrides(lines)
+    except HydraException as error:
+        raise UsageError(f"cannot parse the overrides: {_one_line(error)}") from None
+
+    # A key given twice: the last one wins (as in Hydra), also between a list and a single value.
+    last = {o.key_or_group: index for index, o in enumerate(parsed)}
+    fixed, sweeps, launcher, keys = [], [], [], set()
+    for index, (override, line) in enumerate(zip(parsed, lines)):
+        key = override.key_or_group
+        if last[key] != index:
+            continue
+        if key.startswith("hydra/") or key.startswith("hydra."):
+            launcher.append(line)
+            continue
+        keys.add(key)
+        if override.is_sweep_override():
+            try:
+                values = tuple(override.sweep_string_iterator())
+            except Exception as error:  # glob sweeps and the like
+                raise UsageError(f"unsupported sweep {line!r}: {_one_line(error)}") from None
+            if key == "experiment":
+                raise UsageError("sweep one experiment at a time (got experiment=" + ",".join(values) + ")")
+            _check_group_values(key, values)
+            sweeps.append((override.get_key_element(), values))
+        else:
+            if key in GROUPS and override.value() is not None:
+                _check_group_values(key, (override.get_value_element_as_str(),))
+            fixed.append(line)
+    return ParsedArgs(tuple(fixed), tuple(sweeps), frozenset(keys), tuple(launcher))
+
+
+def _check_group_values(group: str, values: Iterable[str]) -> None:
+    if group not in GROUPS:
+        return
+    options = group_options(group)
+    for value in values:
+        if value in options or value == "null":
+            continue
+        close = difflib.get_close_matches(value, options, n=3, cutoff=0.5)
+        hint = f" Did you mean {' or '.join(close)}?" if close else ""
+        raise UsageError(f"unknown {group} {value!r}.{hint} Available: {', '.join(options)}")
+
+
+def _one_line(error: BaseException) -> str:
+    return " ".join(str(error).split())
+
+
+# --------------------------------------------------------------------------------------------------
+# Composition
+
+
+class Composer:
+    """A Hydra compose session over conf/ (use as a context manager)."""
+
+    def __enter__(self) -> Composer:
+        from hydra import initialize_config_dir
+
+        self._context = initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3",
+                                              job_name="spectr_repro")
+        self._context.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._context.__exit__(*exc)
+
+    def compose(self, overrides: Sequence[str], with_hydra: bool = False) -> DictConfig:
+        """Compose the config; ``choices`` (group -> option) is stored under the key ``choices``."""
+        from hydra import compose
+        from hydra.errors import HydraException
+        from omegaconf.errors import OmegaConfBaseException
+
+        try:
+            cfg = compose(config_name="config", overrides=list(overrides), return_hydra_config=True)
+        except (HydraException, OmegaConfBaseException) as error:
+            raise UsageError(_one_line(error)) from None
+        choices = {group: cfg.hydra.runtime.choices.get(group) for group in GROUPS}
+        with open_dict(cfg):
+            if not with_hydra:
+                del cfg["hydra"]
+            cfg["choices"] = choices
+        return cfg
+
+
+def grid_axes(grid, user_keys: frozenset[str]) -> list[list[tuple[str, tuple[str, ...]]]]:
+    """The experiment grid as sub-grids of (key, value strings), minus the axes the user set."""
+    if grid is None:
+        return [[]]
+    subgrids = list(grid) if isinstance(grid, ListConfig | list) else [grid]
+    result = []
+    for subgrid in subgrids:
+        if not isinstance(subgrid, DictConfig | dict):
+            raise UsageError(f"experiment grid entries must be mappings key -> list, got {subgrid!r}")
+        axes = []
+        for key, values in subgrid.items():
+            if key in user_keys:
+                continue
+            values = list(values) if isinstance(values, ListConfig | list) else [values]
+            axes.append((str(key), tuple(_value_string(v) for v in values)))
+        result.append(axes)
+    return result
+
+
+def _value_string(value) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
+def expand(composer: Composer, args: ParsedArgs, use_grid: bool) -> list[DictConfig]:
+    """Every cell config of the command (duplicates removed, in grid order).
+
+    Hydra composes once per distinct choice of config groups; plain keys of a sweep (K, L, ...)
+    are then set on a copy, exactly as a command-line override would set them (composing every
+    cell from scratch costs ~0.3 s each, too slow for grids of hundreds of cells).
+    """
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    parser = OverridesParser.create()
+    base = composer.compose(args.fixed)
+    subgrids = grid_axes(base.get("grid"), args.user_keys) if use_grid else [[]]
+    composed: dict[tuple[str, ...], DictConfig] = {(): base}
+    cells, seen = [], set()
+    for axes in subgrids:
+        all_axes = list(args.sweeps) + axes
+        for picks in itertools.product(*(values for _, values in all_axes)):
+            group_overrides, key_overrides = [], []
+            for (key, _), value in zip(all_axes, picks):
+                override = parser.parse_override(f"{key}={value}")
+                if override.key_or_group in GROUPS or override.is_add() or override.is_delete():
+                    group_overrides.append(f"{key}={value}")
+                else:
+                    key_overrides.append((override.key_or_group, override.value()))
+            signature_groups = tuple(group_overrides)
+            if signature_groups not in composed:
+                composed[signature_groups] = composer.compose(list(args.fixed) + group_overrides)
+            cfg = composed[signature_groups]
+            if key_overrides:
+                cfg = copy.deepcopy(cfg)
+                for key, value in key_overrides:
+                    try:
+                        OmegaConf.update(cfg, key, value, merge=True)
+                    except Exception as error:
+                        raise UsageError(f"could not set {key}={value}: {_one_line(error)}") from None
+            signature = OmegaConf.to_yaml(cfg)
+            if signature not in seen:
+                seen.add(signature)
+                cells.append(cfg)
+    return cells
+
+
+# --------------------------------------------------------------------------------------------------
+# Validation
+
+
+def validate(cfg: DictConfig) -> None:
+    """Raise UsageError for values no cell can run with (K/L < 1, T < 0, unknown method, ...)."""
+    for key in INTEGER_KEYS:
+        value = cfg.get(key)
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise UsageError(f"{key} must be an integer, got {value!r}")
+    for key in ("K", "L", "num_prompts", "max_new_tokens"):
+        if cfg[key] < 1:
+            raise UsageError(f"{key} must be >= 1, got {cfg[key]}")
+    temperature = cfg.get("temperature")
+    if isinstance(temperature, bool) or not isinstance(temperature, int | float) or not temperature >= 0:
+        raise UsageError(f"temperature must be a number >= 0 (0 = greedy), got {temperature!r}")
+    method = cfg.method.get("name") if isinstance(cfg.get("method"), DictConfig) else None
+    if method != "ar" and method not in VERIFIERS:
+        raise UsageError(f"method config must name a known rule (ar, {', '.join(VERIFIERS)}), got {method!r}")
+    if not isinstance(cfg.get("output_dir"), str) or not cfg.output_dir:
+        raise UsageError(f"output_dir must be a path, got {cfg.get('output_dir')!r}")
+    if not isinstance(cfg.get("experiment"), str) or not cfg.experiment or "/" in cfg.experiment:
+        raise UsageError(f"experiment must be a plain name, got {cfg.get('experiment')!r}")
+
+
+def needs_single_draft(cfg: DictConfig) -> bool:
+    method = cfg.method.name
+    return method in VERIFIERS and VERIFIERS[method].single_draft and cfg.K != 1
+
+
+def single_draft_message(cfg: DictConfig) -> str:
+    method = cfg.method.name
+    return (f"method {method} verifies a single draft (K=1), got K={cfg.K}: its rule is defined for one "
+            f"draft only. Use K=1, or a multi-draft method ({', '.join(multi_draft_methods())}).")
+
+
+def check_writable(output_dir: str) -> Path:
+    """The output folder must be creatable and writable; checked without writing anything."""
+    path = Path(output_dir).expanduser().resolve()
+    probe = path
+    while not probe.exists():
+        if probe.parent == probe:
+            break
+        probe = probe.parent
+    if not probe.is_dir():
+        raise UsageError(f"output_dir {output_dir!r} is not writable: {probe} is not a directory")
+    if not os.access(probe, os.W_OK | os.X_OK):
+        raise UsageError(f"output_dir {output_dir!r} is not writable (no write permission on {probe})")
+    return path
+
+
+__all__ = [
+    "GROUPS", "Composer", "ParsedArgs", "UsageError", "check_writable", "conf_dir", "expand", "grid_axes",
+    "group_options", "needs_single_draft", "parse_arguments", "single_draft_message", "validate",
+]

@@ -1,0 +1,74 @@
+"""Bad input: one clear message on stderr, exit status 2, no traceback, nothing written."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from spectr_repro.runner import main_run, main_sweep
+
+COMMON = ["model_pair=tiny_random", "dataset=humaneval", "logger=disabled", "num_prompts=1",
+          "max_new_tokens=4"]
+
+
+@pytest.mark.parametrize("command, argv, message", [
+    (main_run, ["method=spectr_gvb"], "unknown method 'spectr_gvb'. Did you mean spectr_gbv"),
+    (main_sweep, ["dataset=gsm8k,humaneva"], "unknown dataset 'humaneva'. Did you mean humaneval"),
+    (main_run, ["K=0"], "K must be >= 1"),
+    (main_sweep, ["K=1,0"], "K must be >= 1"),
+    (main_run, ["L=0"], "L must be >= 1"),
+    (main_run, ["temperature=-0.5"], "temperature must be a number >= 0"),
+    (main_run, ["K=two"], "K must be an integer"),
+    (main_run, ["method=sd", "K=3"], "method sd verifies a single draft (K=1), got K=3"),
+    (main_run, ["method=bv", "K=2"], "method bv verifies a single draft"),
+    (main_run, ["method=gbv", "K=4"], "method gbv verifies a single draft"),
+    (main_run, ["K=1,3"], "use `sweep` for lists"),
+    (main_run, ["Kx=3"], "Could not override 'Kx'"),
+])
+def test_bad_input_exits_2_with_one_message(command, argv, message, tmp_path, capsys):
+    out = tmp_path / "results"
+    code = command([*COMMON, f"output_dir={out}", *argv])
+    captured = capsys.readouterr()
+    assert code == 2
+    assert message in captured.err
+    assert "Traceback" not in captured.err
+    assert not out.exists(), "nothing may be written"
+
+
+def test_non_writable_output_dir(tmp_path, capsys):
+    blocker = tmp_path / "a_file"
+    blocker.write_text("not a folder")
+    code = main_run([*COMMON, f"output_dir={blocker / 'results'}"])
+    assert code == 2
+    assert "is not writable" in capsys.readouterr().err
+    assert blocker.read_text() == "not a folder"
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root can write into read-only folders")
+def test_read_only_output_dir(tmp_path, capsys):
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    locked.chmod(0o555)
+    try:
+        assert main_run([*COMMON, f"output_dir={locked / 'results'}"]) == 2
+        assert "is not writable" in capsys.readouterr().err
+        assert list(locked.iterdir()) == []
+    finally:
+        locked.chmod(0o755)
+
+
+def test_cli_process_prints_no_traceback(tmp_path):
+    """Through `python -m spectr_repro`: the exit status and stderr a user sees."""
+    out = tmp_path / "results"
+    result = subprocess.run(
+        [sys.executable, "-m", "spectr_repro", "run", *COMMON, "method=sd", "K=3", f"output_dir={out}"],
+        capture_output=True, text=True, cwd=Path(__file__).resolve().parents[2], timeout=300,
+    )
+    assert result.returncode == 2
+    assert result.stderr.strip().startswith("error: method sd verifies a single draft")
+    assert "Traceback" not in result.stderr
+    assert not out.exists()

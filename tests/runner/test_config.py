@@ -1,0 +1,122 @@
+"""The Hydra configs compose for every group option; sweeps expand to the right grid of cells."""
+
+from __future__ import annotations
+
+import pytest
+
+from spectr_repro.runner.config import (
+    GROUPS,
+    Composer,
+    UsageError,
+    expand,
+    group_options,
+    parse_arguments,
+)
+from spectr_repro.runner.execute import plan_cells
+from spectr_repro.runner.store import cell_id
+from spectr_repro.verify import VERIFIERS
+
+BASE = ["model_pair=tiny_random", "logger=disabled"]
+
+
+@pytest.fixture(scope="module")
+def composer():
+    with Composer() as session:
+        yield session
+
+
+def test_every_group_option_composes(composer):
+    expected = {
+        "method": {"ar", *VERIFIERS},
+        "hardware": {"cpu", "cuda"},
+        "logger": {"wandb_offline", "wandb_online", "disabled"},
+        "experiment": {"paper_main", "ablation_K", "ablation_L", "ablation_T", "cpu_quick"},
+    }
+    for group, options in expected.items():
+        assert options <= set(group_options(group)), group
+    for group in GROUPS:
+        options = group_options(group)
+        assert options, f"conf/{group}/ is empty"
+        for option in options:
+            cfg = composer.compose([f"{group}={option}"])
+            assert cfg.choices[group] == option
+            for key in ("K", "L", "temperature", "num_prompts", "max_new_tokens", "seed", "output_dir",
+                        "experiment", "force"):
+                assert key in cfg, (group, option, key)
+            assert {"device", "dtype"} <= set(cfg.hardware)
+            if group == "method":
+                assert cfg.method.name == option
+            if group == "experiment":
+                assert cfg.experiment == option and cfg.grid, "experiments name their folder and grid"
+
+
+def test_slurm_launcher_composes(composer):
+    cfg = composer.compose(["hydra/launcher=slurm", "experiment=paper_main"], with_hydra=True)
+    launcher = cfg.hydra.launcher
+    assert launcher._target_.endswith("submitit_launcher.SlurmLauncher")
+    assert launcher.gpus_per_node == 1 and launcher.timeout_min > 0
+
+
+def test_plus_experiment_is_accepted(composer):
+    cfg = expand(composer, parse_arguments(["+experiment=cpu_quick"]), use_grid=False)[0]
+    assert cfg.choices.experiment == "cpu_quick" and cfg.experiment == "cpu_quick"
+
+
+def test_comma_lists_expand_to_the_product(composer):
+    args = parse_arguments([*BASE, "method=sd,bv,spectr_gbv", "K=1,3", "temperature=0.1,0.7"])
+    cells = expand(composer, args, use_grid=True)
+    got = {(c.method.name, c.K, c.temperature) for c in cells}
+    assert got == {(m, k, t) for m in ("sd", "bv", "spectr_gbv") for k in (1, 3) for t in (0.1, 0.7)}
+    assert all(c.choices.model_pair == "tiny_random" for c in cells)
+
+
+def test_experiment_grid_and_user_axes(composer):
+    # (dataset fixed on the command line to keep the test fast: each group choice is one composition)
+    grid_cells = expand(composer, parse_arguments(["experiment=ablation_K", "dataset=lm1b"]), use_grid=True)
+    multi = {c.K for c in grid_cells if c.method.name == "spectr_gbv"}
+    assert multi == {1, 3, 5, 7}
+    assert {c.K for c in grid_cells if c.method.name == "sd"} == {1}  # single-draft sub-grid at K=1
+    assert {c.method.name for c in grid_cells} == set(VERIFIERS)
+    assert len(grid_cells) == 4 * 4 + 3
+    # An axis on the command line replaces that axis in every sub-grid.
+    assert {c.choices.dataset for c in grid_cells} == {"lm1b"}
+    narrowed = expand(composer, parse_arguments(["experiment=ablation_K", "K=3", "dataset=gsm8k",
+                                                 "method=spectr_gbv,sd"]), True)
+    assert {(c.method.name, c.K) for c in narrowed} == {("spectr_gbv", 3), ("sd", 3)}
+    assert {c.choices.dataset for c in narrowed} == {"gsm8k"}
+    # `run` ignores the grid: one cell.
+    assert len(expand(composer, parse_arguments(["experiment=ablation_K"]), use_grid=False)) == 1
+
+
+def test_plan_adds_one_ar_cell_per_group_and_skips_single_draft_at_k_above_1(composer):
+    args = parse_arguments([*BASE, "method=sd,spectr_gbv", "K=1,3", "dataset=humaneval,gsm8k"])
+    plans = plan_cells(expand(composer, args, use_grid=True))
+    ar = [p for p in plans if p.method == "ar"]
+    assert len(ar) == 2 and all(p.cfg.K == 1 and p.cfg.L == 1 for p in ar)
+    skipped = [p for p in plans if p.skip_note]
+    assert {(p.method, p.cfg.K) for p in skipped} == {("sd", 3)}
+    assert "single draft" in skipped[0].skip_note
+    for plan in plans:
+        if plan.method != "ar" and not plan.skip_note:
+            (group_ar,) = [p for p in ar if p.cell_id == plan.ar_cell_id]
+            assert group_ar.cfg.choices.dataset == plan.cfg.choices.dataset
+            assert plans.index(group_ar) < plans.index(plan), "the AR baseline runs first"
+
+
+def test_cell_ids_are_distinct_for_method_options(composer):
+    default = composer.compose([*BASE, "method=gbv", "K=1"])
+    changed = composer.compose([*BASE, "method=gbv", "K=1", "method.options.carry_over=false"])
+    assert cell_id(default) != cell_id(changed)
+    assert cell_id(default) == cell_id(composer.compose([*BASE, "method=gbv", "K=1"]))
+    assert cell_id(default).startswith("gbv-tiny_random-humaneval-K1-")
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["method=spectr_gvb"], "Did you mean spectr_gbv"),
+    (["dataset=humaneva"], "Did you mean humaneval"),
+    (["model_pair=tiny_rnd"], "Did you mean tiny_random"),
+    (["experiment=foo,bar"], "one experiment at a time"),
+])
+def test_unknown_options_are_usage_errors(argv, message):
+    with pytest.raises(UsageError, match=message):
+        parse_arguments(argv)

@@ -1,0 +1,54 @@
+"""`python -m spectr_repro`: help lists the subcommands and config groups; dispatch by name."""
+
+from __future__ import annotations
+
+import pytest
+
+from spectr_repro import __main__ as cli
+
+
+def test_help_lists_subcommands_and_config_groups(capsys):
+    assert cli.main(["--help"]) == 0
+    text = capsys.readouterr().out
+    for command in ("run", "sweep", "report", "theory", "audit"):
+        assert f"  {command} " in text
+    for group in ("method", "model_pair", "dataset", "experiment", "hardware", "logger"):
+        assert f"  {group} " in text
+    for option in ("spectr_gbv", "tiny_random", "paper_main", "wandb_offline", "cuda"):
+        assert option in text
+
+
+def test_sweep_help(capsys):
+    assert cli.main(["sweep", "--help"]) == 0
+    assert "Comma lists expand to the grid" in capsys.readouterr().out
+
+
+def test_no_command_prints_usage_and_fails(capsys):
+    assert cli.main([]) == 2
+    assert "commands:" in capsys.readouterr().out
+
+
+def test_unknown_command_suggests(capsys):
+    assert cli.main(["swep"]) == 2
+    assert "Did you mean sweep" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("command", ["run", "sweep", "report", "theory", "audit"])
+def test_dispatch_calls_the_named_function(command, monkeypatch):
+    import types
+
+    calls = []
+    module_name, function_name, _ = cli.COMMANDS[command]
+    fake = types.SimpleNamespace(**{function_name: lambda argv: calls.append(argv) or 0})
+    monkeypatch.setattr(cli.importlib, "import_module", lambda name: fake if name == module_name else None)
+    assert cli.main([command, "a=1", "b"]) == 0
+    assert calls == [["a=1", "b"]]
+
+
+def test_missing_subcommand_module_is_a_clear_error(monkeypatch, capsys):
+    def missing(name):
+        raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+
+    monkeypatch.setattr(cli.importlib, "import_module", missing)
+    assert cli.main(["theory"]) == 2
+    assert "`theory` is not available yet" in capsys.readouterr().err
