@@ -365,8 +365,10 @@ def quality_section(results: Results) -> str | None:
     """
     try:
         quality = importlib.import_module("spectr_repro.quality")
-    except ImportError:
-        return None
+    except ModuleNotFoundError as error:
+        if error.name == "spectr_repro.quality":  # not written (yet): the section is optional
+            return None
+        raise
     if hasattr(quality, "report_section"):
         text = quality.report_section(results.root, results.records)
         return text if text else None

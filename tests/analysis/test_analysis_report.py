@@ -108,3 +108,22 @@ def test_missing_audit_file_given_explicitly_is_an_error(results_copy, capsys):
     assert main([str(results_copy), "--audit", str(results_copy / "nope.json")]) == 2
     assert "audit file" in capsys.readouterr().err
     assert not (results_copy / "REPORT.md").exists()
+
+
+def test_quality_section_uses_the_optional_quality_module(monkeypatch, tmp_path):
+    import sys
+    import types
+
+    import pandas as pd
+
+    from spectr_repro.analysis.load import Results
+    from spectr_repro.analysis.report import quality_section
+
+    results = Results(root=tmp_path, cells=pd.DataFrame(), records=pd.DataFrame({"method": ["ar", "sd"]}))
+    fake = types.ModuleType("spectr_repro.quality")
+    fake.quality_table = lambda records: pd.DataFrame({"method": records["method"], "pass@1": [0.5, 0.5]})
+    monkeypatch.setitem(sys.modules, "spectr_repro.quality", fake)
+    section = quality_section(results)
+    assert section.startswith("## Quality") and "pass@1" in section
+    fake.report_section = lambda root, records: f"## Quality\n\n{len(records)} records under {root}\n"
+    assert quality_section(results) == f"## Quality\n\n2 records under {tmp_path}\n"
