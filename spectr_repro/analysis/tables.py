@@ -142,6 +142,16 @@ def _cell_text(ours: float, paper: float, metric: str, latex: bool = False) -> s
     return text
 
 
+def _latex_escape(text: str) -> str:
+    return (
+        str(text)
+        .replace("\\", r"\textbackslash{}")
+        .replace("_", r"\_")
+        .replace("%", r"\%")
+        .replace("&", r"\&")
+    )
+
+
 def display_table(comparison: pd.DataFrame, latex: bool = False) -> pd.DataFrame:
     """Wide table of strings, "ours (paper X, Δ d)"; rows method labels, columns dataset names."""
     if comparison.empty:
@@ -194,7 +204,8 @@ def build_table1(
             + "\n"
         )
         latex_table = display_table(comparison, latex=True)
-        latex_table.index.name = None
+        latex_table.index = [_latex_escape(name) for name in latex_table.index]  # "GBV[carry_over=False]"
+        latex_table.columns = [_latex_escape(name) for name in latex_table.columns]
         latex = latex_table.to_latex(
             caption=f"{title}, {model_pair.replace('_', ' ')}, {setting}; paper values in parentheses.",
             label=f"tab:{metric}-{model_pair}".replace(".", "-"),

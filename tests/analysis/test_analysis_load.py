@@ -44,7 +44,8 @@ def test_malformed_summary_names_the_file(tmp_path):
 def test_one_rule_run_with_two_option_sets_gives_two_methods(synthetic, tmp_path):
     import shutil
 
-    from spectr_repro.analysis.tables import table1
+    from spectr_repro.analysis.paper import load_paper_numbers
+    from spectr_repro.analysis.tables import build_table1, table1
 
     root = tmp_path / "variants"
     shutil.copytree(synthetic.root, root)
@@ -67,3 +68,7 @@ def test_one_rule_run_with_two_option_sets_gives_two_methods(synthetic, tmp_path
     assert set(results.records.loc[results.records["cell_id"] == twin.name, "method"]) == {
         "gbv[carry_over=False]"
     }
+    tex = build_table1(results.cells, load_paper_numbers(), "qwen25coder_1.5b_0.5b", tmp_path / "t").paths[
+        "tex"
+    ]
+    assert r"GBV[carry\_over=False]" in tex.read_text()  # underscores escaped for LaTeX
