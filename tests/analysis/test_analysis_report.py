@@ -127,3 +127,14 @@ def test_quality_section_uses_the_optional_quality_module(monkeypatch, tmp_path)
     assert section.startswith("## Quality") and "pass@1" in section
     fake.report_section = lambda root, records: f"## Quality\n\n{len(records)} records under {root}\n"
     assert quality_section(results) == f"## Quality\n\n2 records under {tmp_path}\n"
+
+
+def test_several_results_folders_are_merged_into_one_report(synthetic, tmp_path):
+    first, second = tmp_path / "paper_main", tmp_path / "ablation_K"
+    for cell in synthetic.root.glob("cells/deepseek*"):
+        target = first if "__humaneval__" in cell.name else second
+        shutil.copytree(cell, target / "cells" / cell.name)
+    assert main([str(first), str(second)]) == 0
+    table = (first / "tables" / "table1_deepseek_33b_1.3b.md").read_text()
+    assert "humaneval" in table and "gsm8k" in table
+    assert (first / "REPORT.md").is_file() and not (second / "REPORT.md").exists()
