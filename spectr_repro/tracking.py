@@ -69,7 +69,7 @@ def log_cell(logger_cfg: DictConfig, run_root: Path, experiment: str, cell_id: s
                 run.summary[key] = value
         run_dir = Path(run.dir).parent  # .../wandb/offline-run-<time>-<id>/files -> the run folder
     finally:
-        run.finish(quiet=True)
+        run.finish()
     return run_dir
 
 

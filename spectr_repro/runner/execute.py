@@ -353,8 +353,12 @@ class Session:
         started = time.perf_counter()
         config = OmegaConf.to_container(plan.cfg, resolve=True)
         config["cell_id"] = plan.cell_id
-        run_dir = tracking.log_cell(plan.cfg.logger, store.experiment_dir(plan.cfg), plan.cfg.experiment,
-                                    plan.cell_id, config, summary, records)
+        try:
+            run_dir = tracking.log_cell(plan.cfg.logger, store.experiment_dir(plan.cfg), plan.cfg.experiment,
+                                        plan.cell_id, config, summary, records)
+        except Exception as error:  # the cell's records are safe on disk; a tracker hiccup must not end a sweep
+            self.echo(f"warning: W&B logging failed for {plan.cell_id}: {type(error).__name__}: {error}")
+            return
         if run_dir is not None:
             self.echo(f"W&B {plan.cfg.logger.mode} run: {run_dir} ({time.perf_counter() - started:.1f}s)")
 

@@ -1,0 +1,76 @@
+"""W&B offline: one run folder per computed cell under the results folder, with the summary metrics."""
+
+from __future__ import annotations
+
+import json
+import struct
+from pathlib import Path
+
+from spectr_repro.runner import main_run
+
+
+def wandb_records(path: Path):
+    """Decode the records of an offline ``run-*.wandb`` file (W&B's LevelDB-style log of protobufs)."""
+    from wandb.proto import wandb_internal_pb2
+
+    data = path.read_bytes()
+    assert data[:4] == b":W&B", "not a W&B run file"
+    block, header = 32768, 7
+    position, pending = header, b""
+    while position + header <= len(data):
+        left = block - position % block
+        if left < header:  # block trailer padding
+            position += left
+            continue
+        _checksum, length, kind = struct.unpack("<IHB", data[position:position + header])
+        if kind == 0:
+            position += left
+            continue
+        chunk = data[position + header:position + header + length]
+        position += header + length
+        if kind == 2:  # first fragment
+            pending = chunk
+            continue
+        if kind == 3:  # middle
+            pending += chunk
+            continue
+        payload = pending + chunk if kind == 4 else chunk
+        pending = b""
+        record = wandb_internal_pb2.Record()
+        record.ParseFromString(payload)
+        yield record
+
+
+def test_wandb_offline_runs_hold_the_summary(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)  # nothing may land in the working directory
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    out = tmp_path / "results"
+    code = main_run(["model_pair=tiny_random", "dataset=humaneval", "method=sbv", "K=2", "L=2",
+                     "num_prompts=1", "max_new_tokens=6", "logger=wandb_offline", f"output_dir={out}"])
+    assert code == 0
+    assert not (tmp_path / "wandb").exists()
+    run_files = sorted((out / "default" / "wandb").glob("offline-run-*/run-*.wandb"))
+    assert len(run_files) == 2, "one run per computed cell (AR baseline + sbv)"
+
+    runs = {}
+    for run_file in run_files:
+        summary, group, name = {}, None, None
+        for record in wandb_records(run_file):
+            kind = record.WhichOneof("record_type")
+            if kind == "run":
+                group, name = record.run.run_group, record.run.display_name
+            elif kind == "summary":
+                for item in record.summary.update:
+                    summary[item.key or "/".join(item.nested_key)] = json.loads(item.value_json)
+        runs[name] = (group, summary)
+        assert list(run_file.parent.glob("files/media/table/records_*.table.json")), "per-prompt table"
+
+    (sbv_name,) = [n for n in runs if n.startswith("sbv-")]
+    group, summary = runs[sbv_name]
+    assert group == "default"
+    stored = json.loads((out / "default" / "cells" / sbv_name / "summary.json").read_text())
+    for key in ("block_efficiency", "speedup", "tokens_per_s", "wall_time_s", "ar_wall_time_s", "tokens"):
+        assert summary[key] == stored[key]
+    assert summary["time_split/total"] == stored["time_split"]["total"]
+    assert summary["records/nrows"] == 1
+    assert "W&B offline run" in capsys.readouterr().err
