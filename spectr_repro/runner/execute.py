@@ -356,7 +356,7 @@ class Session:
         try:
             run_dir = tracking.log_cell(plan.cfg.logger, store.experiment_dir(plan.cfg), plan.cfg.experiment,
                                         plan.cell_id, config, summary, records)
-        except Exception as error:  # the cell's records are safe on disk; a tracker hiccup must not end a sweep
+        except Exception as error:  # records are safe on disk; a tracker hiccup must not end a sweep
             self.echo(f"warning: W&B logging failed for {plan.cell_id}: {type(error).__name__}: {error}")
             return
         if run_dir is not None:
