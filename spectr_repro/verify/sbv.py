@@ -1,35 +1,35 @@
-"""SBV — selection block verification (ours; lossless for any K).
+"""SBV — selection block verification (ours; lossless for any K). Derivation: docs/sbv.md.
 
-Two stages per iteration (derivation in docs/sbv.md):
+Two stages per iteration:
 
 1. *Select* one path x = (x_1..x_L) through the K drafts, top-down. At depth i (prefix z = x^i,
    survivors S = the drafts whose first i tokens equal z, k = |S|), with P = p(.|z), Q = q(.|z) and
    tokens ranked by r = P/Q ascending (ties: lower id first; r = +inf where Q = 0): scan the survivors in
-   draft order, accepting survivor j's token with probability min(1, P/(rho_k Q)) at that token; if none
-   is accepted take the survivor token of highest rank. The selected token's law given k = c survivors is
+   draft order, accepting survivor j's token with probability a = min(1, P/(rho_k Q)) at that token; if
+   none is accepted take the survivor token of highest rank. Given c survivors the selected token has law
 
        f(v; rho, c) = Q(v) a(v) (1 - (1 - alpha)^c) / alpha + G(v)^c - G^-(v)^c,
-       a = min(1, P/(rho Q)),  alpha = sum Q a,  G = cumsum of Q (1 - a) in rank order,  G^- = G - Q (1 - a),
+       alpha = sum Q a,  G = cumsum of Q (1 - a) in rank order,  G^- = G - Q (1 - a),
 
    and rho_c is the point of a log grid over [1, 50 max r] maximising sum_v min(f(v; rho, c), P(v)).
    The survivor count is random, so the law of x_{i+1} given the selected prefix alone is
-   q_sel[i] = sum_c pi(c) f(.; rho_c, c), pi = the exact posterior of the count given z (updated after
-   each depth). ``count_posterior=False`` uses f(.; rho_k, k) at the observed count instead.
+   q_sel[i] = sum_c pi(c) f(.; rho_c, c), pi = the exact posterior of the count given z, updated after
+   each depth. ``count_posterior=False`` uses f(.; rho_k, k) at the observed count instead (also valid).
 2. Run plain block verification (BV) on the selected path with q_sel as the draft law.
 
 Shapes: draft_tokens [K, L], draft_probs [K, L, V], target_probs [K, L+1, V] (see verify.base).
 Powers and cumulative sums are float64.
 
-Cost (V large). The sampler never sorts the whole vocabulary on the common path:
-- rho_c is chosen from the ``head_size`` tokens of largest P + Q (every token when V <= head_size,
-  which is exactly METHODS.md's rule); any deterministic choice of rho keeps the method valid because
-  f is evaluated exactly for the chosen rho;
-- the selection and the posterior need f only at the selected token: one masked sum over V;
-- BV's stop probabilities h_i and its residual need q_sel on the whole vocabulary; the sampler brackets
-  q_sel between bounds that need no sort (the head is ranked exactly, the tail's rank is bounded), decides
-  "eta_i <= h_i" from the bounds, and only computes the exact q_sel (one sort) in the rare event that the
-  uniform falls between them. The residual is drawn by rejection from the bound's envelope, each
-  candidate checked with its exact value. The draws therefore follow the exact law.
+Large vocabularies. The closed form above holds for ANY acceptance function a(.) in [0, 1] and any
+total order, which lets the rule skip ranking the long tail: tokens with P + Q < ``tail_threshold``
+(1e-6 by default) are accepted whenever drafted (a = 1), so they never enter G and need no rank; their
+f is Q A exactly. Only the "ranked" tokens (P + Q >= threshold, a few thousand at most in practice)
+are sorted, once per depth. On every toy vocabulary (all probabilities >= 1e-4) nothing is below the
+threshold and the rule is exactly METHODS.md's. rho_c is chosen on the ``head_size`` ranked tokens of
+largest P + Q (all of them when there are at most that many, again exactly METHODS.md's rule); any
+deterministic choice of rho keeps the method valid, since f is evaluated exactly for the chosen rho.
+The sampler needs full-vocabulary passes only to split the tail off at each depth, for BV's stop
+probability when a bracket on the tail's share does not decide it, and for the final residual or bonus.
 """
 
 from __future__ import annotations
@@ -39,36 +39,31 @@ from dataclasses import dataclass, field
 
 import torch
 
-from spectr_repro.sampling import sample, uniform
+from spectr_repro.sampling import uniform
 from spectr_repro.verify.base import Outcome, Verifier, VerifyResult
 
 __all__ = [
-    "SelectionBlockVerification",
     "DepthRule",
+    "SelectionBlockVerification",
     "choose_rho",
     "count_likelihood",
     "selection_law",
 ]
 
 SELECTIONS = ("randomized", "greedy")
-_MAX_RESIDUAL_TRIES = 32
+DEFAULT_TAIL_THRESHOLD = 1e-6
 _CACHE_MAX_VOCAB = 64  # memoise per-depth rules only for toy vocabularies
 _CACHE_MAX_ENTRIES = 100_000
 
 
 def _rank_key(P: torch.Tensor, Q: torch.Tensor) -> torch.Tensor:
     """r = P/Q, +inf where Q = 0 (such tokens are never drafted; their f is 0 whatever their rank)."""
-    return torch.where(Q > 0, P / torch.where(Q > 0, Q, torch.ones_like(Q)), torch.full_like(P, math.inf))
+    return torch.nan_to_num(P / Q, nan=math.inf)  # P/0 = inf already; 0/0 = nan -> inf
 
 
-def _rank_order(r: torch.Tensor, ids: torch.Tensor | None = None) -> torch.Tensor:
-    """Positions of ``r`` in rank order: r ascending, ties broken by lower token id.
-
-    ``ids`` (same length as r, ascending) are the token ids when r is a subset of the vocabulary.
-    """
-    # torch's stable sort keeps the input order among equal keys; the input is in ascending id order.
-    del ids
-    return torch.sort(r, stable=True).indices
+def _rank_order(r: torch.Tensor) -> torch.Tensor:
+    """Positions of ``r`` (given in ascending token id) in rank order: r ascending, ties lower id first."""
+    return torch.sort(r, stable=True).indices  # a stable sort keeps ascending ids among equal keys
 
 
 def _power_difference(g: torch.Tensor, g_minus: torch.Tensor, c: int) -> torch.Tensor:
@@ -79,7 +74,7 @@ def _power_difference(g: torch.Tensor, g_minus: torch.Tensor, c: int) -> torch.T
     return (g - g_minus) * total
 
 
-def _accept_scale(alpha: torch.Tensor | float, c: int):
+def _accept_scale(alpha, c: int):
     """A = (1 - (1 - alpha)^c) / alpha, with its limit c at alpha = 0 (then Q a = 0 everywhere anyway)."""
     if isinstance(alpha, torch.Tensor):
         safe = torch.where(alpha > 0, alpha, torch.ones_like(alpha))
@@ -87,48 +82,28 @@ def _accept_scale(alpha: torch.Tensor | float, c: int):
     return (1 - (1 - alpha) ** c) / alpha if alpha > 0 else float(c)
 
 
-def _accepted_mass(P: torch.Tensor, Q: torch.Tensor, rho: torch.Tensor | float) -> torch.Tensor:
+def _accepted_mass(P: torch.Tensor, Q: torch.Tensor, rho: float) -> torch.Tensor:
     """Q a = min(Q, P/rho); 0 everywhere when rho = +inf (the greedy selection)."""
-    if isinstance(rho, float) and math.isinf(rho):
+    if math.isinf(rho):
         return torch.zeros_like(Q)
     return torch.minimum(Q, P / rho)
 
 
-def selection_law(P: torch.Tensor, Q: torch.Tensor, rho: float, c: int) -> torch.Tensor:
-    """Closed-form law f(.; rho, c) [V] of the selected token among c i.i.d. Q-draws (exact, one sort)."""
-    P = P.double()
-    Q = Q.double()
-    if c == 1:
-        return Q.clone()
-    m = _accepted_mass(P, Q, rho)
-    d = Q - m
-    alpha = m.sum()
-    order = _rank_order(_rank_key(P, Q))
-    d_sorted = d[order]
-    g = torch.cumsum(d_sorted, 0)
-    g_minus = g - d_sorted
-    fallback = torch.empty_like(d)
-    fallback[order] = _power_difference(g, g_minus, c)
-    return m * _accept_scale(alpha, c) + fallback
-
-
 def choose_rho(
-    P: torch.Tensor, Q: torch.Tensor, counts: list[int], grid_size: int = 64, head_size: int = 1024
+    P: torch.Tensor, Q: torch.Tensor, counts: list[int], grid_size: int = 64, head_size: int = 256
 ) -> dict[int, float]:
     """rho_c for each count c >= 2: the log-grid point over [1, 50 max r] maximising sum_v min(f, P).
 
-    One batched [grid x head] evaluation per count and one sort of the head. The head is the
-    ``head_size`` tokens of largest P + Q (the whole vocabulary when V <= head_size, i.e. exactly the
-    METHODS.md rule); on larger vocabularies the objective ignores the tail's negligible mass, which
-    changes which grid point wins at most marginally and never validity (f is exact for any rho).
+    P, Q: float64 [n] over tokens in ascending id order. One sort of the head and one batched
+    [grid x head] evaluation per count; the head is the ``head_size`` tokens of largest P + Q (all of
+    them when n <= head_size, i.e. exactly the METHODS.md rule). Ties: the smallest rho wins.
     """
     counts = [c for c in counts if c >= 2]
     if not counts:
         return {}
-    P = P.double()
-    Q = Q.double()
-    V = P.shape[-1]
-    if V > head_size:
+    if P.shape[-1] == 0:
+        return {c: 1.0 for c in counts}
+    if P.shape[-1] > head_size:
         ids = torch.topk(P + Q, head_size).indices.sort().values
         P, Q = P[ids], Q[ids]
     r = _rank_key(P, Q)
@@ -136,14 +111,15 @@ def choose_rho(
     Ps, Qs, rs = P[order], Q[order], r[order]
     finite = rs[torch.isfinite(rs)]
     r_max = max(float(finite.max()), 1.0) if finite.numel() else 1.0
-    grid = torch.exp(torch.linspace(0.0, math.log(50.0 * r_max), grid_size, dtype=torch.float64, device=P.device))
+    log_grid = torch.linspace(0.0, math.log(50.0 * r_max), grid_size, dtype=torch.float64, device=P.device)
+    grid = torch.exp(log_grid)
     m = torch.minimum(Qs.unsqueeze(0), Ps.unsqueeze(0) / grid.unsqueeze(1))  # [grid, head]
     d = Qs.unsqueeze(0) - m
     alpha = m.sum(-1, keepdim=True)
     g = torch.cumsum(d, -1)
     g_minus = g - d
-    rhos: dict[int, float] = {}
     values = grid.tolist()
+    rhos: dict[int, float] = {}
     for c in counts:
         f = m * _accept_scale(alpha, c) + _power_difference(g, g_minus, c)
         objective = torch.minimum(f, Ps.unsqueeze(0)).sum(-1)
@@ -152,7 +128,7 @@ def choose_rho(
 
 
 def count_likelihood(q_v: float, a_v: float, alpha: float, g_minus_v: float, c: int) -> list[float]:
-    """[P(v selected and m of the c survivors carry v) for m = 0..c] (entry 0 is 0).
+    """[P(v selected and m of the c survivors carry v) for m = 0..c] (entry 0 is 0); sums to f(v).
 
     Accepted at draw j: draws 1..j-1 rejected (each carries v with probability s_v given rejection),
     draws j+1..c free (each carries v with probability Q(v)): m - 1 ~ Bin(j-1, s_v) + Bin(c-j, Q(v)).
@@ -179,88 +155,175 @@ def count_likelihood(q_v: float, a_v: float, alpha: float, g_minus_v: float, c: 
     return out
 
 
+def _draw(weights: torch.Tensor, generator: torch.Generator | None) -> int:
+    """One index with probability proportional to ``weights`` (float64 [n], total > 0), by inverse CDF.
+
+    Used instead of torch.multinomial, which costs ~11 ms on a 151,936-token row on one CPU core;
+    this is one cumulative sum and one binary search.
+    """
+    cdf = torch.cumsum(weights, 0)
+    u = uniform(1, generator, device=weights.device) * cdf[-1]
+    index = int(torch.searchsorted(cdf, u, right=True))
+    if index >= weights.shape[0] or float(weights[index]) <= 0:  # u rounded onto the total
+        index = int(torch.nonzero(weights > 0)[-1])
+    return index
+
+
 @dataclass
 class DepthRule:
-    """The selection rule at one depth: P = p(.|z), Q = q(.|z) (float64 [V]) and rho per count."""
+    """The selection rule at one depth, for P = p(.|z), Q = q(.|z) ([V], any float dtype).
+
+    ``ranked`` = the token ids with P + Q >= tail_threshold (ascending), ``order`` their rank order;
+    everything per count is computed on them in float64. The other tokens (the tail, masses P_tail and
+    Q_tail) have a = 1 and f = Q A. ``rho`` maps each count c >= 2 to rho_c (inf = greedy).
+    """
 
     P: torch.Tensor
     Q: torch.Tensor
-    rho: dict[int, float]
-    r: torch.Tensor = field(init=False)
-    _m: dict[int, torch.Tensor] = field(init=False, default_factory=dict)
-    _alpha: dict[int, float] = field(init=False, default_factory=dict)
-    _laws: dict[int, torch.Tensor] = field(init=False, default_factory=dict)
-    _mixtures: dict[tuple, torch.Tensor] = field(init=False, default_factory=dict)
+    tail_threshold: float = DEFAULT_TAIL_THRESHOLD
+    rho: dict[int, float] = field(default_factory=dict)
+    _per_count: dict[int, tuple] = field(init=False, default_factory=dict)
+    _mixtures: dict[tuple, tuple] = field(init=False, default_factory=dict)
 
     def __post_init__(self) -> None:
-        self.r = _rank_key(self.P, self.Q)
+        V = self.P.shape[-1]
+        self.ranked_mask = (self.P + self.Q) >= self.tail_threshold
+        self.ranked = torch.nonzero(self.ranked_mask).squeeze(-1)
+        self.P_ranked = self.P[self.ranked].double()
+        self.Q_ranked = self.Q[self.ranked].double()
+        self.r_ranked = _rank_key(self.P_ranked, self.Q_ranked)
+        self.order = _rank_order(self.r_ranked)
+        self.position = torch.empty_like(self.order)
+        self.position[self.order] = torch.arange(self.order.shape[0], device=self.order.device)
+        self.has_tail = self.ranked.shape[0] < V
+        if self.has_tail:  # clamped: a difference of two sums can round below 0
+            self.P_tail = max(0.0, float(self.P.sum(dtype=torch.float64) - self.P_ranked.sum()))
+            self.Q_tail = max(0.0, float(self.Q.sum(dtype=torch.float64) - self.Q_ranked.sum()))
+        else:
+            self.P_tail = self.Q_tail = 0.0
 
-    def accepted(self, c: int) -> torch.Tensor:
-        """Q a = min(Q, P/rho_c) [V]."""
-        if c not in self._m:
-            self._m[c] = _accepted_mass(self.P, self.Q, self.rho[c])
-        return self._m[c]
+    # -- per count ---------------------------------------------------------------------------------
+    def count_terms(self, c: int) -> tuple[torch.Tensor, float, float, torch.Tensor, torch.Tensor]:
+        """(Q a on ranked [n], alpha, A, G^- on ranked [n] (token order), f on ranked [n]) for count c."""
+        if c not in self._per_count:
+            m = _accepted_mass(self.P_ranked, self.Q_ranked, self.rho[c])
+            d = self.Q_ranked - m
+            alpha = float(m.sum()) + self.Q_tail  # tail tokens are always accepted
+            scale = _accept_scale(alpha, c)
+            d_sorted = d[self.order]
+            g = torch.cumsum(d_sorted, 0)
+            g_minus_sorted = g - d_sorted
+            g_minus = torch.empty_like(d)
+            g_minus[self.order] = g_minus_sorted
+            f = torch.empty_like(d)
+            f[self.order] = _power_difference(g, g_minus_sorted, c)
+            f = m * scale + f
+            self._per_count[c] = (m, alpha, scale, g_minus, f)
+        return self._per_count[c]
 
-    def alpha(self, c: int) -> float:
-        if c not in self._alpha:
-            self._alpha[c] = float(self.accepted(c).sum())
-        return self._alpha[c]
+    def _index(self, token: int) -> int | None:
+        """Index of ``token`` among the ranked tokens, None if it is in the tail."""
+        if not self.has_tail:
+            return token
+        if not bool(self.ranked_mask[token]):
+            return None
+        return int(torch.searchsorted(self.ranked, torch.tensor(token, device=self.ranked.device)))
 
-    def precedes(self, v: int) -> torch.Tensor:
-        """Boolean [V]: tokens ranked strictly below v."""
-        ids = torch.arange(self.r.shape[0], device=self.r.device)
-        rv = self.r[v]
-        return (self.r < rv) | ((self.r == rv) & (ids < v))
-
-    def token_terms(self, c: int, v: int, below: torch.Tensor) -> tuple[float, float, float, float]:
-        """(Q(v), a(v), alpha, G^-(v)) for count c; ``below`` = self.precedes(v)."""
-        q_v = float(self.Q[v])
+    def token_terms(self, c: int, v: int) -> tuple[float, float, float, float]:
+        """(Q(v), a(v), alpha, G^-(v)) for count c."""
+        j = self._index(v)
+        q_v = float(self.Q_ranked[j]) if j is not None else float(self.Q[v])
         if c == 1:
             return q_v, 1.0, 1.0, 0.0
-        m = self.accepted(c)
-        a_v = float(m[v]) / q_v if q_v > 0 else 0.0
-        g_minus = float(((self.Q - m) * below).sum())
-        return q_v, min(a_v, 1.0), self.alpha(c), g_minus
-
-    def token_law(self, c: int, v: int, below: torch.Tensor) -> float:
-        """f(v; rho_c, c) at one token (exact; one masked sum over V)."""
-        q_v, a_v, alpha, g_minus = self.token_terms(c, v, below)
-        if c == 1:
-            return q_v
-        d_v = q_v * (1 - a_v)
-        g = g_minus + d_v
-        return q_v * a_v * _accept_scale(alpha, c) + float(
-            _power_difference(torch.tensor(g, dtype=torch.float64), torch.tensor(g_minus, dtype=torch.float64), c)
-        )
-
-    def law(self, c: int) -> torch.Tensor:
-        """f(.; rho_c, c) on the whole vocabulary (exact; one sort)."""
-        if c not in self._laws:
-            self._laws[c] = selection_law(self.P, self.Q, self.rho.get(c, 1.0), c)
-        return self._laws[c]
-
-    def mixture(self, weights: dict[int, float]) -> torch.Tensor:
-        """sum_c weights[c] f(.; rho_c, c) [V]."""
-        key = tuple(sorted(weights.items()))
-        if key not in self._mixtures:
-            out = torch.zeros_like(self.P)
-            for c, w in key:
-                if w > 0:
-                    out = out + w * self.law(c)
-            self._mixtures[key] = out
-        return self._mixtures[key]
+        m, alpha, _, g_minus, _ = self.count_terms(c)
+        if j is None:
+            return q_v, 1.0, alpha, 0.0
+        a_v = min(1.0, float(m[j]) / q_v) if q_v > 0 else 0.0
+        return q_v, a_v, alpha, float(g_minus[j])
 
     def accept_probability(self, c: int, token: int) -> float:
-        """min(1, P/(rho_c Q)) at ``token`` (a drafted token, so Q > 0)."""
-        if c == 1:
-            return 1.0
-        q = float(self.Q[token])
-        return min(1.0, float(self.accepted(c)[token]) / q) if q > 0 else 0.0
+        """a = min(1, P/(rho_c Q)) at a drafted ``token`` (1 for a tail token or a single survivor)."""
+        return self.token_terms(c, token)[1]
 
     def top_rank(self, tokens: list[int]) -> int:
         """The token of highest rank (largest r; ties: larger id) among ``tokens``."""
-        rs = self.r[torch.tensor(tokens, device=self.r.device)].tolist()
-        return max(zip(rs, tokens))[1]
+        keys = []
+        for token in tokens:
+            j = self._index(token)
+            r = (
+                float(self.r_ranked[j])
+                if j is not None
+                else float(_rank_key(self.P[token].double(), self.Q[token].double()))
+            )
+            keys.append((r, token))
+        return max(keys)[1]
+
+    # -- laws --------------------------------------------------------------------------------------
+    def mixture(self, weights: dict[int, float]) -> tuple[torch.Tensor, float]:
+        """(sum_c w_c f_c on the ranked tokens [n], tail scale A_mix) with q_sel = Q A_mix on the tail."""
+        key = tuple(sorted(weights.items()))
+        if key not in self._mixtures:
+            ranked = torch.zeros_like(self.P_ranked)
+            tail_scale = 0.0
+            for c, w in key:
+                if w <= 0:
+                    continue
+                if c == 1:
+                    ranked = ranked + w * self.Q_ranked
+                    tail_scale += w
+                else:
+                    _, _, scale, _, f = self.count_terms(c)
+                    ranked = ranked + w * f
+                    tail_scale += w * scale
+            self._mixtures[key] = (ranked, tail_scale)
+        return self._mixtures[key]
+
+    def token_mixture(self, weights: dict[int, float], v: int) -> float:
+        """q_sel(v) = sum_c w_c f_c(v)."""
+        ranked, tail_scale = self.mixture(weights)
+        j = self._index(v)
+        return float(ranked[j]) if j is not None else tail_scale * float(self.Q[v])
+
+    def full(self, weights: dict[int, float]) -> torch.Tensor:
+        """q_sel on the whole vocabulary, float64 [V]."""
+        ranked, tail_scale = self.mixture(weights)
+        out = tail_scale * self.Q.double() if self.has_tail else torch.zeros_like(self.P, dtype=torch.float64)
+        out[self.ranked] = ranked
+        return out
+
+    def law(self, c: int) -> torch.Tensor:
+        """f(.; rho_c, c) on the whole vocabulary, float64 [V]."""
+        return self.full({c: 1.0})
+
+    def residual(self, weights: dict[int, float], w: float) -> torch.Tensor:
+        """(w P - q_sel)+ on the whole vocabulary, float64 [V] (unnormalised)."""
+        return (w * self.P.double() - self.full(weights)).clamp_min(0)
+
+    def residual_mass(self, weights: dict[int, float], w: float) -> tuple[float, float, float]:
+        """Z = sum (w P - q_sel)+ as (ranked part, tail lower bound, tail upper bound), no tail pass.
+
+        On the tail (w P - A Q)+ sums to between (w P_tail - A Q_tail)+ and w P_tail.
+        """
+        ranked, tail_scale = self.mixture(weights)
+        z_ranked = float((w * self.P_ranked - ranked).clamp_min(0).sum())
+        if not self.has_tail:
+            return z_ranked, 0.0, 0.0
+        return z_ranked, max(0.0, w * self.P_tail - tail_scale * self.Q_tail), w * self.P_tail
+
+    def tail_residual_mass(self, weights: dict[int, float], w: float) -> float:
+        """The exact tail part of Z (one pass over the vocabulary)."""
+        _, tail_scale = self.mixture(weights)
+        tail = (w * self.P.double() - tail_scale * self.Q.double()).clamp_min(0)
+        return float((tail * ~self.ranked_mask).sum())
+
+
+def selection_law(
+    P: torch.Tensor, Q: torch.Tensor, rho: float, c: int, tail_threshold: float = DEFAULT_TAIL_THRESHOLD
+) -> torch.Tensor:
+    """Closed-form law f(.; rho, c), float64 [V], of the token selected among c i.i.d. Q-draws."""
+    if c == 1:
+        return Q.double().clone()
+    return DepthRule(P, Q, tail_threshold, {c: rho}).law(c)
 
 
 class SelectionBlockVerification(Verifier):
@@ -269,7 +332,8 @@ class SelectionBlockVerification(Verifier):
     Options: ``count_posterior`` (default True: q_sel mixes f over the posterior of the survivor count;
     False: f at the observed count), ``selection`` ("randomized" = METHODS.md; "greedy" = always the
     highest-ratio survivor token, i.e. greedy multi-path BV), ``grid_size`` (points of the rho grid),
-    ``head_size`` (tokens used to choose rho and ranked exactly by the sampler's bounds).
+    ``head_size`` (ranked tokens of largest P + Q on which rho is chosen), ``tail_threshold`` (tokens
+    with P + Q below it are accepted whenever drafted and never ranked; see the module docstring).
     """
 
     name = "sbv"
@@ -283,24 +347,27 @@ class SelectionBlockVerification(Verifier):
         count_posterior: bool = True,
         selection: str = "randomized",
         grid_size: int = 64,
-        head_size: int = 1024,
+        head_size: int = 256,
+        tail_threshold: float = DEFAULT_TAIL_THRESHOLD,
         **options,
     ) -> None:
         super().__init__(check_inputs=check_inputs, **options)
         if selection not in SELECTIONS:
             raise ValueError(f"sbv: selection must be one of {SELECTIONS}, got {selection!r}")
-        if grid_size < 1 or head_size < 1:
-            raise ValueError(f"sbv: grid_size and head_size must be >= 1, got {grid_size}, {head_size}")
+        if grid_size < 2 or head_size < 1 or not tail_threshold >= 0:
+            raise ValueError(
+                "sbv: need grid_size >= 2, head_size >= 1 and tail_threshold >= 0; "
+                f"got {grid_size}, {head_size}, {tail_threshold}"
+            )
         self.count_posterior = bool(count_posterior)
         self.selection = selection
         self.grid_size = int(grid_size)
         self.head_size = int(head_size)
+        self.tail_threshold = float(tail_threshold)
         self._rules: dict[tuple, DepthRule] = {}
 
     # ---------------------------------------------------------------- selection, shared by both paths
     def _depth_rule(self, P: torch.Tensor, Q: torch.Tensor, counts: list[int]) -> DepthRule:
-        P = P.double()
-        Q = Q.double()
         counts = sorted(set(counts))
         # Toy vocabularies revisit the same (P, Q) many times in an exact law: memoise them there.
         key = None
@@ -308,11 +375,11 @@ class SelectionBlockVerification(Verifier):
             key = (P.cpu().numpy().tobytes(), Q.cpu().numpy().tobytes(), tuple(counts))
             if key in self._rules:
                 return self._rules[key]
+        rule = DepthRule(P, Q, self.tail_threshold)
         if self.selection == "greedy":
-            rho = {c: math.inf for c in counts if c >= 2}
+            rule.rho = {c: math.inf for c in counts if c >= 2}
         else:
-            rho = choose_rho(P, Q, counts, self.grid_size, self.head_size)
-        rule = DepthRule(P, Q, rho)
+            rule.rho = choose_rho(rule.P_ranked, rule.Q_ranked, counts, self.grid_size, self.head_size)
         if key is not None:
             if len(self._rules) >= _CACHE_MAX_ENTRIES:
                 self._rules.clear()
@@ -321,23 +388,21 @@ class SelectionBlockVerification(Verifier):
 
     def _counts_needed(self, posterior: dict[int, float], k: int) -> list[int]:
         if self.count_posterior:
-            return sorted(c for c, w in posterior.items() if w > 0)
+            return sorted({c for c, w in posterior.items() if w > 0} | {k})
         return [k]
 
     def _weights(self, posterior: dict[int, float], k: int) -> dict[int, float]:
         return dict(posterior) if self.count_posterior else {k: 1.0}
 
-    def _update_posterior(self, rule: DepthRule, posterior: dict[int, float], v: int, below) -> dict[int, float]:
+    @staticmethod
+    def _update_posterior(rule: DepthRule, posterior: dict[int, float], v: int) -> dict[int, float]:
         """Posterior of the number of survivors carrying v, given the selected prefix and v."""
         new: dict[int, float] = {}
         for c, w in posterior.items():
             if w <= 0:
                 continue
-            q_v, a_v, alpha, g_minus = rule.token_terms(c, v, below)
-            if c == 1:
-                lik = [0.0, q_v]
-            else:
-                lik = count_likelihood(q_v, a_v, alpha, g_minus, c)
+            q_v, a_v, alpha, g_minus = rule.token_terms(c, v)
+            lik = [0.0, q_v] if c == 1 else count_likelihood(q_v, a_v, alpha, g_minus, c)
             for m, value in enumerate(lik):
                 if value > 0:
                     new[m] = new.get(m, 0.0) + w * value
@@ -354,11 +419,13 @@ class SelectionBlockVerification(Verifier):
         path: list[int] = []
         rules: list[DepthRule] = []
         weights: list[dict[int, float]] = []
-        q_path: list[float] = []  # q_sel[i](x_{i+1})
+        w = [1.0]  # BV's running ratio along the selected path
         for i in range(L):
             k = len(survivors)
             row = survivors[0]
-            rule = self._depth_rule(target_probs[row, i], draft_probs[row, i], self._counts_needed(posterior, k) + [k])
+            rule = self._depth_rule(
+                target_probs[row, i], draft_probs[row, i], self._counts_needed(posterior, k)
+            )
             candidates = [tokens[j][i] for j in survivors]
             v = candidates[0]
             if k > 1:
@@ -369,47 +436,55 @@ class SelectionBlockVerification(Verifier):
                         chosen = token
                         break
                 v = chosen if chosen is not None else rule.top_rank(candidates)
-            below = rule.precedes(v)
             mix = self._weights(posterior, k)
-            q_path.append(sum(w * rule.token_law(c, v, below) for c, w in mix.items() if w > 0))
+            q_v = rule.token_mixture(mix, v)
+            w.append(min(1.0, w[-1] * float(rule.P[v]) / q_v) if q_v > 0 else 0.0)
             rules.append(rule)
             weights.append(mix)
             if self.count_posterior:
-                posterior = self._update_posterior(rule, posterior, v, below)
+                posterior = self._update_posterior(rule, posterior, v)
             path.append(v)
             survivors = [j for j in survivors if tokens[j][i] == v]
         row = survivors[0]
-        bonus_target = target_probs[row, L].double()
 
-        # Block verification on the selected path, scanned from the back: the first success from the
-        # back is the largest i with eta_i <= h_i, so depths below the stop are never evaluated.
-        w = [1.0]
-        for i in range(L):
-            p_x = float(rules[i].P[path[i]])
-            w.append(min(1.0, w[-1] * p_x / q_path[i]) if q_path[i] > 0 else 0.0)
+        # BV on the selected path, scanned from the back: the first success from the back is the
+        # largest i with eta_i <= h_i, so the depths below the stop are never evaluated.
         eta = uniform(L, generator, device=device).tolist()
         tau = 0
-        q_tau = None
         if eta[L - 1] <= w[L]:
             tau = L
         else:
             for i in range(L - 1, 0, -1):
-                q_sel = rules[i].mixture(weights[i])
-                z = float((w[i] * rules[i].P - q_sel).clamp_min(0).sum())
-                denominator = z + 1.0 - w[i]
-                h = z / denominator if denominator > 0 else 1.0
-                if eta[i - 1] <= h:
-                    tau, q_tau = i, q_sel
+                if self._stops_at(rules[i], weights[i], w[i], eta[i - 1]):
+                    tau = i
                     break
         if tau == L:
-            extra = int(sample(bonus_target, generator))
+            extra = _draw(target_probs[row, L].double(), generator)
         else:
-            if q_tau is None:
-                q_tau = rules[tau].mixture(weights[tau])
-            residual = (w[tau] * rules[tau].P - q_tau).clamp_min(0)
-            extra = int(sample(residual if float(residual.sum()) > 0 else rules[tau].P, generator))
+            residual = rules[tau].residual(weights[tau], w[tau])
+            extra = _draw(residual if float(residual.sum()) > 0 else rules[tau].P.double(), generator)
         out = torch.tensor(path[:tau] + [extra], dtype=torch.long, device=draft_tokens.device)
         return VerifyResult(tokens=out, num_accepted=tau, draft_index=row, state=None)
+
+    @staticmethod
+    def _stop_probability(z: float, w: float) -> float:
+        denominator = z + 1.0 - w
+        return z / denominator if denominator > 0 else 1.0
+
+    def _stops_at(self, rule: DepthRule, weights: dict[int, float], w: float, eta: float) -> bool:
+        """Whether eta <= h = Z/(Z + 1 - w), Z = sum (w P - q_sel)+.
+
+        h increases with Z; the tail's share of Z is bracketed without a pass over the vocabulary and
+        computed exactly only when eta falls inside the bracket, so the decision is exact.
+        """
+        if w >= 1.0:
+            return True  # h = 1
+        z_ranked, tail_low, tail_high = rule.residual_mass(weights, w)
+        if eta <= self._stop_probability(z_ranked + tail_low, w):
+            return True
+        if eta > self._stop_probability(z_ranked + tail_high, w):
+            return False
+        return eta <= self._stop_probability(z_ranked + rule.tail_residual_mass(weights, w), w)
 
     # ---------------------------------------------------------------- exact law
     def _law(self, draft_tokens, draft_probs, target_probs, state) -> list[Outcome]:
@@ -417,76 +492,77 @@ class SelectionBlockVerification(Verifier):
         tokens = draft_tokens.tolist()
         law: dict[tuple[int, ...], float] = {}
 
-        def descend(i, survivors, posterior, path, prob, q_rows):
+        def descend(i, survivors, posterior, path, prob, rows):
             if i == L:
-                self._bv_law(path, q_rows, target_probs, survivors[0], prob, law)
+                self._bv_law(path, rows, target_probs[survivors[0], L].double(), prob, law)
                 return
             k = len(survivors)
             row = survivors[0]
-            rule = self._depth_rule(target_probs[row, i], draft_probs[row, i], self._counts_needed(posterior, k) + [k])
-            q_sel = rule.mixture(self._weights(posterior, k))
+            rule = self._depth_rule(
+                target_probs[row, i], draft_probs[row, i], self._counts_needed(posterior, k)
+            )
+            q_sel = rule.full(self._weights(posterior, k))
             candidates = [tokens[j][i] for j in survivors]
             for v, p_v in self._selection_events(rule, k, candidates).items():
                 if p_v <= 0:
                     continue
-                new_posterior = (
-                    self._update_posterior(rule, posterior, v, rule.precedes(v)) if self.count_posterior else posterior
-                )
                 descend(
                     i + 1,
                     [j for j in survivors if tokens[j][i] == v],
-                    new_posterior,
+                    self._update_posterior(rule, posterior, v) if self.count_posterior else posterior,
                     path + [v],
                     prob * p_v,
-                    q_rows + [(rule.P, q_sel)],
+                    rows + [(rule.P.double(), q_sel)],
                 )
 
         descend(0, list(range(K)), {K: 1.0}, [], 1.0, [])
         return [Outcome(probability=p, tokens=t) for t, p in law.items() if p > 0]
 
-    def _selection_events(self, rule: DepthRule, k: int, candidates: list[int]) -> dict[int, float]:
+    @staticmethod
+    def _selection_events(rule: DepthRule, k: int, candidates: list[int]) -> dict[int, float]:
         """Law of the selected token given the survivors' tokens (scan in draft order, then top rank)."""
-        events: dict[int, float] = {}
         if k == 1:
             return {candidates[0]: 1.0}
+        events: dict[int, float] = {}
         none_accepted = 1.0
         for token in candidates:
             a = rule.accept_probability(k, token)
             events[token] = events.get(token, 0.0) + none_accepted * a
             none_accepted *= 1.0 - a
-        top = rule.top_rank(candidates)
-        events[top] = events.get(top, 0.0) + none_accepted
+        if none_accepted > 0:
+            top = rule.top_rank(candidates)
+            events[top] = events.get(top, 0.0) + none_accepted
         return events
 
     @staticmethod
-    def _bv_law(path, q_rows, target_probs, row, prob, law) -> None:
-        """Add prob x (BV's law on ``path`` with draft laws q_rows[i] = (P_i, q_sel_i)) into ``law``."""
+    def _bv_law(path, rows, bonus, prob, law) -> None:
+        """Add prob x BV's law on ``path`` (rows[i] = (P_i, q_sel_i), float64 [V]) into ``law``."""
         L = len(path)
         w = [1.0]
         for i in range(L):
-            P, q_sel = q_rows[i]
+            P, q_sel = rows[i]
             q_x = float(q_sel[path[i]])
             w.append(min(1.0, w[-1] * float(P[path[i]]) / q_x) if q_x > 0 else 0.0)
-        h = [1.0] * (L + 1)
-        residuals = [None] * (L + 1)
+        h = [1.0] * (L + 1)  # h_0 = 1: the scan always has depth 0 to fall back on
+        laws = [None] * (L + 1)
         for i in range(L):
-            P, q_sel = q_rows[i]
+            P, q_sel = rows[i]
             residual = (w[i] * P - q_sel).clamp_min(0)
             z = float(residual.sum())
-            denominator = z + 1.0 - w[i]
-            h[i] = z / denominator if denominator > 0 else 1.0
-            residuals[i] = residual / z if z > 0 else P
-        h[0] = 1.0
+            if i > 0:
+                denominator = z + 1.0 - w[i]
+                h[i] = z / denominator if denominator > 0 else 1.0
+            laws[i] = residual / z if z > 0 else P
         h[L] = w[L]
-        residuals[L] = target_probs[row, L].double()
-        survive = 1.0  # P(no success at depths > i)
+        laws[L] = bonus
+        survive = 1.0  # P(no success at the depths above i)
         for i in range(L, -1, -1):
             stop = survive * h[i]
             survive *= 1.0 - h[i]
             if stop <= 0:
                 continue
             prefix = tuple(path[:i])
-            for y, p_y in enumerate(residuals[i].tolist()):
+            for y, p_y in enumerate(laws[i].tolist()):
                 if p_y > 0:
                     key = prefix + (y,)
                     law[key] = law.get(key, 0.0) + prob * stop * p_y
