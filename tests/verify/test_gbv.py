@@ -79,7 +79,8 @@ def reference_decoded_law(target, draft, L, n, context=()):
         if len(emitted) >= n:
             law[emitted[:n]] = law.get(emitted[:n], 0.0) + prob
         else:
-            for rest, p in reference_decoded_law(target, draft, L, n - len(emitted), context + emitted).items():
+            rest_law = reference_decoded_law(target, draft, L, n - len(emitted), context + emitted)
+            for rest, p in rest_law.items():
                 law[emitted + rest] = law.get(emitted + rest, 0.0) + prob * p
     return law
 
