@@ -104,17 +104,24 @@ def table1(cells: pd.DataFrame, model_pair: str, metric: str, setting: Setting |
     return wide
 
 
+def _long(wide: pd.DataFrame, name: str) -> pd.DataFrame:
+    """Rows methods × columns datasets -> columns method, dataset, ``name`` (NaN cells kept)."""
+    frame = wide.copy()
+    frame.index.name, frame.columns.name = "method", None
+    return frame.reset_index().melt(id_vars="method", var_name="dataset", value_name=name)
+
+
 def compare_with_paper(ours: pd.DataFrame, paper: pd.DataFrame, model_pair: str, metric: str) -> pd.DataFrame:
     """Long form: method, dataset, ours, paper, diff (= ours − paper; NaN where either is missing).
 
     Paper-only cells (e.g. a method we did not run) are kept, with ``ours`` NaN.
     """
     theirs = paper_table(paper, model_pair, metric)
-    ours_long = ours.stack(future_stack=True).rename("ours").reset_index()
+    ours_long = _long(ours, "ours")
     if theirs.empty:
         ours_long["paper"] = math.nan
     else:
-        theirs_long = theirs.stack().rename("paper").reset_index()
+        theirs_long = _long(theirs, "paper").dropna(subset=["paper"])
         ours_long = ours_long.merge(theirs_long, on=["method", "dataset"], how="outer")
     ours_long["diff"] = ours_long["ours"] - ours_long["paper"]
     ours_long.insert(0, "metric", metric)
