@@ -34,8 +34,10 @@ def tiny():
 def prompt_ids(tiny):
     _, _, tokenizer = tiny
     chats = [[{"role": "user", "content": text}] for text in PROMPTS]
-    encoded = [tokenizer.apply_chat_template(chat, add_generation_prompt=True, tokenize=True, return_dict=False)
-               for chat in chats]
+    encoded = [
+        tokenizer.apply_chat_template(chat, add_generation_prompt=True, tokenize=True, return_dict=False)
+        for chat in chats
+    ]
     return [torch.tensor(ids) for ids in encoded]
 
 
