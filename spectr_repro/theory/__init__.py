@@ -1,0 +1,10 @@
+"""Theory and audit on toy models: exact per-iteration laws, the validity check, the LP limit of any
+valid rule, the paper's bound, whole-generation efficiency of GBV with its carry-over, and the
+losslessness audit of every registered rule.
+
+    python -m spectr_repro theory    # results/theory/THEORY.md, theory.csv, theory.png
+    python -m spectr_repro audit     # results/audit/AUDIT.md, audit.json
+
+Modules: exact (M(z) of a rule), validity (R >= 0, R = 0 at length L+1), lp (the physical limit),
+bounds (paper's bound, GBV's value), generation (tokens per target call over N tokens), audit, cli.
+"""
