@@ -156,3 +156,18 @@ def test_stop_strings_end_generation_and_cut_the_completion():
     assert should_stop(list(b"    return x\ndef f"))
     assert execute.truncate_at_stop("a\nb\ndef g\nclass", ("\nclass", "\ndef ")) == "a\nb"
     assert execute.stop_checker(tokenizer, ()) is None
+
+
+def test_hydra_launcher_path_runs_the_same_cells(tmp_path, capsys):
+    """`sweep hydra/launcher=...` hands the grid to Hydra's own multirun (the SLURM path); with the basic
+    launcher the jobs run here, one cell each, and land under the same cell ids as an in-process sweep."""
+    out = tmp_path / "results"
+    argv = ["model_pair=tiny_random", "dataset=humaneval", "method=spectr,sbv", "K=2", "L=2", "num_prompts=1",
+            "max_new_tokens=4", "logger=disabled", f"output_dir={out}"]
+    assert main_sweep([*argv, "hydra/launcher=basic"]) == 0
+    found = cells(out)
+    assert {s["method"] for s, _ in found.values()} == {"ar", "spectr", "sbv"}
+    assert list((out / "default" / "multirun").glob("*/multirun.yaml"))
+    capsys.readouterr()
+    assert main_sweep(argv) == 0  # the in-process sweep finds every cell finished
+    assert "0 cell(s) run, 3 finished earlier" in capsys.readouterr().out
