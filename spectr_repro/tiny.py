@@ -5,8 +5,9 @@ Used by the engine tests and available to the runner as the model pair ``tiny_ra
     target, draft, tokenizer = make_tiny_pair(seed=0)
 
 The draft is the target with Gaussian noise added to every weight (``draft_noise``), so the two
-models agree often but not always, like a real target/draft pair; ``draft_noise=0`` gives a draft
-with the target's exact weights. The target's output head is padded past the tokenizer length (as
+models agree often but not always, like a real target/draft pair (the default 0.15 gives SD a block
+efficiency of about 2.5 at L=4, T=0.7); ``draft_noise=0`` gives a draft with the target's exact
+weights. The target's output head is padded past the tokenizer length (as
 real checkpoints often are) so the engine's vocabulary slicing is exercised everywhere.
 """
 
@@ -134,7 +135,7 @@ def make_tiny_models(
 
 def make_tiny_pair(
     seed: int = 0,
-    draft_noise: float = 0.3,
+    draft_noise: float = 0.15,
     logit_scale: float = 3.0,
     target_vocab_padding: int = 5,
     device: str | torch.device | None = None,
