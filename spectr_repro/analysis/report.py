@@ -357,11 +357,13 @@ def _options_cell(options) -> str:
     return "" if options is None else str(options)
 
 
-def quality_section(results: Results) -> str | None:
-    """Markdown from spectr_repro.quality when that module exists (optional, imported lazily).
+def quality_section(results_dirs: list[Path], compute: bool = False) -> str | None:
+    """Quality parity with AR from ``spectr_repro.quality`` (optional module, imported lazily).
 
-    Uses ``report_section(results_dir, records) -> str`` if present, else
-    ``quality_table(records) -> DataFrame``.
+    Uses ``quality.csv`` already in a results folder (``python -m spectr_repro.quality <dir>``); with
+    ``compute`` it scores folders without one through ``quality.write_quality`` — which EXECUTES
+    model-written HumanEval code (that module's guards apply). A failure there is reported in the
+    section rather than losing the whole report. None when the module does not exist.
     """
     try:
         quality = importlib.import_module("spectr_repro.quality")
@@ -369,17 +371,37 @@ def quality_section(results: Results) -> str | None:
         if error.name == "spectr_repro.quality":  # not written (yet): the section is optional
             return None
         raise
-    if hasattr(quality, "report_section"):
-        text = quality.report_section(results.root, results.records)
-        return text if text else None
-    if hasattr(quality, "quality_table"):
-        table = quality.quality_table(results.records)
-        if table is None or len(table) == 0:
-            return None
-        return "\n".join(
-            ["## Quality", "", _markdown(table.reset_index() if table.index.name else table), ""]
-        )
-    return None
+    heading = ["## Quality parity with AR", ""]
+    frames, missing = [], []
+    try:
+        for folder in results_dirs:
+            saved = folder / "quality.csv"
+            if saved.is_file():
+                frames.append(pd.read_csv(saved))
+            elif compute:
+                frames.append(quality.write_quality(folder))
+            else:
+                missing.append(folder)
+        if not frames:
+            return "\n".join(
+                heading
+                + [
+                    "Not computed for these results. `python -m spectr_repro report --quality ...` (or "
+                    "`python -m spectr_repro.quality <results_dir>`) scores HumanEval pass@1 and GSM8K/MGSM "
+                    "exact match against AR; HumanEval scoring executes model-written code.",
+                    "",
+                ]
+            )
+        text = quality.quality_markdown(pd.concat(frames, ignore_index=True))
+    except Exception as error:  # an optional section must not lose the report's tables and figures
+        return "\n".join(heading + [f"Quality scoring failed: {type(error).__name__}: {error}", ""])
+    # the module writes a stand-alone document: demote its headings below this report's
+    body = [("#" + line) if line.startswith("#") else line for line in text.splitlines()]
+    if body and body[0].startswith("## "):
+        body = body[1:]
+    if missing:
+        body += ["", f"Not scored (no quality.csv): {', '.join(str(f) for f in missing)}."]
+    return "\n".join(heading + body + [""])
 
 
 def theory_section(results_dirs: list[Path], out_dir: Path) -> str | None:
@@ -398,9 +420,11 @@ def build_report(
     output: str | Path | None = None,
     paper_csv: str | Path | None = None,
     audit: str | Path | None = None,
+    quality: bool = False,
 ) -> Path:
     """Write REPORT.md (and its tables and figures) and return its path. ValueError on bad input,
-    raised before anything is written."""
+    raised before anything is written. ``quality``: score quality parity where not yet scored
+    (executes model-written HumanEval code, see ``quality_section``)."""
     folders = [Path(d) for d in results_dirs]
     results = _merge([load_results(folder) for folder in folders])
     paper = load_paper_numbers(paper_csv)
@@ -430,7 +454,7 @@ def build_report(
         sections.append(
             "## Lossless status (audit)\n\nNo audit found (run `python -m spectr_repro audit`).\n"
         )
-    for optional in (quality_section(results), theory_section(folders, out_dir)):
+    for optional in (quality_section(folders, compute=quality), theory_section(folders, out_dir)):
         if optional:
             sections.append(optional)
     report_path.write_text("\n".join(sections).rstrip() + "\n", encoding="utf-8")
@@ -453,9 +477,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--output", help="report path (default: <first results_dir>/REPORT.md)")
     parser.add_argument("--paper", help="paper numbers CSV (default: results/paper/paper_numbers.csv)")
     parser.add_argument("--audit", help="audit.json (default: results/audit/audit.json when present)")
+    parser.add_argument(
+        "--quality",
+        action="store_true",
+        help="score quality parity with AR where a folder has no quality.csv yet "
+        "(EXECUTES model-written HumanEval code in guarded subprocesses)",
+    )
     args = parser.parse_args(argv)
     try:
-        path = build_report(args.results_dirs, output=args.output, paper_csv=args.paper, audit=args.audit)
+        path = build_report(
+            args.results_dirs,
+            output=args.output,
+            paper_csv=args.paper,
+            audit=args.audit,
+            quality=args.quality,
+        )
     except ValueError as err:
         print(f"report: error: {err}", file=sys.stderr)
         return 2
