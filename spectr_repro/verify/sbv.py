@@ -58,7 +58,7 @@ _CACHE_MAX_ENTRIES = 100_000
 
 def _rank_key(P: torch.Tensor, Q: torch.Tensor) -> torch.Tensor:
     """r = P/Q, +inf where Q = 0 (such tokens are never drafted; their f is 0 whatever their rank)."""
-    return torch.nan_to_num(P / Q, nan=math.inf)  # P/0 = inf already; 0/0 = nan -> inf
+    return torch.nan_to_num(P / Q, nan=math.inf, posinf=math.inf)  # P/0 = inf; 0/0 = nan -> inf
 
 
 def _rank_order(r: torch.Tensor) -> torch.Tensor:
@@ -187,20 +187,39 @@ class DepthRule:
 
     def __post_init__(self) -> None:
         V = self.P.shape[-1]
+        # Rows are renormalised in float64: float32 softmax rows over 150k tokens sum to 1 only within
+        # ~1e-5, and the tokens were drawn from the normalised rows.
+        p_total = float(self.P.sum(dtype=torch.float64))
+        q_total = float(self.Q.sum(dtype=torch.float64))
+        self.p_scale, self.q_scale = 1.0 / p_total, 1.0 / q_total
         self.ranked_mask = (self.P + self.Q) >= self.tail_threshold
         self.ranked = torch.nonzero(self.ranked_mask).squeeze(-1)
-        self.P_ranked = self.P[self.ranked].double()
-        self.Q_ranked = self.Q[self.ranked].double()
-        self.r_ranked = _rank_key(self.P_ranked, self.Q_ranked)
-        self.order = _rank_order(self.r_ranked)
-        self.position = torch.empty_like(self.order)
-        self.position[self.order] = torch.arange(self.order.shape[0], device=self.order.device)
+        P_ranked = self.P[self.ranked].double()
+        Q_ranked = self.Q[self.ranked].double()
         self.has_tail = self.ranked.shape[0] < V
         if self.has_tail:  # clamped: a difference of two sums can round below 0
-            self.P_tail = max(0.0, float(self.P.sum(dtype=torch.float64) - self.P_ranked.sum()))
-            self.Q_tail = max(0.0, float(self.Q.sum(dtype=torch.float64) - self.Q_ranked.sum()))
+            self.P_tail = max(0.0, (p_total - float(P_ranked.sum())) * self.p_scale)
+            self.Q_tail = max(0.0, (q_total - float(Q_ranked.sum())) * self.q_scale)
         else:
             self.P_tail = self.Q_tail = 0.0
+        self.P_ranked = P_ranked * self.p_scale
+        self.Q_ranked = Q_ranked * self.q_scale
+        self.r_ranked = _rank_key(self.P_ranked, self.Q_ranked)
+        self.order = _rank_order(self.r_ranked)
+
+    def p_at(self, token: int) -> float:
+        return float(self.P[token]) * self.p_scale
+
+    def q_at(self, token: int) -> float:
+        return float(self.Q[token]) * self.q_scale
+
+    def p_full(self) -> torch.Tensor:
+        """The normalised target row, float64 [V]."""
+        return self.P.double() * self.p_scale
+
+    def q_full(self) -> torch.Tensor:
+        """The normalised draft row, float64 [V]."""
+        return self.Q.double() * self.q_scale
 
     # -- per count ---------------------------------------------------------------------------------
     def count_terms(self, c: int) -> tuple[torch.Tensor, float, float, torch.Tensor, torch.Tensor]:
@@ -232,7 +251,7 @@ class DepthRule:
     def token_terms(self, c: int, v: int) -> tuple[float, float, float, float]:
         """(Q(v), a(v), alpha, G^-(v)) for count c."""
         j = self._index(v)
-        q_v = float(self.Q_ranked[j]) if j is not None else float(self.Q[v])
+        q_v = float(self.Q_ranked[j]) if j is not None else self.q_at(v)
         if c == 1:
             return q_v, 1.0, 1.0, 0.0
         m, alpha, _, g_minus, _ = self.count_terms(c)
@@ -250,11 +269,8 @@ class DepthRule:
         keys = []
         for token in tokens:
             j = self._index(token)
-            r = (
-                float(self.r_ranked[j])
-                if j is not None
-                else float(_rank_key(self.P[token].double(), self.Q[token].double()))
-            )
+            q = self.q_at(token)
+            r = float(self.r_ranked[j]) if j is not None else (self.p_at(token) / q if q > 0 else math.inf)
             keys.append((r, token))
         return max(keys)[1]
 
@@ -282,12 +298,12 @@ class DepthRule:
         """q_sel(v) = sum_c w_c f_c(v)."""
         ranked, tail_scale = self.mixture(weights)
         j = self._index(v)
-        return float(ranked[j]) if j is not None else tail_scale * float(self.Q[v])
+        return float(ranked[j]) if j is not None else tail_scale * self.q_at(v)
 
     def full(self, weights: dict[int, float]) -> torch.Tensor:
         """q_sel on the whole vocabulary, float64 [V]."""
         ranked, tail_scale = self.mixture(weights)
-        out = tail_scale * self.Q.double() if self.has_tail else torch.zeros_like(self.P, dtype=torch.float64)
+        out = tail_scale * self.q_full() if self.has_tail else torch.zeros_like(self.P, dtype=torch.float64)
         out[self.ranked] = ranked
         return out
 
@@ -297,7 +313,7 @@ class DepthRule:
 
     def residual(self, weights: dict[int, float], w: float) -> torch.Tensor:
         """(w P - q_sel)+ on the whole vocabulary, float64 [V] (unnormalised)."""
-        return (w * self.P.double() - self.full(weights)).clamp_min(0)
+        return (w * self.p_full() - self.full(weights)).clamp_min(0)
 
     def residual_mass(self, weights: dict[int, float], w: float) -> tuple[float, float, float]:
         """Z = sum (w P - q_sel)+ as (ranked part, tail lower bound, tail upper bound), no tail pass.
@@ -313,7 +329,7 @@ class DepthRule:
     def tail_residual_mass(self, weights: dict[int, float], w: float) -> float:
         """The exact tail part of Z (one pass over the vocabulary)."""
         _, tail_scale = self.mixture(weights)
-        tail = (w * self.P.double() - tail_scale * self.Q.double()).clamp_min(0)
+        tail = (w * self.p_full() - tail_scale * self.q_full()).clamp_min(0)
         return float((tail * ~self.ranked_mask).sum())
 
 
@@ -438,7 +454,7 @@ class SelectionBlockVerification(Verifier):
                 v = chosen if chosen is not None else rule.top_rank(candidates)
             mix = self._weights(posterior, k)
             q_v = rule.token_mixture(mix, v)
-            w.append(min(1.0, w[-1] * float(rule.P[v]) / q_v) if q_v > 0 else 0.0)
+            w.append(min(1.0, w[-1] * rule.p_at(v) / q_v) if q_v > 0 else 0.0)
             rules.append(rule)
             weights.append(mix)
             if self.count_posterior:
@@ -462,7 +478,7 @@ class SelectionBlockVerification(Verifier):
             extra = _draw(target_probs[row, L].double(), generator)
         else:
             residual = rules[tau].residual(weights[tau], w[tau])
-            extra = _draw(residual if float(residual.sum()) > 0 else rules[tau].P.double(), generator)
+            extra = _draw(residual if float(residual.sum()) > 0 else rules[tau].p_full(), generator)
         out = torch.tensor(path[:tau] + [extra], dtype=torch.long, device=draft_tokens.device)
         return VerifyResult(tokens=out, num_accepted=tau, draft_index=row, state=None)
 
@@ -494,7 +510,8 @@ class SelectionBlockVerification(Verifier):
 
         def descend(i, survivors, posterior, path, prob, rows):
             if i == L:
-                self._bv_law(path, rows, target_probs[survivors[0], L].double(), prob, law)
+                bonus = target_probs[survivors[0], L].double()
+                self._bv_law(path, rows, bonus / bonus.sum(), prob, law)
                 return
             k = len(survivors)
             row = survivors[0]
@@ -512,7 +529,7 @@ class SelectionBlockVerification(Verifier):
                     self._update_posterior(rule, posterior, v) if self.count_posterior else posterior,
                     path + [v],
                     prob * p_v,
-                    rows + [(rule.P.double(), q_sel)],
+                    rows + [(rule.p_full(), q_sel)],
                 )
 
         descend(0, list(range(K)), {K: 1.0}, [], 1.0, [])
