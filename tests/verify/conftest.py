@@ -20,6 +20,7 @@ from spectr_repro.toy import (
     sample_decoded,
     standard_toys,
     target_law,
+    toy_pair,
 )
 from spectr_repro.verify import get_verifier
 
@@ -29,8 +30,15 @@ POWER_ALPHA = 1e-6  # negative controls must fall far below ALPHA, not just belo
 
 @pytest.fixture(scope="session")
 def toys():
-    """Three seeded (target, draft) pairs, V = 3."""
+    """Three seeded (target, draft) pairs, V = 3 (exact-law tests)."""
     return standard_toys(3, 3)
+
+
+@pytest.fixture(scope="session")
+def mc_toy():
+    """The Monte-Carlo toy: V = 3, a draft far from the target (80 % independent noise), so that about
+    a third of the tokens are corrections and a wrong correction law is visible at MC_SAMPLES draws."""
+    return toy_pair(vocab_size=3, seed=0, draft_noise=0.8)
 
 
 def law_dict(outcomes) -> dict[tuple[int, ...], float]:

@@ -66,8 +66,8 @@ def test_scan_takes_the_largest_passing_position():
     assert check.p_value > ALPHA, check
 
 
-def test_monte_carlo_joint_law(toys):
-    check = monte_carlo_check(get_verifier("bv"), toys[0], K=1)
+def test_monte_carlo_joint_law(mc_toy):
+    check = monte_carlo_check(get_verifier("bv"), mc_toy, K=1)
     assert check.p_value > ALPHA and check.tv < 3 * check.expected_tv, check
 
 

@@ -41,8 +41,8 @@ def test_sampler_matches_its_exact_law(toys, K):
 
 
 @pytest.mark.parametrize("K", [1, 2, 3])
-def test_monte_carlo_joint_law(toys, K):
-    check = monte_carlo_check(get_verifier("rbv"), toys[0], K=K, seed=20 + K)
+def test_monte_carlo_joint_law(mc_toy, K):
+    check = monte_carlo_check(get_verifier("rbv"), mc_toy, K=K, seed=20 + K)
     assert check.p_value > ALPHA and check.tv < 3 * check.expected_tv, check
 
 

@@ -40,8 +40,8 @@ def test_sampler_matches_its_exact_law(toys):
     assert check.p_value > ALPHA, check
 
 
-def test_monte_carlo_joint_law(toys):
-    check = monte_carlo_check(get_verifier("sd"), toys[0], K=1)
+def test_monte_carlo_joint_law(mc_toy):
+    check = monte_carlo_check(get_verifier("sd"), mc_toy, K=1)
     assert check.p_value > ALPHA and check.tv < 3 * check.expected_tv, check
 
 
