@@ -15,7 +15,7 @@ with the remembered (Q, P) of the selected draft (the release's operator precede
 the min; (Q, P) = (1, 1) and draft 0 when nothing was accepted); τ = L gives a bonus from p(·|x^L).
 No state is carried to the next iteration. Not lossless for K ≥ 2 (see tests/verify/test_spectr_gbv.py).
 
-Deliberate differences from the release, none of which changes the rule's law:
+Deliberate differences from the release (none changes the rule in exact arithmetic):
   * everything is computed in float64 (the release works in the model dtype, float16 by default, where
     the products underflow and eps = 1e-20 rounds to 0);
   * a correction residual with no mass (the release would crash in torch.multinomial) falls back to p;
