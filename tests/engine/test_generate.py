@@ -190,3 +190,13 @@ def test_acceptance_by_position_profile():
     assert acceptance_by_position([0, 2, 2, 1], 2) == [0.75, 2 / 3]
     assert acceptance_by_position([0, 0], 3) == [0.0, None, None]
     assert acceptance_by_position([], 2) == [None, None]
+
+
+@pytest.mark.parametrize("method", ["spectr", "gbv"])
+def test_half_precision_models_sample_in_float32(method):
+    """bf16 models: logits go to float32 before the softmax, so the verifier's checks pass."""
+    require_rule(method)
+    target, draft, _ = make_tiny_pair(seed=2, dtype=torch.bfloat16)
+    out = generate(target, draft, [256, *b"half"], method=method, K=draft_count(method), L=3, temperature=0.7,
+                   max_new_tokens=12, seed=0, vocab_size=VOCAB, verifier_options={"check_inputs": True})
+    assert len(out.new_tokens) == 12 and max(out.new_tokens) < VOCAB

@@ -103,3 +103,28 @@ def test_negative_controls_are_rejected(small_pair, exact_law, distort_draft):
     check = chi_square_test(decoded_pairs(small_pair, _Distorted(distort_draft), 1), exact_law)
     assert not check.passes(ALPHA), check
     assert check.p_value < 1e-10, check  # not a borderline miss: the check has ample power at this N
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method", ["sd", "spectr", "bv", "rbv", "gbv", "sbv"])
+def test_first_three_tokens_follow_the_target_law_slow(small_pair, method):
+    """Longer run: 3 tokens (up to two iterations of L=2, so carry-overs reach a second iteration),
+    K=3, 4000 samples; same threshold as above."""
+    require_rule(method)
+    target, draft = small_pair
+    with torch.inference_mode():
+        contexts = torch.cartesian_prod(torch.arange(V), torch.arange(V))  # [V*V, 2]
+        rows = torch.cat([PROMPT.repeat(V * V, 1), contexts], dim=1)  # c, x1, x2
+        logits = target(rows).logits
+        first = probs_from_logits(logits[0, 0], TEMPERATURE).double()
+        second = probs_from_logits(logits[:, 1], TEMPERATURE).double().reshape(V, V, V)[:, 0]
+        third = probs_from_logits(logits[:, 2], TEMPERATURE).double().reshape(V, V, V)
+    joint = first[:, None, None] * second[:, :, None] * third
+    law = {(a, b, c): float(joint[a, b, c]) for a in range(V) for b in range(V) for c in range(V)}
+    counts: Counter = Counter()
+    for seed in range(4000):
+        out = generate(target, draft, PROMPT, method=method, K=draft_count(method, K=3), L=L,
+                       temperature=TEMPERATURE, max_new_tokens=3, seed=seed)
+        counts[tuple(out.new_tokens)] += 1
+    check = chi_square_test(counts, law)
+    assert check.passes(ALPHA), check
