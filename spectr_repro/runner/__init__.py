@@ -31,7 +31,7 @@ from spectr_repro.runner.config import (
     single_draft_message,
     validate,
 )
-from spectr_repro.runner.execute import CellOutcome, Session, plan_cells
+from spectr_repro.runner.execute import CellOutcome, ResourceError, Session, plan_cells
 
 USAGE = """\
 usage: python -m spectr_repro {command} [key=value ...]
@@ -81,6 +81,10 @@ def _main(command: str, argv: list[str]) -> int:
     session = Session(force=force)
     try:
         outcomes = session.run(plans)
+    except ResourceError as error:
+        print(f"error: {error}\n(finished cells are kept; fix the above and rerun the same command)",
+              file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print("\ninterrupted: finished cells are kept; rerun the same command to finish the rest "
               "(the interrupted cell starts over)", file=sys.stderr)

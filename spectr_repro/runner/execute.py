@@ -35,6 +35,10 @@ WARMUP_TOKENS = 8
 # Planning
 
 
+class ResourceError(RuntimeError):
+    """A model pair or dataset cannot be loaded (missing weights or data): reported without a traceback."""
+
+
 @dataclass
 class CellPlan:
     cfg: DictConfig
@@ -185,7 +189,10 @@ class Session:
     def pair(self, cfg: DictConfig):
         from spectr_repro.models import load_pair  # cached per process by the models module
 
-        return load_pair(_pair_argument(cfg), device=cfg.hardware.device, dtype=cfg.hardware.dtype)
+        try:
+            return load_pair(_pair_argument(cfg), device=cfg.hardware.device, dtype=cfg.hardware.dtype)
+        except (ValueError, OSError, ImportError) as error:  # missing weights, unreachable hub, bad config
+            raise ResourceError(f"cannot load model pair {cfg.choices.model_pair}: {error}") from error
 
     def examples(self, cfg: DictConfig, tokenizer) -> list:
         from spectr_repro.data import load_examples
@@ -194,7 +201,11 @@ class Session:
         dataset.setdefault("name", cfg.choices.dataset)
         key = (cfg.choices.model_pair, repr(dataset), cfg.num_prompts, cfg.seed)
         if key not in self._examples:
-            self._examples[key] = load_examples(dataset, cfg.num_prompts, seed=cfg.seed, tokenizer=tokenizer)
+            try:
+                self._examples[key] = load_examples(dataset, cfg.num_prompts, seed=cfg.seed,
+                                                    tokenizer=tokenizer)
+            except (ValueError, OSError, ImportError) as error:  # missing data folder or file
+                raise ResourceError(f"cannot load dataset {cfg.choices.dataset}: {error}") from error
         return self._examples[key]
 
     # -- cells -----------------------------------------------------------------------------------
@@ -372,5 +383,5 @@ def _pair_argument(cfg: DictConfig):
     return cfg.choices.model_pair
 
 
-__all__ = ["CellOutcome", "CellPlan", "Session", "ar_config", "environment", "plan_cells",
+__all__ = ["CellOutcome", "CellPlan", "ResourceError", "Session", "ar_config", "environment", "plan_cells",
            "stop_checker", "truncate_at_stop"]

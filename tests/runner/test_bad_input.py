@@ -72,3 +72,14 @@ def test_cli_process_prints_no_traceback(tmp_path):
     assert result.stderr.strip().startswith("error: method sd verifies a single draft")
     assert "Traceback" not in result.stderr
     assert not out.exists()
+
+
+def test_missing_data_is_one_message_without_traceback(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("SPECTR_REPRO_DATA", str(tmp_path / "no_data_here"))
+    out = tmp_path / "results"
+    code = main_run(["model_pair=tiny_random", "dataset=lm1b", "logger=disabled", "num_prompts=1",
+                     "max_new_tokens=4", f"output_dir={out}"])
+    err = capsys.readouterr().err
+    assert code == 1
+    assert "error: cannot load dataset lm1b" in err and "Traceback" not in err
+    assert not (out / "default" / "cells").exists() or not list((out / "default" / "cells").iterdir())
