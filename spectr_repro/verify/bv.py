@@ -61,13 +61,14 @@ class BlockSegment:
         n, w = self.length, self.weights
         h = [1.0] * (n + 1)
         h[n] = w[n]
-        needed = [i for i in range(max(start, 0) + 1, n) if w[i] < 1.0]
-        if needed:
-            rows = torch.tensor(needed, device=self.targets.device)
-            scale = torch.tensor([w[i] for i in needed], dtype=self.targets.dtype, device=self.targets.device)
-            mass = (scale[:, None] * self.targets[rows] - self.drafts[rows]).clamp_min(0)
-            for i, z in zip(needed, mass.sum(-1, dtype=torch.float64).tolist()):
-                h[i] = z / (z + 1.0 - w[i])  # denominator >= 1 - w_i > 0
+        lo = max(start, 0) + 1
+        if lo < n:  # positions lo..n-1 in one batched pass over [n - lo, V] (rows with w = 1 are ignored)
+            scale = torch.tensor(w[lo:n], dtype=self.targets.dtype, device=self.targets.device)
+            excess = self.targets[lo:n] * scale[:, None]
+            excess.sub_(self.drafts[lo:n]).clamp_min_(0)
+            for i, z in enumerate(excess.sum(-1).tolist(), start=lo):  # Z_i in the input dtype
+                if w[i] < 1.0:
+                    h[i] = z / (z + 1.0 - w[i])  # denominator >= 1 - w_i > 0
         return h
 
     def stop_law(self) -> list[float]:
