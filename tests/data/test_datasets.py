@@ -297,3 +297,13 @@ def test_dataset_configs_name_their_dataset():
 def test_load_from_a_dataset_config():
     examples = load_examples({"name": "mgsm", "prompt_style": "base", "options": {"language": "fr"}}, 2)
     assert all(e.id.startswith("mgsm_fr/") for e in examples)
+
+
+@needs_data
+def test_load_from_the_composed_hydra_config():
+    from hydra import compose, initialize_config_dir
+
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base=None):
+        cfg = compose(config_name="config", overrides=["dataset=mgsm", "dataset.options.language=[de,fr]"])
+    examples = load_examples(cfg.dataset, 6, seed=cfg.seed)
+    assert len(examples) == 6 and {e.meta["language"] for e in examples} <= {"de", "fr"}
