@@ -132,7 +132,9 @@ def summary_table(outcomes: Sequence[CellOutcome]) -> str:
     for column in ("model_pair", "dataset"):
         if frame[column].nunique() == 1:
             frame = frame.drop(columns=column)
-    return frame.to_markdown(index=False, floatfmt=".2f", colalign=None)
+    numeric = ("K", "L", "T", "BE", "speedup", "tokens/s")
+    align = ["right" if column in numeric else "left" for column in frame]
+    return frame.to_markdown(index=False, floatfmt=".2f", colalign=align)
 
 
 def _number(value, digits: int = 2) -> str:
