@@ -173,9 +173,11 @@ def _draw(weights: torch.Tensor, generator: torch.Generator | None) -> int:
 class DepthRule:
     """The selection rule at one depth, for P = p(.|z), Q = q(.|z) ([V], any float dtype).
 
-    ``ranked`` = the token ids with P + Q >= tail_threshold (ascending), ``order`` their rank order;
-    everything per count is computed on them in float64. The other tokens (the tail, masses P_tail and
-    Q_tail) have a = 1 and f = Q A. ``rho`` maps each count c >= 2 to rho_c (inf = greedy).
+    ``ranked`` = the token ids with P + Q >= tail_threshold (ascending); everything per count is
+    computed on them in float64. The other tokens (the tail, masses P_tail and Q_tail) have a = 1 and
+    f = Q A. ``rho`` maps each count c >= 2 to rho_c (inf = greedy); set it before the first law.
+    Only the ranked tokens that some count can reject (d = Q - min(Q, P/rho) > 0 at the largest rho,
+    hence at every rho) are sorted: the others add nothing to G and their f is Q A too.
     """
 
     P: torch.Tensor
@@ -205,7 +207,17 @@ class DepthRule:
         self.P_ranked = P_ranked * self.p_scale
         self.Q_ranked = Q_ranked * self.q_scale
         self.r_ranked = _rank_key(self.P_ranked, self.Q_ranked)
-        self.order = _rank_order(self.r_ranked)
+        self._order: torch.Tensor | None = None
+
+    @property
+    def order(self) -> torch.Tensor:
+        """Positions (into the ranked arrays) of the rejectable tokens, in rank order."""
+        if self._order is None:
+            rho_max = max(self.rho.values()) if self.rho else math.inf
+            rejectable = (self.Q_ranked - _accepted_mass(self.P_ranked, self.Q_ranked, rho_max)) > 0
+            positions = torch.nonzero(rejectable).squeeze(-1)  # ascending, so ties keep the lower id first
+            self._order = positions[_rank_order(self.r_ranked[positions])]
+        return self._order
 
     def p_at(self, token: int) -> float:
         return float(self.P[token]) * self.p_scale
@@ -232,11 +244,10 @@ class DepthRule:
             d_sorted = d[self.order]
             g = torch.cumsum(d_sorted, 0)
             g_minus_sorted = g - d_sorted
-            g_minus = torch.empty_like(d)
+            g_minus = torch.zeros_like(d)  # only read where d > 0
             g_minus[self.order] = g_minus_sorted
-            f = torch.empty_like(d)
-            f[self.order] = _power_difference(g, g_minus_sorted, c)
-            f = m * scale + f
+            f = m * scale
+            f[self.order] += _power_difference(g, g_minus_sorted, c)
             self._per_count[c] = (m, alpha, scale, g_minus, f)
         return self._per_count[c]
 
