@@ -86,6 +86,9 @@ def generate(
     """
     verifier = _check_arguments(draft, method, K, L, temperature, max_new_tokens, verifier_options)
     device = _model_device(target)
+    if verifier is not None and _model_device(draft) != device:
+        # One generator drives every draw; cross-device pairs would also copy tokens every step.
+        raise ValueError(f"target and draft must be on one device, got {device} and {_model_device(draft)}")
     prompt = _prompt_tensor(input_ids, device)
     vocab_size = resolve_vocab_size(target, None if verifier is None else draft, vocab_size)
     eos = frozenset(int(t) for t in eos_token_ids)
