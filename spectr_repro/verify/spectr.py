@@ -111,6 +111,9 @@ class SpecTr(Verifier):
         return kseq_residual(p, q, rho, k)
 
     def _law_step(self, p: torch.Tensor, q: torch.Tensor, k: int) -> tuple[float, torch.Tensor]:
+        if p.numel() > 256:  # not a toy: no memo (it would hold full-vocabulary rows)
+            rho = optimal_rho(p, q, k)
+            return rho, self.correction(p, q, rho, k)
         key = (p.numpy().tobytes(), q.numpy().tobytes(), k)
         if key not in self._law_steps:
             if len(self._law_steps) > 100_000:

@@ -156,3 +156,20 @@ def test_block_verification_mean_accepted_is_sum_of_expected_weights(toys, L):
             context += (token,)
         expected += draft.sequence_prob((), sequence) * sum(clipped_weights(ratios)[1:])
     assert math.isclose(exact_mean_accepted(get_verifier("bv"), target, draft, 1, L), expected, rel_tol=1e-12)
+
+
+@pytest.mark.parametrize("rule, K", [("sd", 1), ("bv", 1), ("spectr", 3), ("rbv", 3)])
+@pytest.mark.parametrize("pair", range(len(PAIRS)))
+def test_samplers_survive_edge_cases(rule, K, pair):
+    """Zeros, p = q, disjoint supports, one-hot rows: the sampler emits valid tokens of positive law."""
+    p, q = PAIRS[pair]
+    V = p.numel()
+    g = torch.Generator().manual_seed(pair)
+    draft_probs = q.expand(K, 2, V)
+    target_probs = torch.stack([p, q, p]).expand(K, 3, V)  # the second target row is q itself
+    verifier = get_verifier(rule)
+    for _ in range(10):
+        tokens = torch.multinomial(q, 2 * K, replacement=True, generator=g).view(K, 2)
+        law = law_dict(verifier.law(tokens, draft_probs, target_probs))
+        result = verifier(tokens, draft_probs, target_probs, generator=g)
+        assert law.get(tuple(result.tokens.tolist()), 0.0) > 0
