@@ -162,7 +162,10 @@ def _draw(weights: torch.Tensor, generator: torch.Generator | None) -> int:
     this is one cumulative sum and one binary search.
     """
     cdf = torch.cumsum(weights, 0)
-    u = uniform(1, generator, device=weights.device) * cdf[-1]
+    u = (
+        uniform(1, generator, device=None if generator is not None else weights.device).to(cdf.device)
+        * cdf[-1]
+    )
     index = int(torch.searchsorted(cdf, u, right=True))
     if index >= weights.shape[0] or float(weights[index]) <= 0:  # u rounded onto the total
         index = int(torch.nonzero(weights > 0)[-1])
@@ -456,7 +459,7 @@ class SelectionBlockVerification(Verifier):
             candidates = [tokens[j][i] for j in survivors]
             v = candidates[0]
             if k > 1:
-                u = uniform(k, generator, device=device).tolist()
+                u = uniform(k, generator, device=None if generator is not None else device).tolist()
                 chosen = None
                 for j, token in enumerate(candidates):
                     if u[j] < rule.accept_probability(k, token):
@@ -476,7 +479,7 @@ class SelectionBlockVerification(Verifier):
 
         # BV on the selected path, scanned from the back: the first success from the back is the
         # largest i with eta_i <= h_i, so the depths below the stop are never evaluated.
-        eta = uniform(L, generator, device=device).tolist()
+        eta = uniform(L, generator, device=None if generator is not None else device).tolist()
         tau = 0
         if eta[L - 1] <= w[L]:
             tau = L
