@@ -71,6 +71,7 @@ def _main(command: str, argv: list[str]) -> int:
             check_writable(cfg.output_dir)
             if command == "run" and needs_single_draft(cfg):
                 raise UsageError(single_draft_message(cfg))
+            _check_device(cfg.hardware.get("device"))
     except UsageError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
@@ -98,6 +99,16 @@ def _main(command: str, argv: list[str]) -> int:
     print(f"{ran} cell(s) run, {earlier} finished earlier (skipped), {len(notes)} skipped as invalid; "
           f"results in {plans[0].directory.parent.parent if plans else cfgs[0].output_dir}")
     return 0
+
+
+def _check_device(device) -> None:
+    """hardware=cuda on a machine without a visible GPU: say so before loading anything."""
+    if device and str(device).startswith("cuda"):
+        import torch
+
+        if not torch.cuda.is_available():
+            raise UsageError(f"hardware device {device!r} but no CUDA device is visible to torch "
+                             f"({torch.__version__}); use hardware=cpu")
 
 
 def _prepare_logging(cfgs) -> None:

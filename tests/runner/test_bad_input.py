@@ -39,6 +39,17 @@ def test_bad_input_exits_2_with_one_message(command, argv, message, tmp_path, ca
     assert not out.exists(), "nothing may be written"
 
 
+def test_cuda_without_a_gpu(tmp_path, capsys):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is visible")
+    out = tmp_path / "results"
+    assert main_run([*COMMON, "hardware=cuda", f"output_dir={out}"]) == 2
+    assert "no CUDA device is visible" in capsys.readouterr().err
+    assert not out.exists()
+
+
 def test_non_writable_output_dir(tmp_path, capsys):
     blocker = tmp_path / "a_file"
     blocker.write_text("not a folder")
