@@ -283,19 +283,22 @@ def test_count_posterior_gives_the_exact_conditional_law_of_the_selected_path():
 
 
 # ---------------------------------------------------------------------------------------------- efficiency
-# Exact E[accepted] per iteration on these toys (sd, bv at K=1; K drafts otherwise):
+# Exact E[accepted] per iteration on these toys (the K = 2 and K = 3 toys of the validity tests):
 #   V L K seed   spectr  rbv     sbv     sbv(count_posterior=False)
 #   3 2 2 0      1.5203  1.5119  1.5440  1.5394
 #   3 2 2 1      1.7966  1.7632  1.8489  1.8489
 #   3 2 2 2      1.7586  1.7223  1.8056  1.8000
 #   3 2 2 3      1.7459  1.7366  1.8047  1.7988
 #   5 1 2 0      0.8368  0.8315  0.8503  0.8503
-# The smallest margin over SpecTr is 0.0135 (V=5), over RBV 0.0188; asserted margin: 0.005.
+#   3 1 3 4      0.9441  0.8984  0.9810  0.9810
+#   4 1 3 5      0.9769  0.9430  0.9847  0.9847
+# The smallest margin over SpecTr is 0.0078 (V=4, K=3), over RBV 0.0188 (V=5); asserted margin: 0.005.
 MARGIN = 0.005
 
 
 @pytest.mark.parametrize(
-    "vocab, L, K, seed", [(3, 2, 2, 0), (3, 2, 2, 1), (3, 2, 2, 2), (3, 2, 2, 3), (5, 1, 2, 0)]
+    "vocab, L, K, seed",
+    [(3, 2, 2, 0), (3, 2, 2, 1), (3, 2, 2, 2), (3, 2, 2, 3), (5, 1, 2, 0), (3, 1, 3, 4), (4, 1, 3, 5)],
 )
 def test_expected_accepted_beats_spectr_and_rbv(vocab, L, K, seed):
     target, draft = toy_pair(vocab, seed)
