@@ -451,6 +451,7 @@ def audit_markdown(rows, quick: bool, elapsed: float) -> str:
                 "options": ", ".join(f"{k}={v}" for k, v in r.options.items()) or "default",
                 "K": r.K,
                 "exact TV": f"{r.exact_tv:.1e}",
+                "per toy": " / ".join(f"{t['exact_tv']:.1e}" for t in r.toys),
                 "MC p (vs target)": f"{r.p_value:.2g}",
                 "MC TV": f"{r.mc_tv:.3f}",
                 "MC p (vs own law)": f"{r.p_value_vs_law:.2g}",
@@ -469,7 +470,8 @@ def audit_markdown(rows, quick: bool, elapsed: float) -> str:
             f"Joint law of the first {n} decoded tokens across iterations (carried state threaded), on toy "
             f"pairs {', '.join(t.label() for t in toys)} (context-dependent Dirichlet conditionals). `exact "
             "TV`: total variation between the rule's exact decoded law (every draft tuple enumerated, draws "
-            f"integrated) and the target's, max over toys. `MC`: {samples} decoded sequences through the "
+            "integrated) and the target's, max over toys (`per toy`: each toy's, in the order listed). "
+            f"`MC`: {samples} decoded sequences through the "
             "rule's real sampler on the first toy, Pearson chi-square "
             "(bins with expected count < 5 merged) against the target and against the rule's own exact law "
             "(the latter must pass for every rule: it checks that the sampler implements the audited law).",
