@@ -66,5 +66,11 @@ bench: $(PY)
 bench-quick: $(PY)
 	$(PY) scripts/bench.py --quick
 
+theory: $(PY)
+	$(PY) -m spectr_repro theory
+
+audit: $(PY)
+	$(PY) -m spectr_repro audit
+
 clean:
 	rm -rf .pytest_cache .ruff_cache outputs multirun
