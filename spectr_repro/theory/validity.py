@@ -3,8 +3,8 @@
 R(empty) = 1 and R(w x) = R(w) p(x | w) - M(w x): the target mass of "w is a prefix of the final text and
 the iteration has not stopped yet". The iteration law M is valid (the decoded text has exactly the
 target's law when every iteration starts again from plain p) iff every R >= 0 and R(z) = 0 for every z of
-length L+1. Necessity and sufficiency: the decoded text's first token law is sum of M over outputs starting
-with it plus continuation mass, which telescopes to p exactly when the two conditions hold.
+length L+1 (METHODS.md, "Validity"; the LP of ``theory.lp`` is built on the same constraints). The
+tolerance absorbs float64 round-off only: audited lossless rules give |violations| ~ 1e-16.
 
 A rule with a carry-over (gbv) is not valid as is by design: check it across iterations with the audit.
 """
