@@ -40,17 +40,3 @@ def prompt_ids(tiny):
     ]
     return [torch.tensor(ids) for ids in encoded]
 
-
-def require_rule(method: str) -> None:
-    """Skip while a rule's module has not landed yet (the rules are written in parallel)."""
-    if method == "ar":
-        return
-    import importlib
-
-    module = VERIFIERS[method].target.split(":")[0]
-    try:
-        importlib.import_module(module)
-    except ModuleNotFoundError as error:
-        if error.name == module:
-            pytest.skip(f"{module} not written yet")
-        raise

@@ -11,7 +11,6 @@ from spectr_repro.engine.cache import crop_to, keep_row, repeat_rows
 from spectr_repro.engine.forward import forward_logits
 from spectr_repro.sampling import probs_from_logits
 from spectr_repro.verify import Verifier, get_verifier
-from tests.engine.conftest import require_rule
 
 VOCAB = 259
 
@@ -64,7 +63,6 @@ class Recorder(Verifier):
 @pytest.mark.parametrize("method, K", [("sd", 1), ("spectr", 3), ("rbv", 2)])
 def test_every_iteration_scores_the_committed_text_plus_each_draft(tiny, prompt_ids, method, K):
     """p and q handed to the verifier equal fresh, cache-free forwards on committed text + draft row."""
-    require_rule(method)
     target, draft, _ = tiny
     L, temperature = 3, 0.7
     recorder = Recorder(method)
@@ -88,7 +86,6 @@ def test_every_iteration_scores_the_committed_text_plus_each_draft(tiny, prompt_
 
 def test_verifier_state_is_threaded_through_iterations(tiny, prompt_ids):
     """GBV's carry-over: each call receives exactly the state the previous call returned."""
-    require_rule("gbv")
     target, draft, _ = tiny
     recorder = Recorder("gbv", carry_over=True)
     generate(target, draft, prompt_ids[0], method=recorder, K=1, L=4, temperature=0.7, max_new_tokens=40,

@@ -7,7 +7,7 @@ import torch
 
 from spectr_repro.engine import acceptance_by_position, generate, shared_vocab_size
 from spectr_repro.tiny import make_byte_tokenizer, make_tiny_pair
-from tests.engine.conftest import ALL_METHODS, SPECULATIVE, draft_count, require_rule
+from tests.engine.conftest import ALL_METHODS, SPECULATIVE, draft_count
 
 VOCAB = 259  # the byte tokenizer's length; the target head has 264 rows
 
@@ -22,7 +22,6 @@ def greedy_reference(target, prompt: torch.Tensor, max_new_tokens: int) -> list[
 
 @pytest.mark.parametrize("method", ALL_METHODS)
 def test_temperature_zero_equals_target_greedy(tiny, prompt_ids, method):
-    require_rule(method)
     target, draft, _ = tiny
     for prompt in prompt_ids:
         reference = greedy_reference(target, prompt, 20)
@@ -36,7 +35,6 @@ def test_temperature_zero_equals_target_greedy(tiny, prompt_ids, method):
 
 @pytest.mark.parametrize("method", ["sd", "bv", "spectr", "rbv"])
 def test_draft_equal_to_target_accepts_every_block(method):
-    require_rule(method)
     target, draft, _ = make_tiny_pair(seed=1, draft_noise=0.0)  # same weights (draft head = target[:259])
     L, K = 4, draft_count(method)
     prompt = torch.tensor([256, *b"Once upon a time"])
@@ -50,7 +48,6 @@ def test_draft_equal_to_target_accepts_every_block(method):
 @pytest.mark.parametrize("method", SPECULATIVE)
 def test_inputs_pass_the_verifier_checks_and_seed_is_reproducible(tiny, prompt_ids, method):
     """The hot loop skips the verifier's input checks; here they run on every call, at T > 0."""
-    require_rule(method)
     target, draft, _ = tiny
     kwargs = dict(method=method, K=draft_count(method), L=3, temperature=0.7, max_new_tokens=24,
                   vocab_size=VOCAB, verifier_options={"check_inputs": True})
@@ -87,7 +84,6 @@ def _first_emitted_position(tokens: list[int], candidates: set[int]) -> int:
 @pytest.mark.parametrize("method", ["ar", "sd", "spectr"])
 def test_eos_ends_generation_exactly(tiny, prompt_ids, method):
     """Declaring a token that the free run emits as EOS cuts the output right after it."""
-    require_rule(method)
     target, draft, _ = tiny
     kwargs = dict(method=method, K=draft_count(method), L=4, temperature=0.0, max_new_tokens=30,
                   vocab_size=VOCAB)
@@ -103,7 +99,6 @@ def test_eos_ends_generation_exactly(tiny, prompt_ids, method):
 @pytest.mark.parametrize("method", ["ar", "sd", "spectr", "rbv"])
 @pytest.mark.parametrize("max_new_tokens", [0, 1, 2, 7])
 def test_max_new_tokens_is_exact(tiny, prompt_ids, method, max_new_tokens):
-    require_rule(method)
     target, draft, _ = tiny
     L = 4
     out = generate(target, draft, prompt_ids[0], method=method, K=draft_count(method), L=L, temperature=0.7,
@@ -195,7 +190,6 @@ def test_acceptance_by_position_profile():
 @pytest.mark.parametrize("method", ["spectr", "gbv"])
 def test_half_precision_models_sample_in_float32(method):
     """bf16 models: logits go to float32 before the softmax, so the verifier's checks pass."""
-    require_rule(method)
     target, draft, _ = make_tiny_pair(seed=2, dtype=torch.bfloat16)
     out = generate(target, draft, [256, *b"half"], method=method, K=draft_count(method), L=3, temperature=0.7,
                    max_new_tokens=12, seed=0, vocab_size=VOCAB, verifier_options={"check_inputs": True})

@@ -25,7 +25,7 @@ from spectr_repro.lawcheck import chi_square_test
 from spectr_repro.sampling import probs_from_logits
 from spectr_repro.tiny import make_tiny_models
 from spectr_repro.verify import Verifier, get_verifier
-from tests.engine.conftest import draft_count, require_rule
+from tests.engine.conftest import draft_count
 
 V, L, TEMPERATURE, NUM_SAMPLES, ALPHA = 8, 2, 0.7, 800, 1e-4
 PROMPT = torch.tensor([3])
@@ -68,7 +68,6 @@ def test_draft_differs_enough_for_rejections(small_pair):
 
 @pytest.mark.parametrize("method", ["sd", "spectr", "bv", "rbv", "gbv", "sbv"])
 def test_first_two_tokens_follow_the_target_law(small_pair, exact_law, method):
-    require_rule(method)
     K = draft_count(method, K=2)
     check = chi_square_test(decoded_pairs(small_pair, method, K), exact_law)
     assert check.passes(ALPHA), check
@@ -99,7 +98,6 @@ class _Distorted(Verifier):
 
 @pytest.mark.parametrize("distort_draft", [True, False], ids=["wrong_q", "temperature_on_draft_only"])
 def test_negative_controls_are_rejected(small_pair, exact_law, distort_draft):
-    require_rule("sd")
     check = chi_square_test(decoded_pairs(small_pair, _Distorted(distort_draft), 1), exact_law)
     assert not check.passes(ALPHA), check
     assert check.p_value < 1e-10, check  # not a borderline miss: the check has ample power at this N
@@ -110,7 +108,6 @@ def test_negative_controls_are_rejected(small_pair, exact_law, distort_draft):
 def test_first_three_tokens_follow_the_target_law_slow(small_pair, method):
     """Longer run: 3 tokens (up to two iterations of L=2, so carry-overs reach a second iteration),
     K=3, 4000 samples; same threshold as above."""
-    require_rule(method)
     target, draft = small_pair
     with torch.inference_mode():
         contexts = torch.cartesian_prod(torch.arange(V), torch.arange(V))  # [V*V, 2]
