@@ -94,3 +94,24 @@ def test_chi_square_rejects_impossible_outcomes_and_merges_small_bins():
     assert check.dof == 3 and check.p_value > 0.99
     with pytest.raises(ValueError):
         chi_square_test({}, law)
+
+
+def test_sample_matches_its_law_and_never_draws_zero_mass():
+    from scipy import stats
+
+    from spectr_repro.sampling import sample
+
+    probs = torch.tensor([[0.0, 0.5, 0.2, 0.0, 0.3], [0.25, 0.25, 0.25, 0.25, 0.0]], dtype=torch.float64)
+    draws = sample(probs.expand(4000, 2, 5), torch.Generator().manual_seed(0))
+    assert draws.shape == (4000, 2)
+    for row in range(2):
+        counts = torch.bincount(draws[:, row], minlength=5)
+        assert int(counts[probs[row] == 0].sum()) == 0
+        expected = probs[row][probs[row] > 0] * 4000
+        # p > 1e-4 for the right law (4000 draws, fixed seed); the same check rejects a 40/20/20/20 law
+        assert stats.chisquare(counts[probs[row] > 0].double(), expected).pvalue > 1e-4
+    observed = torch.bincount(draws[:, 1], minlength=5)[:4].double()
+    wrong = stats.chisquare(observed, torch.tensor([1600.0, 800.0, 800.0, 800.0]))
+    assert wrong.pvalue < 1e-6
+    with pytest.raises(ValueError):
+        sample(torch.zeros(3))
