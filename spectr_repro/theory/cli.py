@@ -307,9 +307,12 @@ def write_figure(df: pd.DataFrame, path: Path) -> None:
             points = sub[sub.quantity == quantity].sort_values("K")
             if points.empty:
                 continue
-            label = {"lp_optimum": "LP limit (any valid rule)", "paper_bound": "paper's bound"}.get(
-                quantity, quantity
-            )
+            label = {
+                "lp_optimum": "LP limit (any valid rule)",
+                "paper_bound": "paper's bound",
+                "gbv": "gbv (valid only with carry-over)",
+                "spectr_gbv": "spectr_gbv (release, not lossless)",
+            }.get(quantity, quantity)
             if len(points) == 1 and quantity in ("sd", "bv", "gbv"):
                 ax.axhline(points.value.iloc[0], ls=":", lw=1, color=f"C{THEORY_RULES.index(quantity)}")
                 ax.plot(
