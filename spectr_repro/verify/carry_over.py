@@ -66,19 +66,43 @@ def residual_weights(prev: torch.Tensor, draft: torch.Tensor, log_ratio: torch.T
                      power: int) -> torch.Tensor:
     """Unnormalised frame target: prev, draft [..., V]; log_ratio [...] = log P − log Q (float64).
 
-    Scaled by 1/max(P, Q) so that tiny products never underflow; a frame only ever gets normalised.
+    Computed in the rows' dtype (float32 in the engine): only the per-row coefficients come from the
+    float64 log ratio. Scaled by 1/max(P, Q) so that tiny products never underflow; a frame only ever
+    gets normalised. In float32 a coefficient below ~1e-38 rounds to 0; that needs P/Q (or Q/P) < 1e-38,
+    and an iteration ends with such a correction with probability about P/Q itself (h ≤ g), so the law
+    moves by that much at most.
     """
+    dtype = torch.promote_types(prev.dtype, draft.dtype)
     log_ratio = log_ratio.unsqueeze(-1)
     if power == 1:
-        # (P·T − Q·q)₊ / max(P, Q) = (min(1, r)·T − min(1, 1/r)·q)₊ with r = P/Q.
-        scale_target = torch.exp(log_ratio.clamp(max=0))
-        scale_draft = torch.exp((-log_ratio).clamp(max=0))
-        return (scale_target * prev - scale_draft * draft).clamp_min(0)
+        # (P·T − Q·q)₊ / max(P, Q) = (min(1, r)·T − min(1, 1/r)·q)₊ with r = P/Q: two fused passes.
+        scale_target = torch.exp(log_ratio.clamp(max=0)).to(dtype)
+        scale_draft = torch.exp((-log_ratio).clamp(max=0)).to(dtype)
+        return torch.mul(prev, scale_target).addcmul_(draft, -scale_draft).clamp_(min=0)
     # P·T·(1 − min(1, q / (r·T))^K) / P; T = 0 gives 0, r = +inf gives T, r = 0 gives 0.
     tiny = torch.finfo(prev.dtype).tiny
-    ratio = torch.where(prev > 0, draft * torch.exp(-log_ratio) / prev.clamp_min(tiny),
-                        torch.ones((), dtype=torch.float64, device=prev.device))
-    return prev * (1 - ratio.clamp(max=1).nan_to_num(1.0) ** power)
+    ratio = torch.mul(draft, torch.exp(-log_ratio).to(dtype)).div_(prev.clamp_min(tiny))
+    ratio = torch.where(prev > 0, ratio, torch.ones((), dtype=dtype, device=prev.device))
+    ratio = ratio.clamp_(max=1).nan_to_num_(1.0)
+    return prev * (1 - integer_power(ratio, power))
+
+
+def integer_power(base: torch.Tensor, exponent: int, out: torch.Tensor | None = None) -> torch.Tensor:
+    """base ** exponent (exponent >= 1) by square-and-multiply: ~log2(exponent) full passes, not pow's
+    exp/log per element. ``base`` is left untouched; ``out`` (same shape) is used when given."""
+    if exponent < 1:
+        raise ValueError(f"exponent must be >= 1, got {exponent}")
+    if exponent == 1:
+        return base
+    bits = bin(exponent)[3:]  # left-to-right binary exponentiation after the leading 1
+    result = torch.mul(base, base, out=out) if out is not None else base * base
+    if bits[0] == "1":
+        result.mul_(base)
+    for bit in bits[1:]:
+        result.mul_(result)
+        if bit == "1":
+            result.mul_(base)
+    return result
 
 
 def frame_chain(base: torch.Tensor, draft: torch.Tensor, log_ratios: list[torch.Tensor],
@@ -91,7 +115,16 @@ def frame_chain(base: torch.Tensor, draft: torch.Tensor, log_ratios: list[torch.
     chain = [base]
     for log_ratio, power in zip(log_ratios, powers):
         prev = chain[-1]
-        chain.append(normalize(residual_weights(prev, draft, log_ratio, power), fallback=prev))
+        weights = residual_weights(prev, draft, log_ratio, power)  # a fresh tensor: normalise in place
+        total = weights.sum(-1, keepdim=True)
+        # One host sync per level buys skipping torch.where (a slow broadcast pass) unless rows disagree.
+        rows_with_mass = int((total > 0).sum())
+        if rows_with_mass == total.numel():
+            chain.append(weights.div_(total))
+        elif rows_with_mass == 0:
+            chain.append(prev)
+        else:
+            chain.append(normalize(weights, fallback=prev))
     return chain
 
 
@@ -99,41 +132,78 @@ def frame_chain(base: torch.Tensor, draft: torch.Tensor, log_ratios: list[torch.
 class EffectiveTargets:
     """Effective target of every draft row and position, plus what is needed to advance the state.
 
-    probs: [K, L+1, V] (the input target_probs itself when no frame is alive);
+    Frames only reach rows 0..H−1 (H = the longest frame's remaining count, < L+1), so only those rows
+    are materialised (``head``); later rows are the caller's ``raw`` target rows, never copied.
+
+    raw: [K, L+1, V] the input target_probs; head: H tensors [K, V], the effective rows 0..H−1 (kept
+    apart rather than copied into one block: most calls read only a few of them);
+    token_target, token_draft: [K, L] float64, effective target / draft probability of each draft token;
     log_ratios: [F, K, L+1] float64, frame f's log P − log Q over the draft's first i tokens (column i);
     frames: the frames alive at the start of the block (oldest first).
     """
 
-    probs: torch.Tensor
+    raw: torch.Tensor
+    head: list[torch.Tensor]
+    token_target: torch.Tensor
+    token_draft: torch.Tensor
     log_ratios: torch.Tensor
     frames: tuple[CarryFrame, ...]
+
+    @property
+    def horizon(self) -> int:
+        return len(self.head)
+
+    def row(self, k: int, i: int) -> torch.Tensor:
+        """Effective target [V] of draft k after its first i tokens (a view, never to be modified)."""
+        return self.head[i][k] if i < self.horizon else self.raw[k, i]
+
+    def rows(self, k: int, positions: list[int]) -> torch.Tensor:
+        """Effective targets [n, V] of draft k at ``positions`` (increasing): a view when they form one
+        contiguous run at or past the horizon, else a gathered copy. Never to be modified."""
+        lo, hi = positions[0], positions[-1] + 1
+        if hi - lo == len(positions) and lo >= self.horizon:
+            return self.raw[k, lo:hi]
+        return torch.stack([self.row(k, i) for i in positions])
+
+    @property
+    def probs(self) -> torch.Tensor:
+        """All effective rows [K, L+1, V] (one copy when frames are alive; for the exact law)."""
+        if not self.head:
+            return self.raw
+        return torch.cat([torch.stack(self.head, 1), self.raw[:, self.horizon :]], 1)
 
 
 def effective_targets(draft_tokens: torch.Tensor, draft_probs: torch.Tensor, target_probs: torch.Tensor,
                       frames: tuple[CarryFrame, ...]) -> EffectiveTargets:
-    """Apply the alive frames to the raw target rows of every draft (vectorised over drafts and V)."""
+    """Apply the alive frames to the raw target rows of every draft (vectorised over drafts and V).
+
+    Only the rows a frame reaches are computed; the token probabilities are gathered as float64 scalars
+    (P and Q are long products, kept out of the input dtype).
+    """
     K, L = draft_tokens.shape
+    tokens = draft_tokens.long().unsqueeze(-1)
+    token_target = target_probs[:, :L].gather(-1, tokens).squeeze(-1).double()
+    token_draft = draft_probs.gather(-1, tokens).squeeze(-1).double()
     log_ratios = torch.empty(len(frames), K, L + 1, dtype=torch.float64, device=target_probs.device)
     if not frames:
-        return EffectiveTargets(target_probs, log_ratios, frames)
-    probs = target_probs.clone()
+        return EffectiveTargets(target_probs, [], token_target, token_draft, log_ratios, frames)
+    horizon = max(f.remaining for f in frames)  # <= L, checked by check_state
+    head = []
     log_ratios[:, :, 0] = torch.tensor([f.log_ratio for f in frames], dtype=torch.float64,
                                        device=target_probs.device).unsqueeze(-1)
-    horizon = max(f.remaining for f in frames)  # <= L, checked by check_state
-    tokens = draft_tokens.long()
-    for i in range(horizon):
+    log_q = torch.log(token_draft)
+    for i in range(horizon):  # row i's frame ratios need row i−1's normalised targets: one row at a time
         alive = [f_idx for f_idx, f in enumerate(frames) if f.remaining > i]
-        draft_row = draft_probs[:, i]
-        chain = frame_chain(target_probs[:, i], draft_row, [log_ratios[f, :, i] for f in alive],
+        chain = frame_chain(target_probs[:, i], draft_probs[:, i], [log_ratios[f, :, i] for f in alive],
                             [frames[f].power for f in alive])
-        probs[:, i] = chain[-1]
-        token = tokens[:, i : i + 1]
-        log_q = torch.log(draft_row.gather(-1, token).squeeze(-1).double())
+        head.append(chain[-1])
+        # Every level of the chain at the draft token: [levels, K].
+        at_token = torch.cat([level.gather(-1, tokens[:, i]) for level in chain], -1).T.double()
+        token_target[:, i] = at_token[-1]
         for position, f_idx in enumerate(alive):
             # P of frame f multiplies the target in force *below* it (chain[position]), Q the draft.
-            log_target = torch.log(chain[position].gather(-1, token).squeeze(-1).double())
-            log_ratios[f_idx, :, i + 1] = log_ratios[f_idx, :, i] + log_target - log_q
-    return EffectiveTargets(probs, log_ratios, frames)
+            log_ratios[f_idx, :, i + 1] = log_ratios[f_idx, :, i] + at_token[position].log() - log_q[:, i]
+    return EffectiveTargets(target_probs, head, token_target, token_draft, log_ratios, frames)
 
 
 def next_state(effective: EffectiveTargets, draft_probs: torch.Tensor, target_probs: torch.Tensor,

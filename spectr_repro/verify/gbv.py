@@ -21,7 +21,13 @@ from __future__ import annotations
 import torch
 
 from spectr_repro.verify.base import Outcome, Verifier, VerifyResult
-from spectr_repro.verify.carry_over import EffectiveTargets, check_state, effective_targets, next_state
+from spectr_repro.verify.carry_over import (
+    EffectiveTargets,
+    check_state,
+    effective_targets,
+    next_state,
+    residual_weights,
+)
 from spectr_repro.verify.common import normalize, sample, uniform
 
 
@@ -38,7 +44,7 @@ class GreedyBlockVerification(Verifier):
     # --- the rule -------------------------------------------------------------------------------------
 
     def _block(self, draft_tokens, draft_probs, target_probs, state):
-        """Effective targets, log P/Q after each prefix ([L+1] float64) and the h_i ([L+1] float64)."""
+        """Effective targets, log P/Q after each prefix ([L+1] float64) and g = min(1, P/Q) ([L+1])."""
         K, L = draft_tokens.shape
         if K != 1:
             raise ValueError(f"{self.name} verifies a single draft; got K={K}")
@@ -49,42 +55,66 @@ class GreedyBlockVerification(Verifier):
         else:
             frames = ()
         effective = effective_targets(draft_tokens, draft_probs, target_probs, frames)
-        target, draft = effective.probs[0], draft_probs[0]  # [L+1, V], [L, V]
-        token = draft_tokens[0].long().unsqueeze(-1)
-        log_steps = torch.log(target[:L].gather(-1, token).squeeze(-1).double()) - torch.log(
-            draft.gather(-1, token).squeeze(-1).double())
+        # P and Q are products of up to L probabilities: their ratio lives in float64 log space.
+        log_steps = torch.log(effective.token_target[0]) - torch.log(effective.token_draft[0])
         log_ratio = torch.cat([log_steps.new_zeros(1), torch.cumsum(log_steps, 0)])  # [L+1]
         g = torch.exp(log_ratio.clamp(max=0))
-        h = torch.empty(L + 1, dtype=torch.float64, device=target.device)
-        h[0] = 1.0
-        h[L] = g[L]
-        if L > 1:
-            # Z_i = Σ_x (g_i·p − q)₊ in float64, in place: the rule's only full-vocabulary pass.
-            z = target[1:L].to(torch.float64, copy=True)  # a copy: never modify the caller's tensor
-            z = z.mul_(g[1:L].unsqueeze(-1)).sub_(draft[1:L]).clamp_(min=0).sum(-1)
-            # 0/0 only when g_i = 1 and Z_i = 0; with g_i = 1 the rule accepts (h_i = 1) anyway.
-            h[1:L] = torch.where(g[1:L] >= 1, torch.ones_like(z), z / (z + 1 - g[1:L]).clamp_min(1e-300))
-        return effective, log_ratio, h
+        return effective, log_ratio, g
+
+    @staticmethod
+    def _stop_probabilities(effective: EffectiveTargets, draft_probs, g, positions: list[int]) -> list[float]:
+        """h_i for the positions 0 < i < L given (increasing, each with g_i < 1), as floats.
+
+        Z_i = Σ_x (g_i·p − q)₊ is the rule's only full-vocabulary work; it runs in the input dtype (an
+        ordinary sum of probability-sized terms, no long products). In exact arithmetic Z_i ≤ g_i, hence
+        h_i ≤ g_i; h is clipped to g so that the sampler may skip every position with η_i ≥ g_i and
+        still agree bit for bit with the law.
+        """
+        target = effective.rows(0, positions)
+        index = torch.tensor(positions, device=g.device)
+        scale = g[index].to(target.dtype).unsqueeze(-1)
+        draft = draft_probs[0, positions[0] : positions[-1] + 1] if positions[-1] - positions[0] + 1 == len(
+            positions) else draft_probs[0, index.to(draft_probs.device)]
+        # One fresh buffer, then in place: never modify the caller's rows.
+        z = torch.mul(target, scale).sub_(draft).clamp_(min=0).sum(-1).double()
+        g_at = g[index]
+        h = torch.minimum(z / (z + 1 - g_at), g_at)  # 1 − g_i > 0 here
+        return h.tolist()
+
+    def _all_stop_probabilities(self, effective, draft_probs, g, L: int) -> list[float]:
+        """h_0..h_L: h_0 = 1, h_i = 1 when g_i = 1, h_L = g_L (for the exact law)."""
+        g_values = g.tolist()
+        h = [1.0] * (L + 1)
+        h[L] = g_values[L]
+        positions = [i for i in range(1, L) if g_values[i] < 1]
+        if positions:
+            for i, h_i in zip(positions, self._stop_probabilities(effective, draft_probs, g, positions)):
+                h[i] = h_i
+        return h
 
     def _correction_weights(self, target_row: torch.Tensor, draft_row: torch.Tensor, log_ratio: torch.Tensor):
         """(P·p − Q·q)₊ up to the factor 1/max(P, Q): the unclipped joint ratio r = P/Q.
 
-        target_row, draft_row: [..., V]; log_ratio: [...] = log P − log Q (float64).
+        target_row, draft_row: [..., V]; log_ratio: [...] = log P − log Q (float64). The two coefficients
+        are at most 1 and computed in float64; the rows stay in their dtype (see carry_over.residual_weights
+        for why a coefficient rounding to 0 in float32 is harmless).
         """
-        log_ratio = log_ratio.unsqueeze(-1)
-        scale_target = torch.exp(log_ratio.clamp(max=0))
-        scale_draft = torch.exp((-log_ratio).clamp(max=0))
-        return (scale_target * target_row - scale_draft * draft_row).clamp_min(0)
+        return residual_weights(target_row, draft_row, log_ratio, 1)
 
     def _correction_law(self, target_rows, draft_rows, log_ratio):
         """norm((P·p − Q·q)₊) per row [..., V]; no residual mass (a probability-0 event) falls back to p."""
         return normalize(self._correction_weights(target_rows, draft_rows, log_ratio), fallback=target_rows)
 
-    def _last_token_law(self, effective: EffectiveTargets, draft_probs, log_ratio, tau: int, L: int):
-        """Law [V] of the token emitted after X^τ: the correction if τ < L, else the bonus."""
+    def _sample_last_token(self, effective: EffectiveTargets, draft_probs, log_ratio, tau: int, L: int,
+                           generator) -> int:
+        """The token emitted after X^τ: a correction if τ < L, else the bonus (``sample`` normalises)."""
         if tau == L:
-            return effective.probs[0, L]
-        return self._correction_law(effective.probs[0, tau], draft_probs[0, tau], log_ratio[tau])
+            return int(sample(effective.row(0, L), generator))
+        target_row = effective.row(0, tau)
+        weights = self._correction_weights(target_row, draft_probs[0, tau], log_ratio[tau])
+        if not bool(weights.sum() > 0):  # no residual mass (a probability-0 event): fall back to p
+            weights = target_row
+        return int(sample(weights, generator))
 
     def _state_after(self, effective, draft_probs, target_probs, log_ratio, tau: int, last_token: int,
                      L: int):
@@ -93,19 +123,36 @@ class GreedyBlockVerification(Verifier):
         new_frame = None
         if tau < L:
             # The new frame's P, Q run through the correction token: P·T(c), Q·q(c).
-            step = torch.log(effective.probs[0, tau, last_token].double()) - torch.log(
+            step = torch.log(effective.row(0, tau)[last_token].double()) - torch.log(
                 draft_probs[0, tau, last_token].double())
             new_frame = float(log_ratio[tau] + step)
         return next_state(effective, draft_probs, target_probs, 0, tau, last_token, new_frame, 1, L)
 
+    def _scan(self, effective, draft_probs, g, eta: list[float], L: int) -> int:
+        """τ = the largest i with η_i < h_i, computing Z_i only where the test can pass.
+
+        η_L < g_L: the whole block passes, no vocabulary work. Otherwise the largest i < L with g_i = 1
+        (h_i = 1; i = 0 at worst) is a floor the scan never goes below, and above it h_i ≤ g_i rules out
+        every position with η_i ≥ g_i: Z is needed only for the remaining candidates (one batched pass).
+        eta[i − 1] belongs to position i.
+        """
+        g_values = g.tolist()
+        if eta[L - 1] < g_values[L]:
+            return L
+        floor = max(i for i in range(L) if g_values[i] >= 1)
+        candidates = [i for i in range(floor + 1, L) if eta[i - 1] < g_values[i]]
+        if not candidates:
+            return floor
+        h = self._stop_probabilities(effective, draft_probs, g, candidates)
+        accepted = [i for i, h_i in zip(candidates, h) if eta[i - 1] < h_i]
+        return max(accepted, default=floor)
+
     def _sample(self, draft_tokens, draft_probs, target_probs, generator, state) -> VerifyResult:
         L = draft_tokens.shape[1]
-        effective, log_ratio, h = self._block(draft_tokens, draft_probs, target_probs, state)
-        eta = uniform(L, generator, device=None if generator is not None else h.device).to(h.device)
-        positions = torch.arange(1, L + 1, device=h.device)
-        tau = int(torch.where(eta < h[1:], positions, 0).max())  # the largest i with η_i < h_i, else 0
-        last_law = self._last_token_law(effective, draft_probs, log_ratio, tau, L)
-        last_token = int(sample(last_law, generator))
+        effective, log_ratio, g = self._block(draft_tokens, draft_probs, target_probs, state)
+        eta = uniform(L, generator, device=None if generator is not None else g.device).tolist()
+        tau = self._scan(effective, draft_probs, g, eta, L)
+        last_token = self._sample_last_token(effective, draft_probs, log_ratio, tau, L, generator)
         tokens = torch.cat([draft_tokens[0, :tau].long(),
                             torch.tensor([last_token], dtype=torch.long, device=draft_tokens.device)])
         new_state = self._state_after(effective, draft_probs, target_probs, log_ratio, tau, last_token, L)
@@ -113,12 +160,13 @@ class GreedyBlockVerification(Verifier):
 
     def _law(self, draft_tokens, draft_probs, target_probs, state) -> list[Outcome]:
         L = draft_tokens.shape[1]
-        effective, log_ratio, h = self._block(draft_tokens, draft_probs, target_probs, state)
-        h_values = h.tolist()
+        effective, log_ratio, g = self._block(draft_tokens, draft_probs, target_probs, state)
+        h_values = self._all_stop_probabilities(effective, draft_probs, g, L)
         prefix = [int(t) for t in draft_tokens[0].tolist()]
         # Every possible last-token law at once: corrections after τ < L tokens, bonus after L.
-        corrections = self._correction_law(effective.probs[0, :L], draft_probs[0], log_ratio[:L])
-        last_laws = torch.cat([corrections, effective.probs[0, L:]]).double().tolist()  # [L+1][V]
+        target = effective.probs[0]
+        corrections = self._correction_law(target[:L], draft_probs[0], log_ratio[:L])
+        last_laws = torch.cat([corrections, target[L:]]).double().tolist()  # [L+1][V]
         outcomes = []
         for tau in range(L + 1):
             # τ = i: η_i < h_i and every later test fails (h_0 = 1: τ = 0 when all fail).

@@ -39,7 +39,7 @@ import math
 import torch
 
 from spectr_repro.verify.base import Outcome, Verifier, VerifyResult
-from spectr_repro.verify.carry_over import check_state, effective_targets, next_state
+from spectr_repro.verify.carry_over import check_state, effective_targets, integer_power, next_state
 from spectr_repro.verify.common import normalize, sample, uniform
 
 EPS = 1e-20  # the release's guard on every division
@@ -58,10 +58,9 @@ class SpecTrGBV(Verifier):
     # --- the rule -------------------------------------------------------------------------------------
 
     def _block(self, draft_tokens, draft_probs, target_probs, state):
-        """Effective targets, joint products P, Q [K, L+1] (column i: first i tokens) and h [K, L].
+        """Effective targets and the joint products P, Q [K, L+1] float64 (column i: first i tokens).
 
-        h[j, i] is the acceptance probability of draft j's prefix of length i+1; it does not depend on the
-        scan's decisions, so the whole table is computed at once.
+        P and Q are products of up to L probabilities (they underflow float32 quickly): float64 scalars.
         """
         K, L = draft_tokens.shape
         if self.carry_over:
@@ -71,84 +70,134 @@ class SpecTrGBV(Verifier):
         else:
             frames = ()
         effective = effective_targets(draft_tokens, draft_probs, target_probs, frames)
-        target = effective.probs  # [K, L+1, V], input dtype; float64 from here on
-        token = draft_tokens.long().unsqueeze(-1)
-        ones = torch.ones(K, 1, dtype=torch.float64, device=target.device)
-        P = torch.cat([ones, torch.cumprod(target[:, :L].gather(-1, token).squeeze(-1).double(), 1)], 1)
-        Q = torch.cat([ones, torch.cumprod(draft_probs.gather(-1, token).squeeze(-1).double(), 1)], 1)
-
-        def phi(a):
-            return (1 - a) ** K
-
-        h = torch.empty(K, L, dtype=torch.float64, device=target.device)
-        if L > 1:
-            P_i, Q_i = P[:, 1:L], Q[:, 1:L]  # [K, L-1]: prefixes of length 1..L-1
-            # In-place float64 passes over [K, L-1, V]: this is the rule's only full-vocabulary work.
-            # Copies (copy=True): the caller's tensors are never modified.
-            P_v = target[:, 1:L].to(torch.float64, copy=True).mul_(P_i.unsqueeze(-1))
-            sum_P_v = P_v.sum(-1)
-            phi_v = draft_probs[:, 1:L].to(torch.float64, copy=True).mul_(Q_i.unsqueeze(-1))
-            phi_v.div_(P_v + EPS).clamp_(max=1)  # c_v
-            phi_v.neg_().add_(1).pow_(K)  # φ(c_v)
-            sum_P_v_phi = torch.linalg.vecdot(P_v, phi_v)
-            c = torch.clamp(Q_i / (P_i + EPS), max=1)
-            numerator = sum_P_v_phi - P_i * phi(c)
-            # Σ_v P_v (1 − φ(c_v)) written as Σ_v P_v − Σ_v P_v φ(c_v): one pass less, same value.
-            denominator = 1 - phi(Q_i) - (sum_P_v - sum_P_v_phi)
-            h[:, : L - 1] = numerator / (denominator + EPS)
-        c_full = torch.clamp(Q[:, L] / (P[:, L] + EPS), max=1)
-        h[:, L - 1] = P[:, L] * (1 - phi(c_full)) / (1 - phi(Q[:, L]) + EPS)
-        return effective, P, Q, h
+        ones = torch.ones(K, 1, dtype=torch.float64, device=effective.token_target.device)
+        P = torch.cat([ones, torch.cumprod(effective.token_target, 1)], 1)
+        Q = torch.cat([ones, torch.cumprod(effective.token_draft, 1)], 1)
+        return effective, P, Q
 
     @staticmethod
-    def _correction_law(target_rows, draft_rows, P, Q, K: int):
-        """Correction law(s) [..., V] (float64) from rows [..., V] and the selected draft's P, Q [...]."""
-        target_rows = target_rows.double()
-        P_v = P.unsqueeze(-1) * target_rows
-        ratio = torch.clamp(Q.unsqueeze(-1) * draft_rows.double() / (P_v + EPS), max=1)
-        weights = P_v * (1 - ratio**K)  # the power on the min, as released
-        return normalize(weights, fallback=target_rows)
+    def _full_block_h(P, Q, K: int) -> torch.Tensor:
+        """h of each draft's full block [K] (float64): P·(1 − φ(min(1, Q/P))) / (1 − φ(Q))."""
+        P_L, Q_L = P[:, -1], Q[:, -1]
+        c_full = torch.clamp(Q_L / (P_L + EPS), max=1)
+        return P_L * (1 - (1 - c_full) ** K) / (1 - (1 - Q_L) ** K + EPS)
 
-    def _last_token_law(self, effective, draft_probs, P, Q, selected: int, tau: int, K: int, L: int):
-        """Law [V] (float64) of the token after the selected draft's first τ tokens."""
-        if tau == L:
-            return effective.probs[selected, L].double()
-        return self._correction_law(effective.probs[selected, tau], draft_probs[selected, tau],
-                                    P[selected, tau], Q[selected, tau], K)
+    def _prefix_h(self, target_rows, draft_rows, P, Q, K: int) -> torch.Tensor:
+        """h of prefixes from their rows: target_rows, draft_rows [n, V] = p, q after each prefix;
+        P, Q [n] float64 = the prefix products. Returns [n] float64.
+
+        With P_v = P·p_v, Q_v = Q·q_v and S = Σ_v p_v φ(c_v):  Σ_v P_v φ(c_v) = P·S and
+        Σ_v P_v (1 − φ(c_v)) = P·(Σ_v p_v − S), so only S and Σ_v p_v need the vocabulary.
+        c_v = Q_v/(P_v + eps) = a·q_v/(b·p_v + e) with (a, b, e) = (Q, P, eps)/max(Q, P, eps) ≤ 1: the
+        long products never enter the input dtype, e ≥ 1e−20 keeps every denominator positive, and a
+        coefficient that rounds to 0 in float32 (< 1e−45 times the largest) changes c_v only where it
+        is < 1e−25 or p_v is negligible. 1 − c_v is formed as max(0, (b·p_v + e − a·q_v)/(b·p_v + e)).
+        """
+        scale = torch.stack([Q, P, torch.full_like(P, EPS)]).amax(0)
+        a, b, e = ((x / scale).to(target_rows.dtype).unsqueeze(-1) for x in (Q, P, torch.full_like(P, EPS)))
+        n, V = target_rows.shape
+        denominator, one_minus_c = self._buffers(n, V, target_rows.dtype, target_rows.device)
+        torch.mul(target_rows, b, out=denominator).add_(e)  # b·p + e (addcmul broadcasting e is ~3x slower)
+        torch.addcmul(denominator, draft_rows, a, value=-1, out=one_minus_c).div_(denominator).clamp_(min=0)
+        phi = integer_power(one_minus_c, K, out=denominator)  # φ(c_v) = (1 − c_v)^K
+        S = phi.mul_(target_rows).sum(-1).double()  # in place: φ's buffer is not needed after this
+        sum_p = target_rows.sum(-1).double()
+        c = torch.clamp(Q / (P + EPS), max=1)
+        numerator = P * (S - (1 - c) ** K)
+        denominator_h = 1 - (1 - Q) ** K - P * (sum_p - S)
+        return numerator / (denominator_h + EPS)
+
+    def _buffers(self, n: int, V: int, dtype, device) -> tuple[torch.Tensor, torch.Tensor]:
+        """Two scratch tensors [n, V], kept between calls (the engine calls once per iteration with the
+        same shapes): writing into warm memory is several times faster than into fresh allocations."""
+        cached = getattr(self, "_scratch", None)
+        if cached is None or cached.dtype != dtype or cached.device != device or cached.shape[1] < n * V:
+            cached = torch.empty(2, max(n * V, 1), dtype=dtype, device=device)
+            self._scratch = cached
+        return cached[0, : n * V].view(n, V), cached[1, : n * V].view(n, V)
+
+    def _draft_prefix_h(self, effective, draft_probs, P, Q, j: int, positions: list[int],
+                        K: int) -> list[float]:
+        """h of draft j's prefixes of lengths i + 1 for i in ``positions`` (increasing), as floats."""
+        rows = [i + 1 for i in positions]
+        target_rows = effective.rows(j, rows)
+        lo, hi = rows[0], rows[-1] + 1
+        draft_rows = draft_probs[j, lo:hi] if hi - lo == len(rows) else draft_probs[j, rows]
+        index = torch.tensor(rows, device=P.device)
+        return self._prefix_h(target_rows, draft_rows, P[j, index], Q[j, index], K).tolist()
+
+    def _h_table(self, effective, draft_probs, P, Q, K: int, L: int) -> list[list[float]]:
+        """The whole table h[j][i] (prefix length i + 1), for the exact law."""
+        h_last = self._full_block_h(P, Q, K).tolist()
+        table = []
+        for j in range(K):
+            inner = (self._draft_prefix_h(effective, draft_probs, P, Q, j, list(range(L - 1)), K)
+                     if L > 1 else [])
+            table.append(inner + [h_last[j]])
+        return table
+
+    @staticmethod
+    def _correction_weights(target_rows, draft_rows, P, Q, K: int):
+        """Unnormalised correction [..., V]: P·p·(1 − min(1, Q·q/(P·p + eps))^K) / max(Q, P, eps).
+
+        The power on the min, as released. Same rescaling as ``_prefix_h``: the rows stay in their dtype.
+        """
+        scale = torch.stack([Q, P, torch.full_like(P, EPS)]).amax(0)
+        dtype = target_rows.dtype
+        a, b, e = ((x / scale).to(dtype).unsqueeze(-1) for x in (Q, P, torch.full_like(P, EPS)))
+        P_v = torch.mul(target_rows, b)
+        c = torch.mul(draft_rows, a).div_(P_v + e).clamp_(max=1)
+        return P_v.addcmul_(P_v, integer_power(c, K), value=-1)  # P_v·(1 − c^K)
+
+    @classmethod
+    def _correction_law(cls, target_rows, draft_rows, P, Q, K: int):
+        """Correction law(s) [..., V] from rows [..., V] and the selected draft's P, Q [...]."""
+        return normalize(cls._correction_weights(target_rows, draft_rows, P, Q, K), fallback=target_rows)
 
     def _state_after(self, effective, draft_probs, target_probs, P, Q, selected, tau, last_token, K, L):
         if not self.carry_over:
             return None
         new_frame = None
         if tau < L:
-            num = float(P[selected, tau]) * float(effective.probs[selected, tau, last_token])
+            num = float(P[selected, tau]) * float(effective.row(selected, tau)[last_token])
             den = float(Q[selected, tau]) * float(draft_probs[selected, tau, last_token])
             new_frame = (math.log(num) if num > 0 else -math.inf) - (math.log(den) if den > 0 else -math.inf)
         return next_state(effective, draft_probs, target_probs, selected, tau, last_token, new_frame, K, L)
 
     def _sample(self, draft_tokens, draft_probs, target_probs, generator, state) -> VerifyResult:
         K, L = draft_tokens.shape
-        effective, P, Q, h = self._block(draft_tokens, draft_probs, target_probs, state)
-        h_table = h.tolist()
+        effective, P, Q = self._block(draft_tokens, draft_probs, target_probs, state)
+        h_last = self._full_block_h(P, Q, K).tolist()
         drafts = draft_tokens.tolist()
         # One uniform per test slot (j, i); the release draws it before the `seen` test.
-        draws = uniform(K * L, generator, device=None if generator is not None else h.device).tolist()
+        draws = uniform(K * L, generator, device=None if generator is not None else P.device).tolist()
         tau, selected = 0, 0
         seen: set[tuple[int, ...]] = set()
         for j in range(K):
-            for i in range(tau, L - 1):  # the range is fixed when draft j starts
-                prefix = tuple(drafts[j][: i + 1])
-                if prefix in seen:
-                    continue
-                if draws[j * L + i] < h_table[j][i]:
-                    tau, selected = i + 1, j
-                else:
-                    seen.add(prefix)
-            if draws[j * L + L - 1] < h_table[j][L - 1]:
+            if draws[j * L + L - 1] < h_last[j]:
+                # The full block passes: draft j's prefix tests cannot change the outcome, skip their h.
                 tau, selected = L, j
                 break
-        last_law = self._last_token_law(effective, draft_probs, P, Q, selected, tau, K, L)
-        last_token = int(sample(last_law, generator))
+            # The tests draft j runs are fixed when it starts: i from τ up, prefixes not yet rejected
+            # (its own rejections are shorter than its later prefixes, so they never skip one of them).
+            positions = [i for i in range(tau, L - 1) if tuple(drafts[j][: i + 1]) not in seen]
+            if not positions:
+                continue
+            h_j = self._draft_prefix_h(effective, draft_probs, P, Q, j, positions, K)
+            for i, h_i in zip(positions, h_j):
+                if draws[j * L + i] < h_i:
+                    tau, selected = i + 1, j
+                else:
+                    seen.add(tuple(drafts[j][: i + 1]))
+        if tau == L:
+            last_weights = effective.row(selected, L)
+        else:
+            target_row = effective.row(selected, tau)
+            last_weights = self._correction_weights(target_row, draft_probs[selected, tau], P[selected, tau],
+                                                    Q[selected, tau], K)
+            if not bool(last_weights.sum() > 0):  # no residual mass (a probability-0 event): fall back to p
+                last_weights = target_row
+        last_token = int(sample(last_weights, generator))  # sample needs no normalising
         tokens = torch.cat([draft_tokens[selected, :tau].long(),
                             torch.tensor([last_token], dtype=torch.long, device=draft_tokens.device)])
         new_state = self._state_after(effective, draft_probs, target_probs, P, Q, selected, tau, last_token,
@@ -194,13 +243,15 @@ class SpecTrGBV(Verifier):
 
     def _law(self, draft_tokens, draft_probs, target_probs, state) -> list[Outcome]:
         K, L = draft_tokens.shape
-        effective, P, Q, h = self._block(draft_tokens, draft_probs, target_probs, state)
+        effective, P, Q = self._block(draft_tokens, draft_probs, target_probs, state)
         drafts = [[int(t) for t in row] for row in draft_tokens.tolist()]
         # Every possible last-token law at once: corrections after τ < L tokens, bonus after L.
-        corrections = self._correction_law(effective.probs[:, :L], draft_probs, P[:, :L], Q[:, :L], K)
-        last_laws = torch.cat([corrections, effective.probs[:, L:].double()], 1).tolist()  # [K][L+1][V]
+        target = effective.probs
+        corrections = self._correction_law(target[:, :L], draft_probs, P[:, :L], Q[:, :L], K)
+        last_laws = torch.cat([corrections, target[:, L:].to(corrections.dtype)], 1).double().tolist()
         merged: dict = {}
-        for (tau, selected), weight in self._scan_law(drafts, h.tolist(), K, L).items():
+        h_table = self._h_table(effective, draft_probs, P, Q, K, L)
+        for (tau, selected), weight in self._scan_law(drafts, h_table, K, L).items():
             if weight <= 0:
                 continue
             for last_token, p_last in enumerate(last_laws[selected][tau]):
