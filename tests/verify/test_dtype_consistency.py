@@ -16,10 +16,11 @@ from spectr_repro.toy import block_tensors, draft_tuples, toy_pair
 from spectr_repro.verify import VERIFIERS, get_verifier
 
 TOLERANCE = 1e-5
-NUM_TUPLES = 6  # draft tuples per case, spread over the enumeration (all of them would be slower, not stronger)
+NUM_TUPLES = 6  # draft tuples per case, spread over the enumeration (all: slower, not stronger)
 
 # (rule, options): every registered rule with its defaults, plus the non-default carry-over variants.
-CASES = [(name, {}) for name in VERIFIERS] + [("gbv", {"carry_over": False}), ("spectr_gbv", {"carry_over": True})]
+CASES = [(name, {}) for name in VERIFIERS] + [("gbv", {"carry_over": False}),
+                                              ("spectr_gbv", {"carry_over": True})]
 
 
 def law_by_tokens(outcomes) -> dict[tuple[int, ...], float]:
@@ -35,11 +36,12 @@ def law_gap(law_a: dict, law_b: dict) -> float:
 
 
 def block_inputs(K: int, L: int, concentration: float, seed: int):
-    """A few (draft_tokens, draft_probs, target_probs) float64 blocks from a toy, spread over its drafts."""
+    """A few (draft_tokens, draft_probs, target_probs) float64 blocks of a toy, spread over its drafts."""
     target, draft = toy_pair(vocab_size=3, seed=seed, concentration=concentration)
     tuples = draft_tuples(draft, (), K, L)
     stride = max(1, len(tuples) // NUM_TUPLES)
-    return [(tokens, *block_tensors(target, draft, (), tokens)) for _, tokens in tuples[::stride][:NUM_TUPLES]]
+    chosen = tuples[::stride][:NUM_TUPLES]
+    return [(tokens, *block_tensors(target, draft, (), tokens)) for _, tokens in chosen]
 
 
 def a_carry_over_state(rule, inputs):
@@ -61,8 +63,11 @@ def worst_gap(rule, inputs, state=None) -> float:
     return max(gaps)
 
 
+CASE_IDS = [f"{name}-{options}" if options else name for name, options in CASES]
+
+
 @pytest.mark.parametrize("concentration", [1.0, 0.2])  # 0.2: peaked toys, probabilities down to ~1e-10
-@pytest.mark.parametrize(("name", "options"), CASES, ids=[f"{n}{'-' + str(o) if o else ''}" for n, o in CASES])
+@pytest.mark.parametrize(("name", "options"), CASES, ids=CASE_IDS)
 def test_float32_law_matches_float64_law(name, options, concentration):
     spec = VERIFIERS[name]
     K, L = (1, 3) if spec.single_draft else (2, 2)
