@@ -1,0 +1,360 @@
+"""Speed benchmarks: our loops against transformers' own generate and assisted generation.
+
+    python scripts/bench.py            # full: SmolLM2 + the Qwen CPU pair (needs `make models`)
+    python scripts/bench.py --quick    # reduced (< ~3 min): SmolLM2 only, fewer shapes
+
+Every ratio is measured side by side in one process, on the same prompts, after a warm-up, over
+several repeats (the order of the two contenders alternates between repeats), and reported as the
+median. Results: a Markdown table on stdout and results/bench/bench.json (same keys in both modes).
+
+How each figure is taken (Spec-Bench style):
+- ar_vs_hf_generate: tokens/s of our AR loop / tokens/s of ``target.generate(do_sample=True)`` with the
+  same temperature, no top-k/top-p, EOS disabled for both so both emit exactly N tokens.
+- sd_vs_hf_assisted: tokens/s of our ``sd`` / tokens/s of ``target.generate(assistant_model=draft,
+  do_sample=True, num_assistant_tokens=L, num_assistant_tokens_schedule="constant")``, EOS disabled.
+- methods: speed-up over our AR and block efficiency of every rule at a few (K, L) points.
+- verification: seconds per call of every rule at V = 151,936 on synthetic p, q (the engine's setting,
+  check_inputs=False), and as a fraction of one target call of the same shape (K rows of L+1 tokens
+  on a cached prompt) measured on the benchmark's target model.
+- peak memory: resident-set high-water mark sampled during each run (CPU), or
+  torch.cuda.max_memory_allocated (CUDA).
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+import platform
+import statistics
+import sys
+import threading
+import time
+from pathlib import Path
+
+import psutil
+import torch
+import transformers
+from tqdm import tqdm
+
+from spectr_repro.data import load_examples
+from spectr_repro.engine import generate
+from spectr_repro.engine.cache import crop_to, repeat_rows
+from spectr_repro.engine.forward import forward_logits
+from spectr_repro.engine.timing import SectionTimer
+from spectr_repro.models import load_pair
+from spectr_repro.sampling import probs_from_logits, sample
+from spectr_repro.verify import VERIFIERS, get_verifier
+
+QWEN_VOCAB = 151_936
+
+
+class PeakMemory:
+    """Peak resident memory (bytes) of this process while the block runs; CUDA: peak allocated."""
+
+    def __init__(self, device: torch.device, interval_s: float = 0.02) -> None:
+        self.device, self.interval_s, self.peak = device, interval_s, 0
+        self._stop = threading.Event()
+
+    def _poll(self) -> None:
+        process = psutil.Process()
+        while not self._stop.is_set():
+            self.peak = max(self.peak, process.memory_info().rss)
+            self._stop.wait(self.interval_s)
+
+    def __enter__(self):
+        if self.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(self.device)
+        else:
+            self._thread = threading.Thread(target=self._poll, daemon=True)
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.device.type == "cuda":
+            self.peak = torch.cuda.max_memory_allocated(self.device)
+        else:
+            self._stop.set()
+            self._thread.join()
+
+
+def timed(device: torch.device, fn):
+    """(seconds, result) of ``fn()``, CUDA-synchronised through the engine's timer."""
+    timer = SectionTimer(device, ("run",))
+    with timer("run"):
+        result = fn()
+    return timer.seconds["run"], result
+
+
+def encode_prompts(pair, dataset: str, num_prompts: int) -> list[torch.Tensor]:
+    examples = load_examples(dataset, num_prompts, seed=0, tokenizer=pair.tokenizer)
+    return [
+        pair.tokenizer(ex.prompt, return_tensors="pt", add_special_tokens=False).input_ids[0]
+        for ex in examples
+    ]
+
+
+def hf_generation_config(model, temperature: float, max_new_tokens: int):
+    """The model's generation config with plain sampling at ``temperature`` and EOS disabled."""
+    config = copy.deepcopy(model.generation_config)
+    config.do_sample, config.temperature = True, temperature
+    config.top_k, config.top_p, config.min_p = 0, 1.0, None
+    config.max_new_tokens, config.min_new_tokens = max_new_tokens, None
+    config.eos_token_id = None
+    if config.pad_token_id is None:
+        config.pad_token_id = 0
+    return config
+
+
+def run_ours(pair, prompts, method, K, L, temperature, max_new_tokens, use_draft=True):
+    """Total (seconds, tokens, target_calls, time split) over the prompts."""
+    seconds = tokens = calls = 0
+    split = {"draft": 0.0, "target": 0.0, "verify": 0.0}
+    for i, ids in enumerate(prompts):
+        elapsed, out = timed(pair.device, lambda ids=ids, i=i: generate(
+            pair.target, pair.draft if use_draft else None, ids.to(pair.device), method=method, K=K, L=L,
+            temperature=temperature, max_new_tokens=max_new_tokens, seed=i, eos_token_ids=(),
+            vocab_size=pair.vocab_size))
+        seconds, tokens, calls = seconds + elapsed, tokens + len(out.new_tokens), calls + out.target_calls
+        for key in split:
+            split[key] += out.stats["time_s"].get(key, 0.0)
+    return seconds, tokens, calls, split
+
+
+def run_hf(pair, prompts, temperature, max_new_tokens, assistant=None, L=None):
+    seconds = tokens = 0
+    config = hf_generation_config(pair.target, temperature, max_new_tokens)
+    extra = {}
+    if assistant is not None:
+        extra = dict(assistant_model=assistant)
+        config.num_assistant_tokens, config.num_assistant_tokens_schedule = L, "constant"
+        config.assistant_confidence_threshold = 0.0
+    for i, ids in enumerate(prompts):
+        torch.manual_seed(i)
+        batch = ids.to(pair.device).unsqueeze(0)
+        elapsed, out = timed(pair.device, lambda batch=batch: pair.target.generate(
+            batch, attention_mask=torch.ones_like(batch), generation_config=config, **extra))
+        seconds, tokens = seconds + elapsed, tokens + out.shape[1] - batch.shape[1]
+    return seconds, tokens
+
+
+def side_by_side(label, ours_fn, theirs_fn, repeats: int) -> dict:
+    """Median tokens/s ratio ours/theirs over ``repeats`` alternating rounds (after one warm-up each)."""
+    ours_fn(warmup=True)
+    theirs_fn(warmup=True)
+    ours_rates, their_rates, peaks = [], [], []
+    for r in tqdm(range(repeats), desc=label, leave=False):
+        order = [(ours_fn, ours_rates), (theirs_fn, their_rates)]
+        for fn, rates in order if r % 2 == 0 else order[::-1]:
+            rate, peak = fn(warmup=False)
+            rates.append(rate)
+            peaks.append(peak)
+    ours, theirs = statistics.median(ours_rates), statistics.median(their_rates)
+    return {"ours_tokens_per_s": ours, "hf_tokens_per_s": theirs, "ratio": ours / theirs,
+            "ours_all": ours_rates, "hf_all": their_rates, "peak_memory_mb": max(peaks) / 2**20}
+
+
+def bench_ar_vs_hf(pair, prompts, temperature, max_new_tokens, repeats) -> dict:
+    warm = prompts[:1]
+
+    def ours(warmup):
+        with PeakMemory(pair.device) as mem:
+            s, n, _, _ = run_ours(pair, warm if warmup else prompts, "ar", 1, 1, temperature,
+                                  8 if warmup else max_new_tokens, use_draft=False)
+        return n / s, mem.peak
+
+    def theirs(warmup):
+        with PeakMemory(pair.device) as mem:
+            s, n = run_hf(pair, warm if warmup else prompts, temperature, 8 if warmup else max_new_tokens)
+        return n / s, mem.peak
+
+    return side_by_side(f"ar vs generate [{pair.name}]", ours, theirs, repeats)
+
+
+def bench_sd_vs_assisted(pair, prompts, temperature, max_new_tokens, L, repeats) -> dict:
+    warm = prompts[:1]
+
+    def ours(warmup):
+        with PeakMemory(pair.device) as mem:
+            s, n, _, _ = run_ours(pair, warm if warmup else prompts, "sd", 1, L, temperature,
+                                  8 if warmup else max_new_tokens)
+        return n / s, mem.peak
+
+    def theirs(warmup):
+        with PeakMemory(pair.device) as mem:
+            s, n = run_hf(pair, warm if warmup else prompts, temperature, 8 if warmup else max_new_tokens,
+                          assistant=pair.draft, L=L)
+        return n / s, mem.peak
+
+    result = side_by_side(f"sd vs assisted [{pair.name}]", ours, theirs, repeats)
+    result["L"] = L
+    return result
+
+
+def bench_methods(pair, prompts, temperature, max_new_tokens, points) -> list[dict]:
+    """Speed-up over our AR and block efficiency per (method, K, L), AR timed in the same process."""
+    run_ours(pair, prompts[:1], "ar", 1, 1, temperature, 8, use_draft=False)  # warm-up
+    with PeakMemory(pair.device) as mem:
+        ar_s, ar_n, _, _ = run_ours(pair, prompts, "ar", 1, 1, temperature, max_new_tokens, use_draft=False)
+    rows = [{"method": "ar", "K": 1, "L": 1, "block_efficiency": 1.0, "speedup": 1.0,
+             "tokens_per_s": ar_n / ar_s, "peak_memory_mb": mem.peak / 2**20}]
+    for method, K, L in tqdm(points, desc=f"methods [{pair.name}]", leave=False):
+        with PeakMemory(pair.device) as mem:
+            s, n, calls, split = run_ours(pair, prompts, method, K, L, temperature, max_new_tokens)
+        rows.append({"method": method, "K": K, "L": L, "block_efficiency": n / calls,
+                     "speedup": (ar_s / ar_n) / (s / n), "tokens_per_s": n / s,
+                     "verify_fraction_of_target": split["verify"] / split["target"] if split["target"] else None,
+                     "peak_memory_mb": mem.peak / 2**20})
+    return rows
+
+
+def synthetic_block(K: int, L: int, V: int, generator: torch.Generator, device: torch.device):
+    """Realistic-looking p, q at temperature 0.7: peaked logits, q a noisy copy of p."""
+    base = torch.randn(K, L + 1, V, generator=generator, device=device) * 4
+    noise = torch.randn(K, L + 1, V, generator=generator, device=device)
+    target_probs = probs_from_logits(base, 0.7)
+    draft_probs = probs_from_logits(base[:, :L] + noise[:, :L], 0.7)
+    draft_tokens = sample(draft_probs, generator)
+    return draft_tokens, draft_probs, target_probs
+
+
+def target_call_seconds(pair, K: int, L: int, prompt_len: int, repeats: int) -> float:
+    """Median seconds of one target call: K rows of L+1 tokens on a cached prompt."""
+    from transformers import DynamicCache
+
+    gen = torch.Generator().manual_seed(0)
+    prompt = torch.randint(0, pair.vocab_size, (1, prompt_len), generator=gen).to(pair.device)
+    rows = torch.randint(0, pair.vocab_size, (K, L + 1), generator=gen).to(pair.device)
+    times = []
+    with torch.inference_mode():
+        cache = DynamicCache()
+        forward_logits(pair.target, prompt, cache, pair.vocab_size, last_only=True)
+        for _ in range(repeats + 1):
+            repeat_rows(cache, K)
+            elapsed, _ = timed(pair.device, lambda: probs_from_logits(
+                forward_logits(pair.target, rows, cache, pair.vocab_size), 0.7))
+            times.append(elapsed)
+            crop_to(cache, prompt_len)
+            if K > 1:
+                cache.batch_select_indices(torch.tensor([0], device=pair.device))
+    return statistics.median(times[1:])
+
+
+def bench_verification(pair, Ks, Ls, repeats, V: int = QWEN_VOCAB) -> list[dict]:
+    device = pair.device
+    gen = torch.Generator(device=device).manual_seed(0)
+    rows = []
+    shapes = [(K, L) for K in Ks for L in Ls]
+    call_s = {shape: target_call_seconds(pair, *shape, prompt_len=128, repeats=max(2, repeats // 2))
+              for shape in tqdm(shapes, desc=f"target calls [{pair.name}]", leave=False)}
+    for name, spec in tqdm(list(VERIFIERS.items()), desc="verification", leave=False):
+        rule = get_verifier(name, check_inputs=False)
+        for K, L in shapes:
+            if spec.single_draft and K != 1:
+                continue
+            inputs = synthetic_block(K, L, V, gen, device)
+            rule(*inputs, generator=gen)  # warm-up
+            times = [timed(device, lambda: rule(*inputs, generator=gen))[0] for _ in range(repeats)]
+            seconds = statistics.median(times)
+            rows.append({"rule": name, "K": K, "L": L, "V": V, "verify_ms": 1e3 * seconds,
+                         "target_call_ms": 1e3 * call_s[(K, L)],
+                         "fraction_of_target_call": seconds / call_s[(K, L)]})
+    return rows
+
+
+def environment(device: torch.device) -> dict:
+    return {
+        "device": str(device),
+        "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor()
+        or platform.machine(),
+        "cpu_count": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "python": platform.python_version(),
+    }
+
+
+def markdown(results: dict) -> str:
+    lines = ["| benchmark | pair | ours tok/s | HF tok/s | ratio | target |", "|---|---|---|---|---|---|"]
+    for key, target in (("ar_vs_hf_generate", ">= 1.0"), ("sd_vs_hf_assisted", ">= 1.2")):
+        for pair, r in results[key].items():
+            lines.append(f"| {key} | {pair} | {r['ours_tokens_per_s']:.2f} | {r['hf_tokens_per_s']:.2f} | "
+                         f"{r['ratio']:.3f} | {target} |")
+    for pair, rows in results["methods"].items():
+        lines += ["", f"Methods on {pair} (T={results['settings']['temperature']}):", "",
+                  "| method | K | L | BE | speed-up vs our AR | tok/s | verify/target time | peak MB |",
+                  "|---|---|---|---|---|---|---|---|"]
+        for r in rows:
+            frac = r.get("verify_fraction_of_target")
+            lines.append(f"| {r['method']} | {r['K']} | {r['L']} | {r['block_efficiency']:.2f} | "
+                         f"{r['speedup']:.2f}x | {r['tokens_per_s']:.2f} | "
+                         f"{'' if frac is None else f'{100 * frac:.1f}%'} | {r['peak_memory_mb']:.0f} |")
+    ver = results["verification"]
+    lines += ["", f"Verification per call at V={QWEN_VOCAB} ({ver['target_model']} target call):", "",
+              "| rule | K | L | verify ms | target call ms | fraction |", "|---|---|---|---|---|---|"]
+    for r in ver["rows"]:
+        lines.append(f"| {r['rule']} | {r['K']} | {r['L']} | {r['verify_ms']:.2f} | {r['target_call_ms']:.1f} | "
+                     f"{100 * r['fraction_of_target_call']:.1f}% |")
+    by_key = {(r["rule"], r["K"], r["L"]): r["verify_ms"] for r in ver["rows"]}
+    for K, L in sorted({(r["K"], r["L"]) for r in ver["rows"]}):
+        if (("spectr", K, L) in by_key) and (("spectr_gbv", K, L) in by_key):
+            lines.append(f"\nspectr_gbv / spectr verification time at K={K}, L={L}: "
+                         f"{by_key[('spectr_gbv', K, L)] / by_key[('spectr', K, L)]:.2f}")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="reduced run on SmolLM2 (< ~3 minutes)")
+    parser.add_argument("--out", default="results/bench/bench.json")
+    parser.add_argument("--temperature", type=float, default=0.7)
+    parser.add_argument("--dataset", default="humaneval")
+    parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
+    args = parser.parse_args(argv)
+
+    if args.quick:
+        pairs_ar, pair_spec = ["smollm2_135m_self"], "smollm2_135m_self"
+        num_prompts, max_new_tokens, repeats, L_assist = 2, 32, 3, 6
+        points = [("sd", 1, 6), ("bv", 1, 6), ("spectr", 3, 6), ("spectr_gbv", 3, 6), ("sbv", 3, 6)]
+        Ks, Ls, ver_repeats = [1, 3], [4, 12], 3
+    else:
+        pairs_ar, pair_spec = ["smollm2_135m_self", "qwen25coder_1.5b_0.5b"], "qwen25coder_1.5b_0.5b"
+        num_prompts, max_new_tokens, repeats, L_assist = 4, 64, 3, 6
+        points = [("sd", 1, 6), ("bv", 1, 6), ("gbv", 1, 6)] + [
+            (m, 3, L) for L in (6, 12) for m in ("spectr", "spectr_gbv", "rbv", "sbv")]
+        Ks, Ls, ver_repeats = [1, 3, 7], [4, 12, 24], 5
+
+    results: dict = {"settings": {"quick": args.quick, "temperature": args.temperature, "dataset": args.dataset,
+                                  "num_prompts": num_prompts, "max_new_tokens": max_new_tokens,
+                                  "repeats": repeats, "assist_L": L_assist},
+                     "ar_vs_hf_generate": {}, "sd_vs_hf_assisted": {}, "methods": {}}
+    started = time.perf_counter()
+    for name in pairs_ar:
+        pair = load_pair(name, device=args.device)
+        prompts = encode_prompts(pair, args.dataset, num_prompts)
+        results["ar_vs_hf_generate"][name] = bench_ar_vs_hf(pair, prompts, args.temperature, max_new_tokens,
+                                                            repeats)
+    pair = load_pair(pair_spec, device=args.device)
+    prompts = encode_prompts(pair, args.dataset, num_prompts)
+    results["sd_vs_hf_assisted"][pair.name] = bench_sd_vs_assisted(pair, prompts, args.temperature,
+                                                                  max_new_tokens, L_assist, repeats)
+    results["methods"][pair.name] = bench_methods(pair, prompts, args.temperature, max_new_tokens, points)
+    results["verification"] = {"target_model": pair.name,
+                               "rows": bench_verification(pair, Ks, Ls, ver_repeats)}
+    results["environment"] = environment(pair.device)
+    results["wall_time_s"] = time.perf_counter() - started
+
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(results, indent=2))
+    os.replace(tmp, out)
+    print(markdown(results))
+    print(f"\nwrote {out} ({results['wall_time_s']:.0f} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
