@@ -255,7 +255,8 @@ def bench_verification(pair, Ks, Ls, repeats, V: int = QWEN_VOCAB) -> list[dict]
                 continue
             inputs = synthetic_block(K, L, V, gen, device)
             rule(*inputs, generator=gen)  # warm-up
-            times = [timed(device, lambda: rule(*inputs, generator=gen))[0] for _ in range(repeats)]
+            times = [timed(device, lambda rule=rule, inputs=inputs: rule(*inputs, generator=gen))[0]
+                     for _ in range(repeats)]
             seconds = statistics.median(times)
             rows.append({"rule": name, "K": K, "L": L, "V": V, "verify_ms": 1e3 * seconds,
                          "target_call_ms": 1e3 * call_s[(K, L)],

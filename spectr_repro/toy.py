@@ -14,7 +14,7 @@ from __future__ import annotations
 import itertools
 from collections import Counter
 from collections.abc import Sequence
-from functools import lru_cache
+from functools import cache
 
 import numpy as np
 import torch
@@ -207,7 +207,7 @@ def sample_decoded(verifier, target: ToyLM, draft: ToyLM, K: int, L: int, n: int
     return counts
 
 
-@lru_cache(maxsize=None)
+@cache
 def standard_toys(vocab_size: int = 3, count: int = 3) -> tuple:
     """A few seeded (target, draft) pairs used across tests, audit and theory."""
     return tuple(toy_pair(vocab_size, seed) for seed in range(count))
