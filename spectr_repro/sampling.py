@@ -38,7 +38,11 @@ def sample(probs: torch.Tensor, generator: torch.Generator | None = None) -> tor
     if bool((total <= 0).any()):
         raise ValueError("cannot sample from a row with no probability mass")
     u = torch.rand(flat.shape[0], 1, generator=generator, device=flat.device, dtype=torch.float64) * total
-    tokens = torch.searchsorted(cumulative, u, right=True).clamp_max_(flat.shape[-1] - 1).squeeze(-1)
+    tokens = torch.searchsorted(cumulative, u, right=True).squeeze(-1)
+    overshoot = tokens >= flat.shape[-1]  # u * total rounded up onto the total (probability ~1e-16)
+    if bool(overshoot.any()):
+        last_positive = flat.shape[-1] - 1 - (flat.flip(-1) > 0).long().argmax(-1)
+        tokens = torch.where(overshoot, last_positive, tokens)
     return tokens.reshape(probs.shape[:-1])
 
 

@@ -21,8 +21,7 @@ from dataclasses import dataclass
 import torch
 
 from spectr_repro.verify.base import Outcome, Verifier, VerifyResult
-from spectr_repro.verify.common import residual, sample
-from spectr_repro.verify.sd import LawBuilder, token_ratios, uniform_list
+from spectr_repro.verify.common import LawBuilder, residual, sample, token_ratios, uniform_list
 
 
 @dataclass

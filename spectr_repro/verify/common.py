@@ -1,6 +1,6 @@
-"""Helpers shared by the rules: residual distributions and sampling from them.
+"""Helpers shared by the rules: residual distributions, sampling, token ratios and exact-law atoms.
 
-All pure tensor functions. ``x`` arguments are [..., V].
+``x`` arguments are [..., V].
 """
 
 from __future__ import annotations
@@ -8,8 +8,12 @@ from __future__ import annotations
 import torch
 
 from spectr_repro.sampling import sample, uniform
+from spectr_repro.verify.base import Outcome
 
-__all__ = ["normalize", "positive_part", "residual", "sample", "sample_residual", "uniform"]
+__all__ = [
+    "LawBuilder", "normalize", "positive_part", "residual", "sample", "sample_residual", "token_ratios", "uniform",
+    "uniform_list",
+]
 
 EPS = 1e-300  # only guards 0/0; every rule states what happens when a mass is exactly 0
 
@@ -40,3 +44,39 @@ def sample_residual(
     if float(mass.sum()) > 0:
         return int(sample(mass, generator))
     return int(sample(fallback if fallback is not None else a, generator))
+
+
+def token_ratios(target_rows: torch.Tensor, draft_rows: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    """p(x_i) / q(x_i) in float64 for rows [n, V] and tokens [n] (same device as the rows).
+
+    q(x_i) = 0 cannot happen for a drawn token (inputs are validated); if it does (check_inputs=False)
+    the ratio is +inf where p(x_i) > 0 and 0 where both vanish, so no NaN reaches an acceptance test.
+    """
+    index = tokens.long().to(target_rows.device).unsqueeze(-1)
+    p_at = target_rows.gather(-1, index).squeeze(-1).double()
+    q_at = draft_rows.gather(-1, index).squeeze(-1).double()
+    return (p_at / q_at).nan_to_num(nan=0.0, posinf=float("inf"))
+
+
+def uniform_list(n: int, generator: torch.Generator | None, device: torch.device) -> list[float]:
+    """n U(0,1) draws as Python floats, from ``generator`` (on its own device) or the default RNG."""
+    return uniform(n, generator, device=None if generator is not None else device).tolist()
+
+
+class LawBuilder:
+    """Accumulates the atoms of an exact per-iteration law, merging outcomes with equal tokens."""
+
+    def __init__(self) -> None:
+        self.mass: dict[tuple[int, ...], float] = {}
+
+    def add(self, prefix: tuple[int, ...], weight: float, dist: torch.Tensor) -> None:
+        """Atoms prefix + (y,) with probability weight * dist[y] (dist: a normalised [V] vector)."""
+        if weight <= 0:
+            return
+        for y, prob in enumerate(dist.tolist()):
+            if prob > 0:
+                key = prefix + (y,)
+                self.mass[key] = self.mass.get(key, 0.0) + weight * prob
+
+    def outcomes(self) -> list[Outcome]:
+        return [Outcome(prob, tokens, None) for tokens, prob in self.mass.items() if prob > 0]

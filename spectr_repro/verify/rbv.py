@@ -21,8 +21,7 @@ import torch
 
 from spectr_repro.verify.base import Outcome, Verifier, VerifyResult
 from spectr_repro.verify.bv import BlockSegment
-from spectr_repro.verify.common import sample
-from spectr_repro.verify.sd import LawBuilder
+from spectr_repro.verify.common import LawBuilder, sample
 
 
 def _segment(draft_tokens, draft_probs, target_probs, k: int, start: int, current_target) -> BlockSegment:

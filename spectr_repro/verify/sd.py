@@ -10,9 +10,6 @@ bonus from p(. | X^L). Token-level identity behind its validity:
 
 The law (given the drafts) is: tau = i < L with probability prod_{j<i} a_j * (1 - a_i), then the
 correction; tau = L with probability prod_j a_j, then the bonus.
-
-Also home of the small helpers the other rules' samplers and laws share (``token_ratios``,
-``LawBuilder``, ``uniform_list``).
 """
 
 from __future__ import annotations
@@ -20,43 +17,7 @@ from __future__ import annotations
 import torch
 
 from spectr_repro.verify.base import Outcome, Verifier, VerifyResult
-from spectr_repro.verify.common import residual, sample, uniform
-
-
-def token_ratios(target_rows: torch.Tensor, draft_rows: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
-    """p(x_i) / q(x_i) in float64 for rows [n, V] and tokens [n] (same device as the rows).
-
-    q(x_i) = 0 cannot happen for a drawn token (inputs are validated); if it does (check_inputs=False)
-    the ratio is +inf where p(x_i) > 0 and 0 where both vanish, so no NaN reaches an acceptance test.
-    """
-    index = tokens.long().to(target_rows.device).unsqueeze(-1)
-    p_at = target_rows.gather(-1, index).squeeze(-1).double()
-    q_at = draft_rows.gather(-1, index).squeeze(-1).double()
-    return (p_at / q_at).nan_to_num(nan=0.0, posinf=float("inf"))
-
-
-def uniform_list(n: int, generator: torch.Generator | None, device: torch.device) -> list[float]:
-    """n U(0,1) draws as Python floats, from ``generator`` (on its own device) or the default RNG."""
-    return uniform(n, generator, device=None if generator is not None else device).tolist()
-
-
-class LawBuilder:
-    """Accumulates the atoms of an exact per-iteration law, merging outcomes with equal tokens."""
-
-    def __init__(self) -> None:
-        self.mass: dict[tuple[int, ...], float] = {}
-
-    def add(self, prefix: tuple[int, ...], weight: float, dist: torch.Tensor) -> None:
-        """Atoms prefix + (y,) with probability weight * dist[y] (dist: a normalised [V] vector)."""
-        if weight <= 0:
-            return
-        for y, prob in enumerate(dist.tolist()):
-            if prob > 0:
-                key = prefix + (y,)
-                self.mass[key] = self.mass.get(key, 0.0) + weight * prob
-
-    def outcomes(self) -> list[Outcome]:
-        return [Outcome(prob, tokens, None) for tokens, prob in self.mass.items() if prob > 0]
+from spectr_repro.verify.common import LawBuilder, residual, sample, token_ratios, uniform
 
 
 class SpeculativeDecoding(Verifier):

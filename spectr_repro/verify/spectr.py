@@ -25,8 +25,7 @@ from __future__ import annotations
 import torch
 
 from spectr_repro.verify.base import Outcome, Verifier, VerifyResult
-from spectr_repro.verify.common import normalize, sample
-from spectr_repro.verify.sd import LawBuilder, token_ratios, uniform_list
+from spectr_repro.verify.common import LawBuilder, normalize, sample, token_ratios, uniform_list
 
 # Slack on the K-SEQ condition: near rho = 1 with p ~ q the excess below is flat (order (rho - 1)^k) and
 # its sign is decided by float64 round-off of beta; a residual at most this far below 0 is clipped to 0.
