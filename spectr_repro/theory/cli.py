@@ -378,6 +378,13 @@ def main_theory(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
+def _gap_closed(rule: float, spectr: float, lp: float) -> str:
+    """(rule - spectr) / (lp - spectr) as a percentage; '—' where undefined (no gap, or a missing value)."""
+    if any(pd.isna(v) for v in (rule, spectr, lp)) or lp - spectr < 1e-9:
+        return "—"
+    return f"{100 * (rule - spectr) / (lp - spectr):.0f} %"
+
+
 def theory_markdown(df: pd.DataFrame, gen: pd.DataFrame, checks, elapsed: float, N: int) -> str:
     lines = [
         "# Theory on toy models: exact E[accepted], the LP limit, the paper's bound",
@@ -393,13 +400,17 @@ def theory_markdown(df: pd.DataFrame, gen: pd.DataFrame, checks, elapsed: float,
     ]
     for toy in dict.fromkeys(df.toy):
         sub = df[df.toy == toy]
-        table = sub.pivot_table(index="quantity", columns="K", values="value", aggfunc="first")
+        table = raw = sub.pivot_table(index="quantity", columns="K", values="value", aggfunc="first")
         invalid = set(sub[(sub.valid_as_is == False)].quantity)  # noqa: E712 (None = not applicable)
         order = [q for q in (*THEORY_RULES, "lp_optimum", "paper_bound", "gbv_value") if q in table.index]
         table = table.loc[order]
         table.index = [f"{q} *" if q in invalid else q for q in order]
         table.columns = [f"K={k}" for k in table.columns]
         table = table.map(lambda v: "—" if pd.isna(v) else f"{v:.4f}")
+        if {"sbv", "spectr", "lp_optimum"} <= set(order):
+            table.loc["sbv: share of the spectr→LP gap closed"] = [
+                _gap_closed(*(raw.loc[q, k] for q in ("sbv", "spectr", "lp_optimum"))) for k in raw.columns
+            ]
         lines += [
             f"## {toy}",
             "",
