@@ -47,6 +47,15 @@ class CarryOverState:
     frames: tuple[CarryFrame, ...]  # oldest first
 
 
+def resolve_frames(state, L: int, name: str, carry_over: bool) -> tuple:
+    """The frames a rule applies: the checked ``state`` with carry-over on; none without (a state is then an error)."""
+    if carry_over:
+        return check_state(state, L, name)
+    if state is not None:
+        raise ValueError(f"{name}: carry_over=False takes no state, got {type(state).__name__}")
+    return ()
+
+
 def check_state(state, L: int, name: str) -> tuple[CarryFrame, ...]:
     """The frames of ``state`` (``None`` = none), or ValueError if it cannot belong to this block."""
     if state is None:

@@ -23,10 +23,10 @@ import torch
 from spectr_repro.verify.base import Outcome, Verifier, VerifyResult
 from spectr_repro.verify.carry_over import (
     EffectiveTargets,
-    check_state,
     effective_targets,
     next_state,
     residual_weights,
+    resolve_frames,
 )
 from spectr_repro.verify.common import normalize, sample, uniform
 
@@ -48,12 +48,7 @@ class GreedyBlockVerification(Verifier):
         K, L = draft_tokens.shape
         if K != 1:
             raise ValueError(f"{self.name} verifies a single draft; got K={K}")
-        if self.carry_over:
-            frames = check_state(state, L, self.name)
-        elif state is not None:
-            raise ValueError(f"{self.name}: carry_over=False takes no state, got {type(state).__name__}")
-        else:
-            frames = ()
+        frames = resolve_frames(state, L, self.name, self.carry_over)
         effective = effective_targets(draft_tokens, draft_probs, target_probs, frames)
         # P and Q are products of up to L probabilities: their ratio lives in float64 log space.
         log_steps = torch.log(effective.token_target[0]) - torch.log(effective.token_draft[0])

@@ -44,7 +44,7 @@ import math
 import torch
 
 from spectr_repro.verify.base import Outcome, Verifier, VerifyResult
-from spectr_repro.verify.carry_over import check_state, effective_targets, integer_power, next_state
+from spectr_repro.verify.carry_over import effective_targets, integer_power, next_state, resolve_frames
 from spectr_repro.verify.common import normalize, sample, uniform
 
 EPS = 1e-20  # the release's guard on every division
@@ -68,12 +68,7 @@ class SpecTrGBV(Verifier):
         P and Q are products of up to L probabilities (they underflow float32 quickly): float64 scalars.
         """
         K, L = draft_tokens.shape
-        if self.carry_over:
-            frames = check_state(state, L, self.name)
-        elif state is not None:
-            raise ValueError(f"{self.name}: carry_over=False takes no state, got {type(state).__name__}")
-        else:
-            frames = ()
+        frames = resolve_frames(state, L, self.name, self.carry_over)
         effective = effective_targets(draft_tokens, draft_probs, target_probs, frames)
         ones = torch.ones(K, 1, dtype=torch.float64, device=effective.token_target.device)
         P = torch.cat([ones, torch.cumprod(effective.token_target, 1)], 1)
