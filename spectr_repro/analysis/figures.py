@@ -32,7 +32,7 @@ from spectr_repro.analysis.load import (
     order_methods,
     ordered,
 )
-from spectr_repro.analysis.tables import METRICS, Setting, cells_at, main_setting
+from spectr_repro.analysis.tables import METRICS, Setting, cells_at, main_setting, pair_cells_and_setting
 
 AXES = {"K": "number of drafts K", "L": "draft length L", "temperature": "temperature T"}
 AXIS_FILE_NAMES = {"K": "K", "L": "L", "temperature": "T"}
@@ -105,10 +105,7 @@ def ablation_data(
     num_cells, num_prompts. AR is left out (it is 1 by definition on both metrics)."""
     if axis not in AXES:
         raise ValueError(f"axis must be one of {', '.join(AXES)}; got {axis!r}")
-    pair_cells = cells[cells["model_pair"] == model_pair]
-    if pair_cells.empty:
-        raise ValueError(f"no cells for model pair {model_pair!r}")
-    setting = setting or main_setting(pair_cells)
+    pair_cells, setting = pair_cells_and_setting(cells, model_pair, setting)
     selected = cells_at(pair_cells, setting, vary=axis)
     selected = selected[selected["method"] != "ar"]
     rows = []
@@ -217,10 +214,7 @@ def plot_ablation(data: pd.DataFrame, axis: str, title: str = "") -> Figure | No
 def acceptance_data(cells: pd.DataFrame, model_pair: str, setting: Setting | None = None) -> pd.DataFrame:
     """Long table: dataset, method, position (1-based), acceptance (P(accepted | reached)), averaged
     over cells at the main setting."""
-    pair_cells = cells[cells["model_pair"] == model_pair]
-    if pair_cells.empty:
-        raise ValueError(f"no cells for model pair {model_pair!r}")
-    setting = setting or main_setting(pair_cells)
+    pair_cells, setting = pair_cells_and_setting(cells, model_pair, setting)
     selected = cells_at(pair_cells, setting)
     rows = []
     for _, cell in selected[selected["method"] != "ar"].iterrows():

@@ -65,6 +65,16 @@ def main_setting(cells: pd.DataFrame) -> Setting:
     return Setting(K=drafts, L=length, temperature=temperature)
 
 
+def pair_cells_and_setting(
+    cells: pd.DataFrame, model_pair: str, setting: Setting | None = None
+) -> tuple[pd.DataFrame, Setting]:
+    """The cells of ``model_pair`` (ValueError if none) and ``setting`` or, by default, their main setting."""
+    pair_cells = cells[cells["model_pair"] == model_pair]
+    if pair_cells.empty:
+        raise ValueError(f"no cells for model pair {model_pair!r}")
+    return pair_cells, setting or main_setting(pair_cells)
+
+
 def cells_at(cells: pd.DataFrame, setting: Setting, vary: str | None = None) -> pd.DataFrame:
     """Cells at ``setting``; with ``vary`` in {"K", "L", "temperature"} that axis is left free.
 
@@ -92,10 +102,7 @@ def table1(cells: pd.DataFrame, model_pair: str, metric: str, setting: Setting |
     """
     if metric not in METRICS:
         raise ValueError(f"unknown metric {metric!r}; known: {', '.join(METRICS)}")
-    pair_cells = cells[cells["model_pair"] == model_pair]
-    if pair_cells.empty:
-        raise ValueError(f"no cells for model pair {model_pair!r}")
-    setting = setting or main_setting(pair_cells)
+    pair_cells, setting = pair_cells_and_setting(cells, model_pair, setting)
     selected = cells_at(pair_cells, setting)
     wide = selected.pivot_table(index="method", columns="dataset", values=metric, aggfunc="mean")
     wide = wide.reindex(index=order_methods(wide.index), columns=ordered(wide.columns, DATASET_ORDER))
