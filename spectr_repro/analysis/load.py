@@ -73,6 +73,7 @@ RECORD_KEYS = [
     "completion",
     "reference",
     "accepted_lengths",
+    "block_lengths",
 ]
 # Summary columns copied onto each record row so records can be grouped like cells.
 _CELL_COLUMNS_FOR_RECORDS = ["experiment", "cell_id", "dataset", "model_pair", "max_new_tokens"]

@@ -8,9 +8,16 @@ One speculative iteration (p = target, q = draft):
        draft's row and are cropped to the committed length; the last emitted token is carried into
        the next iteration (it is not in either cache yet).
 
+The prompt has no forward of its own: both caches start empty and the prompt is the first
+iteration's pending text, so the draft's prompt forward also yields q at the first draft
+position and, at K = 1, the target's prompt forward also scores the first block (AR: yields the
+first token), as transformers' generate does. At K > 1 the target's prompt runs once at batch
+size 1 before the K rows.
+
 Invariants at the start of an iteration (n = prompt + emitted tokens so far):
-    target cache = first n-1 tokens (one row); draft cache = first d tokens, d in {n-2, n-1}
-    (one row); ``draft_pending`` = committed[d:], ``target_pending`` = committed[n-1:].
+    target cache = first t tokens, t = 0 on the first iteration, n-1 afterwards (one row);
+    draft cache = first d tokens, d = 0 first, then d in {n-2, n-1} (one row);
+    the pending text of each model = committed[t:] and committed[d:].
 """
 
 from __future__ import annotations
@@ -24,39 +31,47 @@ import torch
 from transformers import DynamicCache
 
 from spectr_repro.engine.cache import crop_to, keep_row, repeat_rows
-from spectr_repro.engine.drafting import draft_block
-from spectr_repro.engine.forward import forward_logits, resolve_vocab_size
+from spectr_repro.engine.drafting import draft_block, first_draft_probs
+from spectr_repro.engine.forward import forward_chunked, resolve_vocab_size
 from spectr_repro.engine.timing import SectionTimer
 from spectr_repro.sampling import probs_from_logits, sample
 from spectr_repro.verify import VERIFIERS, Verifier, get_verifier
 
+# prefill: the calls that carry the prompt (AR: the first target call; speculative: the draft's prompt
+# forward, and the target's first call, which at K = 1 also scores the first block).
 TIME_SECTIONS = ("prefill", "draft", "target", "verify", "total")
 
 
 @dataclass
 class GenerationOutput:
     new_tokens: list[int]  # exactly max_new_tokens unless an EOS came first (EOS kept, nothing after)
-    target_calls: int  # target forwards after the prefill (AR: one per token)
+    target_calls: int  # one per iteration (AR: per token); the first carries the prompt as well
     block_efficiency: float  # len(new_tokens) / target_calls (0.0 when nothing was generated)
     stats: dict[str, Any] = field(default_factory=dict)
 
 
-def acceptance_by_position(accepted_lengths: Iterable[int], L: int) -> list[float | None]:
+def acceptance_by_position(
+    accepted_lengths: Iterable[int], L: int, block_lengths: Iterable[int] | None = None
+) -> list[float | None]:
     """P(draft position i is accepted | the verifier reached it), i = 1..L, from accepted lengths τ.
 
-    Position i is reached when τ >= i-1 and accepted when τ >= i; None where never reached. Pool
-    the accepted lengths of many prompts before calling this to get a per-cell profile.
+    Position i is reached when τ >= i-1 and i <= that block's length, and accepted when τ >= i;
+    None where never reached. ``block_lengths``: the drafted length of each block (default L for
+    all; the engine shortens the last block to the tokens still wanted). Pool the lists of many
+    prompts before calling this to get a per-cell profile.
     """
-    counts = [0] * (L + 1)
-    for tau in accepted_lengths:
-        counts[tau] += 1
-    reached = sum(counts)
-    profile: list[float | None] = []
-    for i in range(1, L + 1):
-        accepted = reached - counts[i - 1]
-        profile.append(accepted / reached if reached else None)
-        reached = accepted
-    return profile
+    accepted_lengths = list(accepted_lengths)
+    block_lengths = [L] * len(accepted_lengths) if block_lengths is None else list(block_lengths)
+    if len(block_lengths) != len(accepted_lengths):
+        raise ValueError(f"{len(accepted_lengths)} accepted lengths but {len(block_lengths)} block lengths")
+    reached, accepted = [0] * L, [0] * L
+    for tau, length in zip(accepted_lengths, block_lengths):
+        if not 0 <= tau <= length <= L:
+            raise ValueError(f"accepted length {tau} does not fit a block of {length} <= L={L}")
+        for i in range(min(tau + 1, length)):  # 0-based draft positions the verifier looked at
+            reached[i] += 1
+            accepted[i] += i < tau
+    return [a / r if r else None for a, r in zip(accepted, reached)]
 
 
 def generate(
@@ -73,6 +88,7 @@ def generate(
     should_stop: Callable[[list[int]], bool] | None = None,
     verifier_options: dict[str, Any] | None = None,
     vocab_size: int | None = None,
+    prefill_chunk: int | None = None,
 ) -> GenerationOutput:
     """Decode up to ``max_new_tokens`` tokens after ``input_ids`` (1-D or [1, T]).
 
@@ -82,9 +98,20 @@ def generate(
         engine builds well-formed tensors; the tests run every rule with checks on).
     should_stop: called with the tokens so far after each iteration (stop strings); True ends.
     vocab_size: the shared tokenizer's length; default the smaller output head.
+    prefill_chunk: feed the prompt in chunks of this many tokens (None: one call); see
+        ``forward.forward_chunked`` for why a CPU wants this.
     Tokens are sampled with a torch.Generator on the target's device seeded with ``seed``.
+
+    A lossless rule that carries no state into the last block drafts it only as long as the
+    tokens still wanted (``max_new_tokens`` minus those emitted, minus the one every iteration
+    adds), as transformers' assisted generation does: lossless rules stay lossless at any block
+    length, and what a longer block could add would be cut anyway. Rules run as published (not
+    lossless) always draft L. ``stats["block_lengths"]`` records each block's drafted length.
     """
     verifier = _check_arguments(draft, method, K, L, temperature, max_new_tokens, verifier_options)
+    if prefill_chunk is not None and (isinstance(prefill_chunk, bool) or not isinstance(prefill_chunk, int)
+                                      or prefill_chunk < 1):
+        raise ValueError(f"prefill_chunk must be a positive integer or None, got {prefill_chunk!r}")
     device = _model_device(target)
     if verifier is not None and _model_device(draft) != device:
         # One generator drives every draw; cross-device pairs would also copy tokens every step.
@@ -98,59 +125,61 @@ def generate(
     with torch.inference_mode():
         if verifier is None:
             out = _generate_ar(target, prompt, temperature, max_new_tokens, eos, should_stop,
-                               vocab_size, generator, timer)
+                               vocab_size, generator, timer, prefill_chunk)
         else:
             out = _generate_speculative(target, draft, prompt, verifier, K, L, temperature, max_new_tokens,
-                                        eos, should_stop, vocab_size, generator, timer)
+                                        eos, should_stop, vocab_size, generator, timer, prefill_chunk)
     timer.sync()
     timer.seconds["total"] = time.perf_counter() - start
     out.stats["time_s"] = dict(timer.seconds)
     return out
 
 
-def _generate_ar(target, prompt, temperature, max_new_tokens, eos, should_stop, vocab_size, generator, timer):
+def _generate_ar(target, prompt, temperature, max_new_tokens, eos, should_stop, vocab_size, generator, timer,
+                 prefill_chunk):
     cache = DynamicCache()
     new_tokens: list[int] = []
-    with timer("prefill"):
-        _prefill(target, prompt, cache, vocab_size)
-    pending = prompt[-1:]
+    pending = prompt  # the first call feeds the whole prompt and yields the first token
     calls = 0
     while len(new_tokens) < max_new_tokens:
-        with timer("target"):
-            logits = forward_logits(target, pending.unsqueeze(0), cache, vocab_size, last_only=True)
+        with timer("target" if calls else "prefill"):
+            logits = forward_chunked(target, pending.unsqueeze(0), cache, vocab_size, 1, prefill_chunk)
             pending = sample(probs_from_logits(logits[0, -1], temperature), generator).reshape(1)
             token = int(pending)
         calls += 1
         new_tokens.append(token)
         if token in eos or (should_stop is not None and should_stop(new_tokens)):
             break
-    stats = {"accepted_lengths": [0] * calls, "acceptance_by_position": [], "num_iterations": calls}
+    stats = {"accepted_lengths": [0] * calls, "block_lengths": [0] * calls, "acceptance_by_position": [],
+             "num_iterations": calls}
     return GenerationOutput(new_tokens, calls, _block_efficiency(new_tokens, calls), stats)
 
 
 def _generate_speculative(target, draft, prompt, verifier, K, L, temperature, max_new_tokens, eos,
-                          should_stop, vocab_size, generator, timer):
+                          should_stop, vocab_size, generator, timer, prefill_chunk):
     device = prompt.device
     target_cache, draft_cache = DynamicCache(), DynamicCache()
-    with timer("prefill"):
-        _prefill(target, prompt, target_cache, vocab_size)
-        _prefill(draft, prompt, draft_cache, vocab_size)
     committed = prompt.clone()  # prompt + emitted tokens, on the device (slices feed the models)
     num_committed = committed.numel()
     new_tokens: list[int] = []
     accepted_lengths: list[int] = []
+    block_lengths: list[int] = []
     state = None
     calls = 0
     while len(new_tokens) < max_new_tokens:
-        draft_seen = draft_cache.get_seq_length()
+        first = calls == 0
+        block = L
+        if verifier.lossless and state is None:
+            block = max(1, min(L, max_new_tokens - len(new_tokens) - 1))
+        with timer("prefill" if first else "draft"):
+            first_probs = first_draft_probs(draft, draft_cache, committed[draft_cache.get_seq_length():],
+                                            temperature, vocab_size, prefill_chunk)
         with timer("draft"):
-            draft_tokens, draft_probs = draft_block(draft, draft_cache, committed[draft_seen:], K, L,
-                                                    temperature, vocab_size, generator)
-        with timer("target"):
-            rows = torch.cat([committed[-1:].expand(K, 1), draft_tokens], dim=1)  # [K, L+1]
-            repeat_rows(target_cache, K)
-            logits = forward_logits(target, rows, target_cache, vocab_size)  # [K, L+1, V]
-            target_probs = probs_from_logits(logits, temperature)
+            draft_tokens, draft_probs = draft_block(draft, draft_cache, first_probs, K, block, temperature,
+                                                    vocab_size, generator)
+        with timer("prefill" if first else "target"):
+            target_probs = _score_drafts(target, target_cache, committed, draft_tokens, temperature, vocab_size,
+                                         prefill_chunk)
         calls += 1
         with timer("verify"):
             result = verifier(draft_tokens, draft_probs, target_probs, generator=generator, state=state)
@@ -158,9 +187,10 @@ def _generate_speculative(target, draft, prompt, verifier, K, L, temperature, ma
         state = result.state
         tau, row = result.num_accepted, result.draft_index
         accepted_lengths.append(tau)
-        if len(emitted) != tau + 1 or not 0 <= row < K or not 0 <= tau <= L:
+        block_lengths.append(block)
+        if len(emitted) != tau + 1 or not 0 <= row < K or not 0 <= tau <= block:
             raise RuntimeError(f"{verifier!r} returned {len(emitted)} tokens, num_accepted={tau}, "
-                               f"draft_index={row} for K={K}, L={L}")
+                               f"draft_index={row} for K={K}, L={block}")
 
         done = False
         for token in emitted:
@@ -187,16 +217,31 @@ def _generate_speculative(target, draft, prompt, verifier, K, L, temperature, ma
 
     stats = {
         "accepted_lengths": accepted_lengths,
-        "acceptance_by_position": acceptance_by_position(accepted_lengths, L),
+        "block_lengths": block_lengths,
+        "acceptance_by_position": acceptance_by_position(accepted_lengths, L, block_lengths),
         "num_iterations": calls,
     }
     return GenerationOutput(new_tokens, calls, _block_efficiency(new_tokens, calls), stats)
 
 
-def _prefill(model, prompt, cache, vocab_size) -> None:
-    """Put all prompt tokens but the last into ``cache`` (the last one is fed with the first step)."""
-    if prompt.numel() > 1:
-        forward_logits(model, prompt[:-1].unsqueeze(0), cache, vocab_size, last_only=True)
+def _score_drafts(target, cache, committed, draft_tokens, temperature, vocab_size, prefill_chunk):
+    """target_probs [K, L+1, V] of the K rows [last committed token, draft row]; the cache then has K rows.
+
+    The committed tokens the target has not seen (the last emitted one; the whole prompt on the
+    first iteration) are fed once: in the single row itself at K = 1, at batch size 1 before the
+    cache is repeated at K > 1.
+    """
+    K, L = draft_tokens.shape
+    pending = committed[cache.get_seq_length():]
+    if K == 1:
+        rows = torch.cat([pending, draft_tokens[0]]).unsqueeze(0)  # [1, P+L]
+    else:
+        if pending.numel() > 1:
+            forward_chunked(target, pending[:-1].unsqueeze(0), cache, vocab_size, 1, prefill_chunk)
+        rows = torch.cat([pending[-1:].expand(K, 1), draft_tokens], dim=1)  # [K, L+1]
+        repeat_rows(cache, K)
+    logits = forward_chunked(target, rows, cache, vocab_size, L + 1, prefill_chunk)  # [K, L+1, V]
+    return probs_from_logits(logits, temperature)
 
 
 def _block_efficiency(new_tokens: list[int], calls: int) -> float:

@@ -269,14 +269,15 @@ class Session:
             return generate(pair.target, pair.draft, input_ids, method=method, K=cfg.K, L=cfg.L,
                             temperature=temperature, max_new_tokens=max_new_tokens, seed=seed,
                             eos_token_ids=pair.eos_token_ids, should_stop=should_stop,
-                            verifier_options=options or None, vocab_size=pair.vocab_size)
+                            verifier_options=options or None, vocab_size=pair.vocab_size,
+                            prefill_chunk=cfg.hardware.get("prefill_chunk"))
 
         prompts = [encode_prompt(pair.tokenizer, example)[0].tolist() for example in examples]
         # Warm-up (kernels, allocator, lazy init) so the first timed prompt is not charged for it.
         decode(prompts[0][-WARMUP_PROMPT_TOKENS:], min(WARMUP_TOKENS, cfg.max_new_tokens), seed=cfg.seed + 10**9)
 
         timer = SectionTimer(pair.device)
-        records, pooled_accepted, time_split = [], [], {}
+        records, pooled_accepted, pooled_blocks, time_split = [], [], [], {}
         bar = tqdm(list(zip(examples, prompts)), desc=f"{method} K={cfg.K} L={cfg.L}", unit="prompt",
                    leave=False, file=sys.stderr, disable=not self.progress, dynamic_ncols=True)
         tokens = calls = 0
@@ -290,7 +291,9 @@ class Session:
             tokens += len(out.new_tokens)
             calls += out.target_calls
             accepted = list(out.stats.get("accepted_lengths", []))
+            blocks = list(out.stats.get("block_lengths", []))
             pooled_accepted.extend(accepted)
+            pooled_blocks.extend(blocks)
             for section, seconds in out.stats.get("time_s", {}).items():
                 time_split[section] = time_split.get(section, 0.0) + seconds
             text = pair.tokenizer.decode(out.new_tokens, skip_special_tokens=True)
@@ -311,6 +314,7 @@ class Session:
                 "completion": truncate_at_stop(text, stop_strings),
                 "reference": getattr(example, "reference", None),
                 "accepted_lengths": accepted,
+                "block_lengths": blocks,
                 "dataset": cfg.choices.dataset,
                 "model_pair": cfg.choices.model_pair,
             })
@@ -346,7 +350,7 @@ class Session:
             "speedup": ar_wall_time / wall_time if wall_time > 0 else math.nan,
             "tokens_per_s": tokens / wall_time if wall_time > 0 else math.nan,
             "acceptance_by_position": (
-                [] if method == "ar" else acceptance_by_position(pooled_accepted, cfg.L)),
+                [] if method == "ar" else acceptance_by_position(pooled_accepted, cfg.L, pooled_blocks)),
             "time_split": time_split,
             "ar_cell_id": plan.ar_cell_id or plan.cell_id,
             "ar_same_process": ar_same_process,

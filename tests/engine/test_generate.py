@@ -61,7 +61,8 @@ def test_inputs_pass_the_verifier_checks_and_seed_is_reproducible(tiny, prompt_i
     stats = first.stats
     assert first.target_calls == stats["num_iterations"] == len(stats["accepted_lengths"])
     assert first.block_efficiency == pytest.approx(24 / first.target_calls)
-    assert stats["acceptance_by_position"] == acceptance_by_position(stats["accepted_lengths"], 3)
+    assert stats["acceptance_by_position"] == acceptance_by_position(stats["accepted_lengths"], 3,
+                                                                     stats["block_lengths"])
     assert set(stats["time_s"]) == {"prefill", "draft", "target", "verify", "total"}
     parts = sum(v for k, v in stats["time_s"].items() if k != "total")
     assert 0 < parts <= stats["time_s"]["total"]
@@ -111,7 +112,14 @@ def test_max_new_tokens_is_exact(tiny, prompt_ids, method, max_new_tokens):
     assert emitted_before_last < max_new_tokens or max_new_tokens == 0
     longer = generate(target, draft, prompt_ids[0], method=method, K=draft_count(method), L=L,
                       temperature=0.7, max_new_tokens=max_new_tokens + 9, seed=2, vocab_size=VOCAB)
-    assert longer.new_tokens[:max_new_tokens] == out.new_tokens  # truncation, not a different run
+    # Truncation, not a different run: identical up to the first block drafted shorter than L (which
+    # draws fewer random numbers), i.e. everywhere for AR.
+    same = len(out.new_tokens)
+    if method != "ar":
+        blocks = out.stats["block_lengths"]
+        full = next((i for i, b in enumerate(blocks) if b < L), len(blocks))
+        same = min(same, sum(tau + 1 for tau in out.stats["accepted_lengths"][:full]))
+    assert longer.new_tokens[:same] == out.new_tokens[:same]
 
 
 def test_should_stop_is_checked_after_each_iteration(tiny, prompt_ids):
@@ -185,6 +193,82 @@ def test_acceptance_by_position_profile():
     assert acceptance_by_position([0, 2, 2, 1], 2) == [0.75, 2 / 3]
     assert acceptance_by_position([0, 0], 3) == [0.0, None, None]
     assert acceptance_by_position([], 2) == [None, None]
+    # A block drafted 2 long and fully accepted never reached position 3.
+    assert acceptance_by_position([1, 2], 3, [3, 2]) == [1.0, 0.5, None]
+    assert acceptance_by_position([3, 2], 3, [3, 2]) == [1.0, 1.0, 1.0]
+    with pytest.raises(ValueError, match="does not fit"):
+        acceptance_by_position([3], 3, [2])
+    with pytest.raises(ValueError, match="block lengths"):
+        acceptance_by_position([1, 1], 3, [3])
+
+
+@pytest.mark.parametrize("method, shortened", [("sd", True), ("rbv", True), ("spectr_gbv", False)])
+@pytest.mark.parametrize("budget", [3, 11])
+def test_last_block_is_drafted_only_as_long_as_needed(tiny, prompt_ids, method, shortened, budget):
+    """Lossless rules draft the last block up to the tokens still wanted; the release keeps L."""
+    target, draft, _ = tiny
+    L = 4
+    out = generate(target, draft, prompt_ids[0], method=method, K=draft_count(method), L=L, temperature=0.7,
+                   max_new_tokens=budget, seed=3, vocab_size=VOCAB)
+    emitted = 0
+    for tau, block in zip(out.stats["accepted_lengths"], out.stats["block_lengths"]):
+        expected = max(1, min(L, budget - emitted - 1)) if shortened else L
+        assert block == expected
+        emitted += tau + 1
+    assert len(out.new_tokens) == budget
+    if budget == 3:  # the first block can yield at most 3 tokens: drafted 2 long, or L for the release
+        assert out.stats["block_lengths"][0] == (2 if shortened else L)
+
+
+def _count_forwards(model):
+    calls = []
+    handle = model.register_forward_hook(lambda module, args, kwargs, output: calls.append(
+        kwargs["input_ids"].shape), with_kwargs=True)
+    return calls, handle
+
+
+@pytest.mark.parametrize("method", ["ar", "sd", "spectr"])
+@pytest.mark.parametrize("prefill_chunk", [None, 8])
+def test_the_prompt_has_no_forward_of_its_own(tiny, prompt_ids, method, prefill_chunk):
+    """The prompt rides on the first target call (AR, K=1) and the draft's first call, as in HF generate;
+    at K > 1 the target runs it once at batch size 1. Chunking adds one forward per extra chunk."""
+    target, draft, _ = tiny
+    K = draft_count(method)
+    prompt = prompt_ids[1]
+    target_calls, target_hook = _count_forwards(target)
+    draft_calls, draft_hook = _count_forwards(draft)
+    try:
+        out = generate(target, draft, prompt, method=method, K=K, L=3, temperature=0.7, max_new_tokens=12,
+                       seed=0, vocab_size=VOCAB, prefill_chunk=prefill_chunk)
+    finally:
+        target_hook.remove()
+        draft_hook.remove()
+    chunks = 0 if prefill_chunk is None else -(-(prompt.numel() - 1) // prefill_chunk) - 1  # extra calls
+    expected_target = out.target_calls + (K > 1) + chunks
+    assert len(target_calls) == expected_target
+    if method == "ar":
+        assert draft_calls == []
+    else:
+        assert len(draft_calls) == sum(out.stats["block_lengths"]) + chunks
+        assert draft_calls[chunks][0] == 1 and draft_calls[chunks][1] <= prompt.numel()
+
+
+@pytest.mark.parametrize("method", ["ar", "sd", "spectr", "gbv"])
+def test_chunked_prompt_gives_the_same_greedy_decoding(tiny, prompt_ids, method):
+    target, draft, _ = tiny
+    prompt = prompt_ids[1]
+    reference = greedy_reference(target, prompt, 16)
+    out = generate(target, draft, prompt, method=method, K=draft_count(method), L=3, temperature=0.0,
+                   max_new_tokens=16, seed=0, vocab_size=VOCAB, prefill_chunk=5)
+    assert prompt.numel() > 3 * 5  # several chunks
+    assert out.new_tokens == reference
+
+
+def test_bad_prefill_chunk_is_an_error(tiny):
+    target, draft, _ = tiny
+    for bad in (0, -3, 2.5, True):
+        with pytest.raises(ValueError, match="prefill_chunk"):
+            generate(target, draft, [256, 65], method="sd", L=2, max_new_tokens=3, prefill_chunk=bad)
 
 
 @pytest.mark.parametrize("method", ["spectr", "gbv"])

@@ -19,6 +19,7 @@ SUMMARY_KEYS = {
 RECORD_KEYS = {
     "prompt_id", "method", "K", "L", "temperature", "seed", "prompt_tokens", "new_tokens", "target_calls",
     "block_efficiency", "wall_time_s", "ar_wall_time_s", "completion", "reference", "accepted_lengths",
+    "block_lengths",
 }
 ENVIRONMENT_KEYS = {"device", "device_name", "torch", "transformers", "python", "git_commit", "num_threads"}
 
