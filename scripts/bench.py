@@ -107,22 +107,72 @@ def hf_generation_config(model, temperature: float, max_new_tokens: int):
     return config
 
 
-def run_ours(pair, prompts, method, K, L, temperature, max_new_tokens, use_draft=True):
-    """Total (seconds, tokens, target_calls, time split) over the prompts."""
+def hardware_setting(device: torch.device, key: str):
+    """A key of conf/hardware/<cpu|cuda>.yaml: the bench runs the engine as the runner does."""
+    from omegaconf import OmegaConf
+
+    return OmegaConf.load(Path(__file__).resolve().parents[1] / "conf" / "hardware" / f"{device.type}.yaml").get(key)
+
+
+class ForwardMeter:
+    """Counts the forwards of some models and the seconds spent inside them while the block runs.
+
+    The profile that bounds the ratios: two loops driving the same models can differ only in how many
+    forwards they run, on what shapes, and in what they do between forwards.
+    """
+
+    def __init__(self, device: torch.device, **models: torch.nn.Module) -> None:
+        self.device, self.models = device, models
+        self.stats = {name: {"calls": 0, "tokens_fed": 0, "seconds": 0.0} for name in models}
+        self._handles: list = []
+
+    def __enter__(self):
+        for name, model in self.models.items():
+            self._handles.append(model.register_forward_pre_hook(self._pre(name), with_kwargs=True))
+            self._handles.append(model.register_forward_hook(self._post(name), with_kwargs=True))
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for handle in self._handles:
+            handle.remove()
+
+    def _sync(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    def _pre(self, name):
+        def hook(module, args, kwargs):
+            self._sync()
+            module._bench_started = time.perf_counter()
+        return hook
+
+    def _post(self, name):
+        def hook(module, args, kwargs, output):
+            self._sync()
+            entry = self.stats[name]
+            ids = kwargs.get("input_ids", args[0] if args else None)
+            entry["calls"] += 1
+            entry["tokens_fed"] += int(ids.numel()) if ids is not None else 0
+            entry["seconds"] += time.perf_counter() - module._bench_started
+        return hook
+
+
+def run_ours(pair, prompts, method, K, L, temperature, max_new_tokens, use_draft=True, seed=0):
+    """Total (seconds, tokens, target_calls, time split) over the prompts; prompt i uses seed + i."""
     seconds = tokens = calls = 0
-    split = {"draft": 0.0, "target": 0.0, "verify": 0.0}
+    split = {"prefill": 0.0, "draft": 0.0, "target": 0.0, "verify": 0.0}
     for i, ids in enumerate(prompts):
         elapsed, out = timed(pair.device, lambda ids=ids, i=i: generate(
             pair.target, pair.draft if use_draft else None, ids.to(pair.device), method=method, K=K, L=L,
-            temperature=temperature, max_new_tokens=max_new_tokens, seed=i, eos_token_ids=(),
-            vocab_size=pair.vocab_size))
+            temperature=temperature, max_new_tokens=max_new_tokens, seed=seed + i, eos_token_ids=(),
+            vocab_size=pair.vocab_size, prefill_chunk=hardware_setting(pair.device, "prefill_chunk")))
         seconds, tokens, calls = seconds + elapsed, tokens + len(out.new_tokens), calls + out.target_calls
         for key in split:
             split[key] += out.stats["time_s"].get(key, 0.0)
     return seconds, tokens, calls, split
 
 
-def run_hf(pair, prompts, temperature, max_new_tokens, assistant=None, L=None):
+def run_hf(pair, prompts, temperature, max_new_tokens, assistant=None, L=None, seed=0):
     config = hf_generation_config(pair.target, temperature, max_new_tokens)
     extra = {}
     if assistant is not None:
@@ -136,16 +186,16 @@ def run_hf(pair, prompts, temperature, max_new_tokens, assistant=None, L=None):
         config.num_assistant_tokens, config.num_assistant_tokens_schedule = L, "constant"
         config.assistant_confidence_threshold = 0.0
     try:
-        return _run_hf_prompts(pair, prompts, config, extra)
+        return _run_hf_prompts(pair, prompts, config, extra, seed)
     finally:
         if assistant is not None:
             assistant.generation_config = saved
 
 
-def _run_hf_prompts(pair, prompts, config, extra):
+def _run_hf_prompts(pair, prompts, config, extra, seed):
     seconds = tokens = 0
     for i, ids in enumerate(prompts):
-        torch.manual_seed(i)
+        torch.manual_seed(seed + i)
         batch = ids.to(pair.device).unsqueeze(0)
         elapsed, out = timed(pair.device, lambda batch=batch: pair.target.generate(
             batch, attention_mask=torch.ones_like(batch), generation_config=config, **extra))
@@ -153,55 +203,97 @@ def _run_hf_prompts(pair, prompts, config, extra):
     return seconds, tokens
 
 
-def side_by_side(label, ours_fn, theirs_fn, repeats: int) -> dict:
-    """Median tokens/s ratio ours/theirs over ``repeats`` alternating rounds (after one warm-up each)."""
-    ours_fn(warmup=True)
-    theirs_fn(warmup=True)
-    ours_rates, their_rates, peaks = [], [], []
+def side_by_side(label, pair, ours_fn, theirs_fn, repeats: int) -> dict:
+    """Median tokens/s ratio ours/theirs over ``repeats`` alternating rounds (after one warm-up each).
+
+    ``fn(round)`` runs one contender (round -1: the short warm-up) and returns (seconds, tokens,
+    iterations), iterations None meaning one per target forward (transformers' loops). Round r
+    seeds prompt i with 1000 r + i for both contenders, so the rounds also average over the sampling
+    luck of the block efficiency. Model forwards are counted and timed (``ForwardMeter``) in every
+    timed round: ``*_profile`` says how much of each contender's time was spent inside forwards.
+    """
+    ours_fn(-1)
+    theirs_fn(-1)
+    rates = {"ours": [], "hf": []}
+    profiles = {"ours": _empty_profile(), "hf": _empty_profile()}
+    peaks = []
     for r in tqdm(range(repeats), desc=label, leave=False):
-        order = [(ours_fn, ours_rates), (theirs_fn, their_rates)]
-        for fn, rates in order if r % 2 == 0 else order[::-1]:
-            rate, peak = fn(warmup=False)
-            rates.append(rate)
-            peaks.append(peak)
-    ours, theirs = statistics.median(ours_rates), statistics.median(their_rates)
-    return {"ours_tokens_per_s": ours, "hf_tokens_per_s": theirs, "ratio": ours / theirs,
-            "ours_all": ours_rates, "hf_all": their_rates, "peak_memory_mb": max(peaks) / 2**20}
+        order = [("ours", ours_fn), ("hf", theirs_fn)]
+        for who, fn in order if r % 2 == 0 else order[::-1]:
+            with PeakMemory(pair.device) as mem, ForwardMeter(pair.device, target=pair.target,
+                                                              draft=pair.draft) as meter:
+                seconds, tokens, iterations = fn(r)
+            rates[who].append(tokens / seconds)
+            peaks.append(mem.peak)
+            _add_profile(profiles[who], seconds, tokens, meter.stats,
+                         meter.stats["target"]["calls"] if iterations is None else iterations)
+    ours, theirs = statistics.median(rates["ours"]), statistics.median(rates["hf"])
+    result = {"ours_tokens_per_s": ours, "hf_tokens_per_s": theirs, "ratio": ours / theirs,
+              "ours_all": rates["ours"], "hf_all": rates["hf"], "peak_memory_mb": max(peaks) / 2**20}
+    for who in ("ours", "hf"):
+        result[f"{who}_profile"] = _finish_profile(profiles[who])
+    return result
+
+
+def _empty_profile() -> dict:
+    return {"seconds": 0.0, "tokens": 0, "iterations": 0, "forwards": {}}
+
+
+def _add_profile(profile: dict, seconds: float, tokens: int, forwards: dict, iterations: int) -> None:
+    profile["seconds"] += seconds
+    profile["tokens"] += tokens
+    profile["iterations"] += iterations
+    for model, entry in forwards.items():
+        total = profile["forwards"].setdefault(model, {"calls": 0, "tokens_fed": 0, "seconds": 0.0})
+        for key in total:
+            total[key] += entry[key]
+
+
+def _finish_profile(profile: dict) -> dict:
+    """Per generated token: forwards of each model, ms inside them, and ms outside every forward."""
+    tokens = max(profile["tokens"], 1)
+    inside = sum(entry["seconds"] for entry in profile["forwards"].values())
+    out = {"tokens": profile["tokens"], "seconds": profile["seconds"],
+           "block_efficiency": profile["tokens"] / max(profile["iterations"], 1),
+           "ms_per_token": 1e3 * profile["seconds"] / tokens,
+           "ms_per_token_outside_forwards": 1e3 * (profile["seconds"] - inside) / tokens,
+           "fraction_inside_forwards": inside / profile["seconds"] if profile["seconds"] else None}
+    for model, entry in profile["forwards"].items():
+        if entry["calls"]:
+            out[f"{model}_forwards_per_token"] = entry["calls"] / tokens
+            out[f"{model}_ms_per_forward"] = 1e3 * entry["seconds"] / entry["calls"]
+            out[f"{model}_ms_per_token"] = 1e3 * entry["seconds"] / tokens
+    return out
 
 
 def bench_ar_vs_hf(pair, prompts, temperature, max_new_tokens, repeats) -> dict:
     warm = prompts[:1]
 
-    def ours(warmup):
-        with PeakMemory(pair.device) as mem:
-            s, n, _, _ = run_ours(pair, warm if warmup else prompts, "ar", 1, 1, temperature,
-                                  8 if warmup else max_new_tokens, use_draft=False)
-        return n / s, mem.peak
+    def ours(round):
+        s, n, calls, _ = run_ours(pair, warm if round < 0 else prompts, "ar", 1, 1, temperature,
+                                  8 if round < 0 else max_new_tokens, use_draft=False, seed=1000 * round)
+        return s, n, calls
 
-    def theirs(warmup):
-        with PeakMemory(pair.device) as mem:
-            s, n = run_hf(pair, warm if warmup else prompts, temperature, 8 if warmup else max_new_tokens)
-        return n / s, mem.peak
+    def theirs(round):
+        return *run_hf(pair, warm if round < 0 else prompts, temperature, 8 if round < 0 else max_new_tokens,
+                       seed=1000 * round), None
 
-    return side_by_side(f"ar vs generate [{pair.name}]", ours, theirs, repeats)
+    return side_by_side(f"ar vs generate [{pair.name}]", pair, ours, theirs, repeats)
 
 
 def bench_sd_vs_assisted(pair, prompts, temperature, max_new_tokens, L, repeats) -> dict:
     warm = prompts[:1]
 
-    def ours(warmup):
-        with PeakMemory(pair.device) as mem:
-            s, n, _, _ = run_ours(pair, warm if warmup else prompts, "sd", 1, L, temperature,
-                                  8 if warmup else max_new_tokens)
-        return n / s, mem.peak
+    def ours(round):
+        s, n, calls, _ = run_ours(pair, warm if round < 0 else prompts, "sd", 1, L, temperature,
+                                  8 if round < 0 else max_new_tokens, seed=1000 * round)
+        return s, n, calls
 
-    def theirs(warmup):
-        with PeakMemory(pair.device) as mem:
-            s, n = run_hf(pair, warm if warmup else prompts, temperature, 8 if warmup else max_new_tokens,
-                          assistant=pair.draft, L=L)
-        return n / s, mem.peak
+    def theirs(round):
+        return *run_hf(pair, warm if round < 0 else prompts, temperature, 8 if round < 0 else max_new_tokens,
+                       assistant=pair.draft, L=L, seed=1000 * round), None
 
-    result = side_by_side(f"sd vs assisted [{pair.name}]", ours, theirs, repeats)
+    result = side_by_side(f"sd vs assisted [{pair.name}]", pair, ours, theirs, repeats)
     result["L"] = L
     return result
 
@@ -243,7 +335,7 @@ def target_call_seconds(pair, K: int, L: int, prompt_len: int, repeats: int) -> 
     times = []
     with torch.inference_mode():
         cache = DynamicCache()
-        forward_logits(pair.target, prompt, cache, pair.vocab_size, last_only=True)
+        forward_logits(pair.target, prompt, cache, pair.vocab_size, keep_last=1)
         for _ in range(repeats + 1):
             repeat_rows(cache, K)
             elapsed, _ = timed(pair.device, lambda: probs_from_logits(
@@ -297,6 +389,19 @@ def markdown(results: dict) -> str:
         for pair, r in results[key].items():
             lines.append(f"| {key} | {pair} | {r['ours_tokens_per_s']:.2f} | {r['hf_tokens_per_s']:.2f} | "
                          f"{r['ratio']:.3f} | {target} |")
+    lines += ["", "Where the time goes (per generated token, all timed rounds; forwards timed by hooks):", "",
+              "| benchmark | pair | loop | tok/s | BE | target fwd/tok | ms/target fwd | draft fwd/tok | "
+              "ms/draft fwd | ms/tok outside forwards | inside forwards |",
+              "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for key in ("ar_vs_hf_generate", "sd_vs_hf_assisted"):
+        for pair, r in results[key].items():
+            for who in ("ours", "hf"):
+                prof = r[f"{who}_profile"]
+                lines.append(
+                    f"| {key} | {pair} | {who} | {1e3 / prof['ms_per_token']:.2f} | {prof['block_efficiency']:.2f} | "
+                    f"{prof.get('target_forwards_per_token', 0):.3f} | {prof.get('target_ms_per_forward', 0):.1f} | "
+                    f"{prof.get('draft_forwards_per_token', 0):.3f} | {prof.get('draft_ms_per_forward', 0):.1f} | "
+                    f"{prof['ms_per_token_outside_forwards']:.1f} | {100 * prof['fraction_inside_forwards']:.1f}% |")
     for pair, rows in results["methods"].items():
         lines += ["", f"Methods on {pair} (T={results['settings']['temperature']}):", "",
                   "| method | K | L | BE | speed-up vs our AR | tok/s | verify/target time | peak MB |",
@@ -327,7 +432,8 @@ def main(argv=None) -> int:
     parser.add_argument("--temperature", type=float, default=0.7)
     parser.add_argument("--dataset", default="humaneval")
     parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
-    parser.add_argument("--dtype", default="float32", help="model dtype (float32 is fastest on the 2-core CPU)")
+    parser.add_argument("--dtype", default=None,
+                        help="model dtype for both contenders (default: the pair's own, bfloat16 for the Qwen pair)")
     args = parser.parse_args(argv)
 
     if args.quick:
@@ -337,9 +443,9 @@ def main(argv=None) -> int:
         Ks, Ls, ver_repeats = [1, 3], [4, 12], 3
     else:
         pairs_ar, pair_spec = ["smollm2_135m_self", "qwen25coder_1.5b_0.5b"], "qwen25coder_1.5b_0.5b"
-        # 2 prompts x 32 tokens keeps the whole run near 20 minutes on 2 CPU cores (a Qwen 1.5B float32
-        # decode step is ~0.37 s and a prompt prefill ~9 s there); raise them on a GPU.
-        num_prompts, max_new_tokens, repeats, L_assist = 2, 32, 3, 6
+        # The issue's reference setting (4 HumanEval prompts, 64 tokens, T=0.7, L=6): about 30 minutes on
+        # 2 CPU cores in bfloat16 (a Qwen 1.5B decode step ~0.2 s, a prompt prefill 2-5 s).
+        num_prompts, max_new_tokens, repeats, L_assist = 4, 64, 3, 6
         points = [("sd", 1, 6), ("bv", 1, 6), ("gbv", 1, 6)] + [
             (m, 3, 6) for m in ("spectr", "spectr_gbv", "rbv", "sbv")]
         Ks, Ls, ver_repeats = [1, 3, 7], [4, 12, 24], 5
