@@ -43,7 +43,7 @@ test-full: $(PY)
 	$(PY) -m pytest -q
 
 lint: $(PY)
-	$(PY) -m ruff check spectr_repro tests scripts
+	$(PY) -m ruff check spectr_repro tests scripts notebooks
 
 models: $(PY)
 	$(PY) scripts/make_models.py
