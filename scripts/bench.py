@@ -101,7 +101,9 @@ def hf_generation_config(model, temperature: float, max_new_tokens: int):
     config.do_sample, config.temperature = True, temperature
     config.top_k, config.top_p, config.min_p = 0, 1.0, None
     config.max_new_tokens, config.min_new_tokens = max_new_tokens, None
-    config.eos_token_id = None
+    # An empty list, not None: transformers 5 fills None from the model's own config (Qwen then stopped
+    # at EOS while our loop ran on, and tokens/s compared runs of different lengths).
+    config.eos_token_id = []
     if config.pad_token_id is None:
         config.pad_token_id = 0
     return config

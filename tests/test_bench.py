@@ -55,3 +55,19 @@ def test_ar_side_by_side_reports_one_forward_per_token_for_both_loops(bench, pai
         assert profile["block_efficiency"] == 1.0
         assert "draft_forwards_per_token" not in profile
         assert 0 < profile["fraction_inside_forwards"] <= 1
+
+
+def test_hf_generation_config_disables_the_models_own_eos(bench, pair):
+    """Both contenders must emit exactly max_new_tokens: an EOS the model's config declares is ignored."""
+    target = pair.target
+    prompt = torch.tensor([[256, *b"def f():"]])
+    free = target.generate(prompt, do_sample=False, max_new_tokens=12, eos_token_id=None, pad_token_id=0)
+    saved = target.generation_config.eos_token_id
+    target.generation_config.eos_token_id = int(free[0, prompt.shape[1] + 2])  # the run's third token
+    try:
+        config = bench.hf_generation_config(target, 0.7, 12)
+        config.do_sample = False
+        out = target.generate(prompt, attention_mask=torch.ones_like(prompt), generation_config=config)
+    finally:
+        target.generation_config.eos_token_id = saved
+    assert out.shape[1] - prompt.shape[1] == 12
