@@ -163,11 +163,12 @@ def run_ours(pair, prompts, method, K, L, temperature, max_new_tokens, use_draft
     """Total (seconds, tokens, target_calls, time split) over the prompts; prompt i uses seed + i."""
     seconds = tokens = calls = 0
     split = {"prefill": 0.0, "draft": 0.0, "target": 0.0, "verify": 0.0}
+    chunk = hardware_setting(pair.device, "prefill_chunk")  # read once, outside the timed calls
     for i, ids in enumerate(prompts):
         elapsed, out = timed(pair.device, lambda ids=ids, i=i: generate(
             pair.target, pair.draft if use_draft else None, ids.to(pair.device), method=method, K=K, L=L,
             temperature=temperature, max_new_tokens=max_new_tokens, seed=seed + i, eos_token_ids=(),
-            vocab_size=pair.vocab_size, prefill_chunk=hardware_setting(pair.device, "prefill_chunk")))
+            vocab_size=pair.vocab_size, prefill_chunk=chunk))
         seconds, tokens, calls = seconds + elapsed, tokens + len(out.new_tokens), calls + out.target_calls
         for key in split:
             split[key] += out.stats["time_s"].get(key, 0.0)
