@@ -38,6 +38,7 @@ import torch
 import transformers
 from tqdm import tqdm
 
+from spectr_repro.conf import conf_dir
 from spectr_repro.data import load_examples
 from spectr_repro.engine import generate
 from spectr_repro.engine.cache import crop_to, repeat_rows
@@ -113,7 +114,7 @@ def hardware_setting(device: torch.device, key: str):
     """A key of conf/hardware/<cpu|cuda>.yaml: the bench runs the engine as the runner does."""
     from omegaconf import OmegaConf
 
-    return OmegaConf.load(Path(__file__).resolve().parents[1] / "conf" / "hardware" / f"{device.type}.yaml").get(key)
+    return OmegaConf.load(conf_dir() / "hardware" / f"{device.type}.yaml").get(key)
 
 
 class ForwardMeter:

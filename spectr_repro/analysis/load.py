@@ -16,21 +16,14 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-# Canonical orders (rows and columns of every table and legend).
-METHOD_ORDER = ["ar", "sd", "spectr", "bv", "gbv", "spectr_gbv", "rbv", "sbv"]
+from spectr_repro.verify import method_labels, method_names, single_draft_methods
+
+# Canonical orders (rows and columns of every table and legend); methods come from the one registry.
+METHOD_ORDER = list(method_names())
 DATASET_ORDER = ["humaneval", "gsm8k", "mgsm", "lm1b", "alpaca"]
-METHOD_LABELS = {
-    "ar": "AR",
-    "sd": "SD",
-    "spectr": "SpecTr",
-    "bv": "BV",
-    "gbv": "GBV",
-    "spectr_gbv": "SpecTr-GBV",
-    "rbv": "RBV",
-    "sbv": "SBV",
-}
+METHOD_LABELS = method_labels()
 # Methods that draft a single sequence (K = 1 always); their values do not depend on K.
-SINGLE_DRAFT_METHODS = frozenset({"ar", "sd", "bv", "gbv"})
+SINGLE_DRAFT_METHODS = single_draft_methods()
 
 SUMMARY_KEYS = [
     "experiment",

@@ -1,6 +1,6 @@
 """Model pairs by name: ``load_pair("qwen25coder_1.5b_0.5b") -> ModelPair(target p, draft q, ...)``.
 
-Each pair is a config in ``conf/model_pair/<name>.yaml`` naming the target and draft, their dtype, device
+Each pair is a config in ``spectr_repro/conf/model_pair/<name>.yaml`` naming the target and draft, their dtype, device
 placement and extra stop tokens. Three kinds of source:
 
 * ``offline``: plain bfloat16 HF folders that ``make models`` converted from GGUF files shipped in PyPI wheels
@@ -21,10 +21,14 @@ from typing import Any
 
 import torch
 
+from spectr_repro.conf import conf_dir, group_options
 from spectr_repro.models.offline import OFFLINE_MODELS, cache_root, models_dir
 
-CONF_DIR = Path(__file__).resolve().parents[2] / "conf" / "model_pair"
-PAIR_NAMES: tuple[str, ...] = tuple(sorted(path.stem for path in CONF_DIR.glob("*.yaml")))
+
+def pair_names() -> tuple[str, ...]:
+    """The configured pairs: ``conf/model_pair/*.yaml`` of ``spectr_repro.conf.conf_dir()``."""
+    return tuple(group_options("model_pair"))
+
 
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 _CACHE: dict[tuple, ModelPair] = {}
@@ -54,11 +58,12 @@ def pair_config(name_or_cfg: str | Mapping) -> dict:
     from omegaconf import DictConfig, OmegaConf
 
     if isinstance(name_or_cfg, str):
-        if name_or_cfg not in PAIR_NAMES:
-            close = difflib.get_close_matches(name_or_cfg, PAIR_NAMES, n=3, cutoff=0.4)
+        names = pair_names()
+        if name_or_cfg not in names:
+            close = difflib.get_close_matches(name_or_cfg, names, n=3, cutoff=0.4)
             hint = f"; did you mean {', '.join(close)}?" if close else ""
-            raise ValueError(f"unknown model pair {name_or_cfg!r}{hint} (known: {', '.join(PAIR_NAMES)})")
-        node = OmegaConf.load(CONF_DIR / f"{name_or_cfg}.yaml")
+            raise ValueError(f"unknown model pair {name_or_cfg!r}{hint} (known: {', '.join(names)})")
+        node = OmegaConf.load(conf_dir() / "model_pair" / f"{name_or_cfg}.yaml")
     elif isinstance(name_or_cfg, DictConfig):
         node = name_or_cfg
     elif isinstance(name_or_cfg, Mapping):
@@ -240,4 +245,4 @@ def eos_token_ids(tokenizer, model, extra_stop_tokens) -> tuple[int, ...]:
     return tuple(ids)
 
 
-__all__ = ["ModelPair", "PAIR_NAMES", "load_pair", "pair_config", "clear_cache", "eos_token_ids"]
+__all__ = ["ModelPair", "pair_names", "load_pair", "pair_config", "clear_cache", "eos_token_ids"]

@@ -23,6 +23,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, ListConfig, OmegaConf, open_dict
 
+from spectr_repro import conf as _conf
 from spectr_repro.verify import VERIFIERS
 
 # Groups that hold a choice; their options are the yaml files in conf/<group>/.
@@ -35,18 +36,16 @@ class UsageError(ValueError):
 
 
 def conf_dir() -> Path:
-    """The ``conf/`` folder (next to the package in a clone; SPECTR_REPRO_CONF overrides)."""
-    explicit = os.environ.get("SPECTR_REPRO_CONF")
-    path = Path(explicit) if explicit else Path(__file__).resolve().parents[2] / "conf"
-    if not (path / "config.yaml").is_file():
-        raise UsageError(f"cannot find the Hydra configs: {path}/config.yaml does not exist "
-                         "(run from a clone of the repository or set SPECTR_REPRO_CONF)")
-    return path
+    """The Hydra config folder (``spectr_repro.conf``; SPECTR_REPRO_CONF overrides), as a UsageError."""
+    try:
+        return _conf.conf_dir()
+    except _conf.ConfigFolderError as error:
+        raise UsageError(str(error)) from None
 
 
 def group_options(group: str) -> list[str]:
-    folder = conf_dir() / group
-    return sorted(p.stem for p in folder.glob("*.yaml")) if folder.is_dir() else []
+    conf_dir()  # a missing config folder is a UsageError, not an empty list
+    return _conf.group_options(group)
 
 
 def single_draft_methods() -> list[str]:

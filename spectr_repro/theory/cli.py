@@ -31,8 +31,9 @@ from spectr_repro.theory.lp import optimal_expected_accepted
 from spectr_repro.theory.validity import check_validity
 from spectr_repro.verify import VERIFIERS, get_verifier
 
-THEORY_RULES = ("sd", "bv", "gbv", "spectr", "rbv", "sbv", "spectr_gbv")
-LOSSLESS_AS_IS = ("sd", "bv", "spectr", "rbv", "sbv")  # rules the harness uses without carried state
+# From the one method registry (spectr_repro.verify.VERIFIERS).
+THEORY_RULES = tuple(name for name, spec in VERIFIERS.items() if spec.in_theory)
+LOSSLESS_AS_IS = tuple(name for name in THEORY_RULES if VERIFIERS[name].lossless_as_is)  # no carried state
 LP_MAX_DRAFT_SETS = 5000  # beyond this the LP takes minutes on 2 cores (see theory.lp)
 VALIDITY_TOLERANCE = 1e-9
 

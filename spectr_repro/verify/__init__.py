@@ -19,33 +19,64 @@ from spectr_repro.verify.base import Outcome, Verifier, VerifyResult, validate_i
 
 @dataclass(frozen=True)
 class VerifierSpec:
+    """One method of the harness. This registry is the only list of methods: the engine, the runner,
+    the analysis (order, labels, single-draft), theory and audit, and the shared test suites all read it.
+    Adding a rule = one module in ``verify/``, one entry here and one ``conf/method/<name>.yaml``."""
+
     name: str
     target: str  # "module:Class"
+    label: str  # display name in tables and figures (the paper's spelling)
     lossless: bool  # guaranteed by this harness with default options (exact tests prove it)
     claimed_lossless: bool  # what the rule's authors claim
     single_draft: bool  # K must be 1
     description: str
+    carries_state: bool = False  # default options thread a state into later iterations (gbv's carry-over)
+    in_theory: bool = True  # included in `theory` (exact E[tau] on toys, LP comparison) and `audit`
 
+    @property
+    def lossless_as_is(self) -> bool:
+        """Lossless with each iteration restarting from the plain target (what the LP limit bounds)."""
+        return self.lossless and not self.carries_state
+
+
+# The autoregressive baseline is a method of the runner and the tables, not a verification rule.
+AR_METHOD = "ar"
+AR_LABEL = "AR"
 
 VERIFIERS: dict[str, VerifierSpec] = {
     spec.name: spec
     for spec in [
-        VerifierSpec("sd", "spectr_repro.verify.sd:SpeculativeDecoding", True, True, True,
+        VerifierSpec("sd", "spectr_repro.verify.sd:SpeculativeDecoding", "SD", True, True, True,
                      "token-level rejection sampling (Leviathan et al. 2023; Chen et al. 2023)"),
-        VerifierSpec("spectr", "spectr_repro.verify.spectr:SpecTr", True, True, False,
+        VerifierSpec("spectr", "spectr_repro.verify.spectr:SpecTr", "SpecTr", True, True, False,
                      "SpecTr K-SEQ optimal-transport selection per depth (Sun et al. 2023)"),
-        VerifierSpec("bv", "spectr_repro.verify.bv:BlockVerification", True, True, True,
+        VerifierSpec("bv", "spectr_repro.verify.bv:BlockVerification", "BV", True, True, True,
                      "block verification (Sun et al., ICLR 2025)"),
-        VerifierSpec("gbv", "spectr_repro.verify.gbv:GreedyBlockVerification", True, True, True,
-                     "greedy block verification (SpecTr-GBV at K=1), lossless with its carry-over target"),
-        VerifierSpec("spectr_gbv", "spectr_repro.verify.spectr_gbv:SpecTrGBV", False, True, False,
+        VerifierSpec("gbv", "spectr_repro.verify.gbv:GreedyBlockVerification", "GBV", True, True, True,
+                     "greedy block verification (SpecTr-GBV at K=1), lossless with its carry-over target",
+                     carries_state=True),
+        VerifierSpec("spectr_gbv", "spectr_repro.verify.spectr_gbv:SpecTrGBV", "SpecTr-GBV", False, True, False,
                      "the authors' released SpecTr-GBV rule, run as published (not lossless for K >= 2)"),
-        VerifierSpec("rbv", "spectr_repro.verify.rbv:RecursiveBlockVerification", True, True, False,
+        VerifierSpec("rbv", "spectr_repro.verify.rbv:RecursiveBlockVerification", "RBV", True, True, False,
                      "recursive block verification over K drafts (ours, lossless)"),
-        VerifierSpec("sbv", "spectr_repro.verify.sbv:SelectionBlockVerification", True, True, False,
+        VerifierSpec("sbv", "spectr_repro.verify.sbv:SelectionBlockVerification", "SBV", True, True, False,
                      "selection block verification: BV on a randomly selected path (ours, lossless)"),
     ]
 }
+
+
+def method_names() -> tuple[str, ...]:
+    """Every method in canonical order (rows of every table, legends): AR, then the registry's order."""
+    return (AR_METHOD, *VERIFIERS)
+
+
+def method_labels() -> dict[str, str]:
+    return {AR_METHOD: AR_LABEL, **{name: spec.label for name, spec in VERIFIERS.items()}}
+
+
+def single_draft_methods() -> frozenset[str]:
+    """Methods that draft one sequence (K = 1 always): AR and the single-draft rules."""
+    return frozenset({AR_METHOD, *(name for name, spec in VERIFIERS.items() if spec.single_draft)})
 
 
 def get_verifier(name: str, **options) -> Verifier:
@@ -59,4 +90,4 @@ def get_verifier(name: str, **options) -> Verifier:
     return cls(**options)
 
 
-__all__ = ["VERIFIERS", "Outcome", "Verifier", "VerifierSpec", "VerifyResult", "get_verifier", "validate_inputs"]
+__all__ = ["AR_LABEL", "AR_METHOD", "VERIFIERS", "method_labels", "method_names", "single_draft_methods", "Outcome", "Verifier", "VerifierSpec", "VerifyResult", "get_verifier", "validate_inputs"]

@@ -4,6 +4,8 @@ from pathlib import Path
 
 import pytest
 
+from spectr_repro.conf import conf_dir
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -42,7 +44,7 @@ def test_make_reproduce_paper_preset_runs_the_paper_grid_without_cpu_models():
     lines = _dry_run("PRESET=paper")
     for experiment in ("paper_main", "ablation_K", "ablation_L", "ablation_T"):
         _position(lines, f"sweep experiment={experiment}")
-        assert (ROOT / "conf" / "experiment" / f"{experiment}.yaml").is_file()
+        assert (conf_dir() / "experiment" / f"{experiment}.yaml").is_file()
     assert _position(
         lines, "report results/paper_main results/ablation_K results/ablation_L results/ablation_T"
     )

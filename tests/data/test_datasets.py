@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from spectr_repro import data
+from spectr_repro.conf import conf_dir
 from spectr_repro.data import DATASETS, encode_prompt, get_dataset, load_examples
 from spectr_repro.data.base import select_indices
 
@@ -288,7 +289,7 @@ def test_dataset_configs_name_their_dataset():
     from omegaconf import OmegaConf
 
     for name in DATASETS:
-        cfg = OmegaConf.load(REPO / "conf" / "dataset" / f"{name}.yaml")
+        cfg = OmegaConf.load(conf_dir() / "dataset" / f"{name}.yaml")
         assert cfg.name == name and cfg.prompt_style == "auto"
         get_dataset(name).resolve_options(dict(cfg.options))  # options are all known
 
@@ -303,7 +304,7 @@ def test_load_from_a_dataset_config():
 def test_load_from_the_composed_hydra_config():
     from hydra import compose, initialize_config_dir
 
-    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base=None):
+    with initialize_config_dir(config_dir=str(conf_dir()), version_base=None):
         cfg = compose(config_name="config", overrides=["dataset=mgsm", "dataset.options.language=[de,fr]"])
     examples = load_examples(cfg.dataset, 6, seed=cfg.seed)
     assert len(examples) == 6 and {e.meta["language"] for e in examples} <= {"de", "fr"}

@@ -7,10 +7,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from spectr_repro.models import PAIR_NAMES, clear_cache, eos_token_ids, load_pair, pair_config
+from spectr_repro.conf import conf_dir
+from spectr_repro.models import clear_cache, eos_token_ids, load_pair, pair_config, pair_names
 from spectr_repro.models.offline import OFFLINE_MODELS
 
-CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
+CONF_DIR = conf_dir()
 EXPECTED_PAIRS = {
     "deepseek_33b_1.3b",
     "deepseek_6.7b_1.3b",
@@ -30,7 +31,7 @@ def _compose(*overrides: str):
 
 
 def test_all_pairs_are_registered():
-    assert set(PAIR_NAMES) == EXPECTED_PAIRS
+    assert set(pair_names()) == EXPECTED_PAIRS
 
 
 @pytest.mark.parametrize("name", sorted(EXPECTED_PAIRS))
