@@ -475,7 +475,7 @@ def main(argv: list[str] | None = None) -> int:
         "several are merged",
     )
     parser.add_argument("--output", help="report path (default: <first results_dir>/REPORT.md)")
-    parser.add_argument("--paper", help="paper numbers CSV (default: the copy shipped in spectr_repro/analysis/paper_numbers.csv)")
+    parser.add_argument("--paper", help="paper numbers CSV (default: the one shipped in the package)")
     parser.add_argument("--audit", help="audit.json (default: results/audit/audit.json when present)")
     parser.add_argument(
         "--quality",

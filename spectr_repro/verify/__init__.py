@@ -90,4 +90,7 @@ def get_verifier(name: str, **options) -> Verifier:
     return cls(**options)
 
 
-__all__ = ["AR_LABEL", "AR_METHOD", "VERIFIERS", "method_labels", "method_names", "single_draft_methods", "Outcome", "Verifier", "VerifierSpec", "VerifyResult", "get_verifier", "validate_inputs"]
+__all__ = [
+    "AR_LABEL", "AR_METHOD", "VERIFIERS", "Outcome", "Verifier", "VerifierSpec", "VerifyResult", "get_verifier",
+    "method_labels", "method_names", "single_draft_methods", "validate_inputs",
+]
