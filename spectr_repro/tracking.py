@@ -17,10 +17,11 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-# Per-prompt columns shown in the W&B table (accepted_lengths is long: kept in records.jsonl only).
-TABLE_COLUMNS = ("prompt_id", "method", "K", "L", "temperature", "seed", "prompt_tokens", "new_tokens",
-                 "target_calls", "block_efficiency", "wall_time_s", "ar_wall_time_s", "completion",
-                 "reference")
+from spectr_repro.records import table_columns
+
+# Per-prompt columns shown in the W&B table: the record schema minus the long per-iteration lists
+# (kept in records.jsonl only).
+TABLE_COLUMNS = tuple(table_columns())
 
 
 def enabled(logger_cfg: DictConfig) -> bool:

@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from spectr_repro.records import CellSummary, PromptRecord, field_names, iter_records, summary_from_json
 from spectr_repro.verify import method_labels, method_names, single_draft_methods
 
 # Canonical orders (rows and columns of every table and legend); methods come from the one registry.
@@ -25,49 +26,9 @@ METHOD_LABELS = method_labels()
 # Methods that draft a single sequence (K = 1 always); their values do not depend on K.
 SINGLE_DRAFT_METHODS = single_draft_methods()
 
-SUMMARY_KEYS = [
-    "experiment",
-    "cell_id",
-    "method",
-    "dataset",
-    "model_pair",
-    "K",
-    "L",
-    "temperature",
-    "seed",
-    "num_prompts",
-    "max_new_tokens",
-    "tokens",
-    "target_calls",
-    "block_efficiency",
-    "block_efficiency_std",
-    "wall_time_s",
-    "ar_wall_time_s",
-    "speedup",
-    "tokens_per_s",
-    "acceptance_by_position",
-    "time_split",
-    "environment",
-    "created_at",
-]
-RECORD_KEYS = [
-    "prompt_id",
-    "method",
-    "K",
-    "L",
-    "temperature",
-    "seed",
-    "prompt_tokens",
-    "new_tokens",
-    "target_calls",
-    "block_efficiency",
-    "wall_time_s",
-    "ar_wall_time_s",
-    "completion",
-    "reference",
-    "accepted_lengths",
-    "block_lengths",
-]
+# The columns come from the one schema (spectr_repro.records).
+SUMMARY_KEYS = field_names(CellSummary)
+RECORD_KEYS = field_names(PromptRecord)
 # Summary columns copied onto each record row so records can be grouped like cells.
 _CELL_COLUMNS_FOR_RECORDS = ["experiment", "cell_id", "dataset", "model_pair", "max_new_tokens"]
 
@@ -126,28 +87,18 @@ class Results:
     records: pd.DataFrame
 
 
-def _read_json(path: Path) -> dict:
+def _read_summary(path: Path) -> dict:
     try:
         with open(path, encoding="utf-8") as handle:
             data = json.load(handle)
     except json.JSONDecodeError as err:
         raise ValueError(f"{path}: not valid JSON ({err})") from err
-    if not isinstance(data, dict):
-        raise ValueError(f"{path}: expected a JSON object, got {type(data).__name__}")
-    return data
+    return summary_from_json(data, str(path))
 
 
 def _read_jsonl(path: Path) -> list[dict]:
-    rows = []
     with open(path, encoding="utf-8") as handle:
-        for line_number, line in enumerate(handle, 1):
-            if not line.strip():
-                continue
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError as err:
-                raise ValueError(f"{path}:{line_number}: not valid JSON ({err})") from err
-    return rows
+        return list(iter_records(handle, str(path)))
 
 
 def summary_paths(results_dir: str | Path) -> list[Path]:
@@ -169,18 +120,13 @@ def load_cells(results_dir: str | Path) -> pd.DataFrame:
         )
     rows = []
     for path in paths:
-        summary = _read_json(path)
-        missing = [
-            k for k in ("method", "dataset", "model_pair", "K", "L", "temperature") if k not in summary
-        ]
-        if missing:
-            raise ValueError(f"{path}: summary lacks required keys {missing}")
-        summary.setdefault("cell_id", path.parent.name)
-        summary.setdefault("experiment", path.parent.parent.parent.name)
+        summary = _read_summary(path)
+        summary["cell_id"] = summary.get("cell_id") or path.parent.name
+        summary["experiment"] = summary.get("experiment") or path.parent.parent.parent.name
         summary["cell_dir"] = str(path.parent)
         rows.append(summary)
     cells = pd.DataFrame(rows)
-    for key in SUMMARY_KEYS + ["method_options"]:
+    for key in SUMMARY_KEYS:
         if key not in cells:
             cells[key] = None
     cells["rule"] = cells["method"]

@@ -19,7 +19,6 @@ import datetime as dt
 import importlib
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -37,6 +36,7 @@ from spectr_repro.analysis.load import (
 )
 from spectr_repro.analysis.paper import PAPER_SOURCE, load_paper_numbers, unlabelled_numbers
 from spectr_repro.analysis.tables import AVERAGE, METRICS, build_table1, main_setting
+from spectr_repro.environment import git_commit
 
 DEFAULT_RESULTS_DIR = "results/cpu_quick"
 ENVIRONMENT_KEYS = ["device", "device_name", "torch", "transformers", "python", "git_commit", "num_threads"]
@@ -61,17 +61,8 @@ def _unique_text(values) -> str:
 
 def _repository_commit() -> str | None:
     """The commit of the checkout this report is generated from (None outside a git checkout)."""
-    try:
-        out = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"],
-            capture_output=True,
-            text=True,
-            timeout=10,
-            cwd=Path(__file__).resolve().parent,
-        )
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return out.stdout.strip() or None if out.returncode == 0 else None
+    commit = git_commit(short=True)
+    return None if commit == "unknown" else commit
 
 
 def environment_section(cells: pd.DataFrame) -> str:

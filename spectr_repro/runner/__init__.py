@@ -56,6 +56,7 @@ def _main(command: str, argv: list[str]) -> int:
         print(help_text(command))
         return 0
     try:
+        argv, show_config = _take_cfg_flag(argv)
         args = parse_arguments(argv)
         if command == "sweep" and args.launcher_overrides:
             return _hydra_multirun(args)
@@ -71,10 +72,14 @@ def _main(command: str, argv: list[str]) -> int:
             check_writable(cfg.output_dir)
             if command == "run" and needs_single_draft(cfg):
                 raise UsageError(single_draft_message(cfg))
-            _check_device(cfg.hardware.get("device"))
+            if not show_config:
+                _check_device(cfg.hardware.get("device"))
     except UsageError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
+    if show_config:  # Hydra's `--cfg job`: print the composed config of every cell, run nothing
+        print_configs(cfgs)
+        return 0
 
     plans = plan_cells(cfgs)
     force = any(bool(cfg.force) for cfg in cfgs)
@@ -99,6 +104,36 @@ def _main(command: str, argv: list[str]) -> int:
     print(f"{ran} cell(s) run, {earlier} finished earlier (skipped), {len(notes)} skipped as invalid; "
           f"results in {plans[0].directory.parent.parent if plans else cfgs[0].output_dir}")
     return 0
+
+
+def _take_cfg_flag(argv: list[str]) -> tuple[list[str], bool]:
+    """Strip Hydra's ``--cfg job`` (also ``--cfg=job``, ``-c job``) from argv; only ``job`` is supported."""
+    rest, show, index = [], False, 0
+    while index < len(argv):
+        argument = argv[index]
+        if argument in ("--cfg", "-c") or argument.startswith("--cfg="):
+            value = argument.split("=", 1)[1] if "=" in argument else (argv[index + 1] if index + 1 < len(argv)
+                                                                      else None)
+            index += 1 if "=" in argument else 2
+            if value != "job":
+                raise UsageError(f"--cfg takes 'job' (print the composed config of each cell), got {value!r}")
+            show = True
+            continue
+        rest.append(argument)
+        index += 1
+    return rest, show
+
+
+def print_configs(cfgs) -> None:
+    """The resolved config of each cell, as YAML (what config.yaml beside each summary will hold)."""
+    from omegaconf import OmegaConf
+
+    from spectr_repro.runner.store import cell_id
+
+    for number, cfg in enumerate(cfgs, 1):
+        if len(cfgs) > 1:
+            print(f"# cell {number}/{len(cfgs)}: {cell_id(cfg)}")
+        print(OmegaConf.to_yaml(cfg, resolve=True))
 
 
 def _check_device(device) -> None:
@@ -213,4 +248,4 @@ def hydra_task(cfg) -> float | None:
     return summary.get("speedup")
 
 
-__all__ = ["UsageError", "help_text", "hydra_task", "main_run", "main_sweep", "summary_table"]
+__all__ = ["UsageError", "help_text", "hydra_task", "main_run", "main_sweep", "print_configs", "summary_table"]

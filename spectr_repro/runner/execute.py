@@ -9,11 +9,6 @@ AR wall time / method wall time over the same prompts.
 from __future__ import annotations
 
 import datetime as _dt
-import functools
-import math
-import platform
-import statistics
-import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -25,6 +20,8 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from tqdm.auto import tqdm
 
 from spectr_repro import tracking
+from spectr_repro.environment import environment
+from spectr_repro.records import CellSummary, PromptRecord, as_json, pooled_metrics
 from spectr_repro.runner import store
 from spectr_repro.runner.config import conf_dir, needs_single_draft, single_draft_message
 
@@ -98,54 +95,6 @@ def plan_cells(cfgs: Sequence[DictConfig]) -> list[CellPlan]:
         return (plan.cfg.choices.model_pair, plan.cfg.choices.hardware, group, plan.method != "ar")
 
     return sorted(plans.values(), key=order)  # sorted() is stable: grid order within a group
-
-
-# --------------------------------------------------------------------------------------------------
-# Environment
-
-
-@functools.cache
-def _git_commit() -> str:
-    root = conf_dir().parent
-    try:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True,
-                                timeout=10).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
-                               capture_output=True, text=True, timeout=10).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
-    return (commit + ("+dirty" if dirty else "")) if commit else "unknown"
-
-
-def environment(device: str) -> dict[str, Any]:
-    import torch
-    import transformers
-
-    if str(device).startswith("cuda") and torch.cuda.is_available():
-        device_name = torch.cuda.get_device_name(torch.device(device))
-    else:
-        device_name = _cpu_name()
-    return {
-        "device": str(device),
-        "device_name": device_name,
-        "torch": torch.__version__,
-        "transformers": transformers.__version__,
-        "python": platform.python_version(),
-        "git_commit": _git_commit(),
-        "num_threads": torch.get_num_threads(),
-        "hostname": platform.node(),
-    }
-
-
-@functools.cache
-def _cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 # --------------------------------------------------------------------------------------------------
@@ -298,69 +247,60 @@ class Session:
                 time_split[section] = time_split.get(section, 0.0) + seconds
             text = pair.tokenizer.decode(out.new_tokens, skip_special_tokens=True)
             prompt_id = str(example.id)
-            records.append({
-                "prompt_id": prompt_id,
-                "method": method,
-                "K": cfg.K,
-                "L": cfg.L,
-                "temperature": temperature,
-                "seed": cfg.seed,
-                "prompt_tokens": len(input_ids),
-                "new_tokens": len(out.new_tokens),
-                "target_calls": out.target_calls,
-                "block_efficiency": out.block_efficiency,
-                "wall_time_s": wall,
-                "ar_wall_time_s": wall if method == "ar" else ar_times.get(prompt_id),
-                "completion": truncate_at_stop(text, stop_strings),
-                "reference": getattr(example, "reference", None),
-                "accepted_lengths": accepted,
-                "block_lengths": blocks,
-                "dataset": cfg.choices.dataset,
-                "model_pair": cfg.choices.model_pair,
-            })
+            records.append(PromptRecord(
+                prompt_id=prompt_id,
+                method=method,
+                K=cfg.K,
+                L=cfg.L,
+                temperature=temperature,
+                seed=cfg.seed,
+                prompt_tokens=len(input_ids),
+                new_tokens=len(out.new_tokens),
+                target_calls=out.target_calls,
+                block_efficiency=out.block_efficiency,
+                wall_time_s=wall,
+                ar_wall_time_s=wall if method == "ar" else ar_times.get(prompt_id),
+                completion=truncate_at_stop(text, stop_strings),
+                reference=getattr(example, "reference", None),
+                accepted_lengths=accepted,
+                block_lengths=blocks,
+                dataset=cfg.choices.dataset,
+                model_pair=cfg.choices.model_pair,
+            ))
             bar.set_postfix(BE=f"{tokens / calls:.2f}" if calls else "-")
         bar.close()
 
-        missing = [r["prompt_id"] for r in records if r["ar_wall_time_s"] is None]
+        missing = [r.prompt_id for r in records if r.ar_wall_time_s is None]
         if missing:
             raise RuntimeError(f"AR baseline {plan.ar_cell_id} has no record for prompts {missing[:5]}")
-        wall_time = sum(r["wall_time_s"] for r in records)
-        ar_wall_time = sum(r["ar_wall_time_s"] for r in records)
-        per_prompt_be = [r["block_efficiency"] for r in records]
-        summary = {
-            "experiment": cfg.experiment,
-            "cell_id": plan.cell_id,
-            "method": method,
-            "method_options": options,
-            "dataset": cfg.choices.dataset,
-            "model_pair": cfg.choices.model_pair,
-            "hardware": cfg.choices.hardware,
-            "K": cfg.K,
-            "L": cfg.L,
-            "temperature": temperature,
-            "seed": cfg.seed,
-            "num_prompts": len(records),
-            "max_new_tokens": cfg.max_new_tokens,
-            "tokens": tokens,
-            "target_calls": calls,
-            "block_efficiency": tokens / calls if calls else 0.0,  # pooled: all tokens / all target calls
-            "block_efficiency_std": statistics.stdev(per_prompt_be) if len(per_prompt_be) > 1 else 0.0,
-            "wall_time_s": wall_time,
-            "ar_wall_time_s": ar_wall_time,
-            "speedup": ar_wall_time / wall_time if wall_time > 0 else math.nan,
-            "tokens_per_s": tokens / wall_time if wall_time > 0 else math.nan,
-            "acceptance_by_position": (
+        rows = [as_json(r) for r in records]
+        summary = CellSummary(
+            experiment=cfg.experiment,
+            cell_id=plan.cell_id,
+            method=method,
+            method_options=options,
+            dataset=cfg.choices.dataset,
+            model_pair=cfg.choices.model_pair,
+            hardware=cfg.choices.hardware,
+            K=cfg.K,
+            L=cfg.L,
+            temperature=temperature,
+            seed=cfg.seed,
+            max_new_tokens=cfg.max_new_tokens,
+            **pooled_metrics(rows),  # tokens, target calls, pooled BE, wall times, speed-up, tokens/s
+            acceptance_by_position=(
                 [] if method == "ar" else acceptance_by_position(pooled_accepted, cfg.L, pooled_blocks)),
-            "time_split": time_split,
-            "ar_cell_id": plan.ar_cell_id or plan.cell_id,
-            "ar_same_process": ar_same_process,
-            "environment": environment(str(pair.device)),
-            "created_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        }
-        store.write_cell(plan.directory, records, summary)
+            time_split=time_split,
+            ar_cell_id=plan.ar_cell_id or plan.cell_id,
+            ar_same_process=ar_same_process,
+            environment=environment(str(pair.device)),
+            created_at=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        )
+        summary = as_json(summary)
+        store.write_cell(plan.directory, rows, summary, config=plan.cfg)
         if method == "ar":
-            self._ar_times[plan.cell_id] = ({r["prompt_id"]: r["wall_time_s"] for r in records}, True)
-        self._log(plan, summary, records)
+            self._ar_times[plan.cell_id] = ({r["prompt_id"]: r["wall_time_s"] for r in rows}, True)
+        self._log(plan, summary, rows)
         return summary
 
     def _log(self, plan: CellPlan, summary: dict[str, Any], records: list[dict[str, Any]]) -> None:

@@ -1,10 +1,11 @@
 """The results folder: one directory per cell, written atomically, finished iff summary.json exists.
 
-    <output_dir>/<experiment>/cells/<cell_id>/records.jsonl   one JSON line per prompt
-    <output_dir>/<experiment>/cells/<cell_id>/summary.json    the cell's metrics (written last)
+    <output_dir>/<experiment>/cells/<cell_id>/records.jsonl   one JSON line per prompt (records.PromptRecord)
+    <output_dir>/<experiment>/cells/<cell_id>/config.yaml     the cell's resolved config
+    <output_dir>/<experiment>/cells/<cell_id>/summary.json    the cell's metrics (records.CellSummary, last)
 
-records.jsonl is written first and summary.json second, each through a temporary file and
-``os.replace``; a cell interrupted before its summary is redone from scratch (never half-counted).
+records.jsonl, then config.yaml, then summary.json, each through a temporary file and ``os.replace``;
+a cell interrupted before its summary is redone from scratch (never half-counted).
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
+
+from spectr_repro.records import SchemaError, iter_records, summary_from_json
 
 
 def cell_identity(cfg: DictConfig) -> dict[str, Any]:
@@ -56,12 +59,19 @@ def is_finished(directory: Path) -> bool:
 
 
 def read_summary(directory: Path) -> dict[str, Any]:
-    return json.loads((directory / "summary.json").read_text())
+    """The cell's summary, checked against the schema (SchemaError naming the file otherwise)."""
+    path = directory / "summary.json"
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as error:
+        raise SchemaError(f"{path}: not valid JSON ({error.msg} at line {error.lineno})") from None
+    return summary_from_json(data, str(path))
 
 
 def read_records(directory: Path) -> list[dict[str, Any]]:
-    with open(directory / "records.jsonl") as handle:
-        return [json.loads(line) for line in handle if line.strip()]
+    path = directory / "records.jsonl"
+    with open(path, encoding="utf-8") as handle:
+        return list(iter_records(handle, str(path)))
 
 
 def _atomic_write(path: Path, text: str) -> None:
@@ -78,10 +88,13 @@ def _atomic_write(path: Path, text: str) -> None:
         raise
 
 
-def write_cell(directory: Path, records: list[dict[str, Any]], summary: dict[str, Any]) -> None:
-    """Records first, summary last: the summary's presence marks the cell finished."""
+def write_cell(directory: Path, records: list[dict[str, Any]], summary: dict[str, Any],
+               config: DictConfig | None = None) -> None:
+    """Records first, then the resolved config, summary last: the summary's presence marks the cell finished."""
     (directory / "summary.json").unlink(missing_ok=True)  # a forced rerun is unfinished until done
     _atomic_write(directory / "records.jsonl", "".join(json.dumps(r) + "\n" for r in records))
+    if config is not None:
+        _atomic_write(directory / "config.yaml", OmegaConf.to_yaml(config, resolve=True))
     _atomic_write(directory / "summary.json", json.dumps(summary, indent=2) + "\n")
 
 

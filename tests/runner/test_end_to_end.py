@@ -7,20 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from spectr_repro.runner import execute, main_run, main_sweep
+from spectr_repro.records import CellSummary, PromptRecord, field_names
+from spectr_repro.runner import execute, main_run, main_sweep, store
 
-SUMMARY_KEYS = {
-    "experiment", "cell_id", "method", "dataset", "model_pair", "K", "L", "temperature", "seed",
-    "num_prompts", "max_new_tokens", "tokens", "target_calls", "block_efficiency", "block_efficiency_std",
-    "wall_time_s",
-    "ar_wall_time_s", "speedup", "tokens_per_s", "acceptance_by_position", "time_split", "environment",
-    "created_at",
-}
-RECORD_KEYS = {
-    "prompt_id", "method", "K", "L", "temperature", "seed", "prompt_tokens", "new_tokens", "target_calls",
-    "block_efficiency", "wall_time_s", "ar_wall_time_s", "completion", "reference", "accepted_lengths",
-    "block_lengths",
-}
+# The schema is the contract: every summary and record carries exactly its fields.
+SUMMARY_KEYS = set(field_names(CellSummary))
+RECORD_KEYS = set(field_names(PromptRecord))
 ENVIRONMENT_KEYS = {"device", "device_name", "torch", "transformers", "python", "git_commit", "num_threads"}
 
 SWEEP = ["model_pair=tiny_random", "dataset=humaneval", "method=sd,spectr_gbv", "K=1,3", "L=3",
@@ -51,18 +43,48 @@ def test_sweep_writes_every_cell_with_the_agreed_fields(swept, capsys):
     # sd at K=3 is not a valid cell (single draft): skipped, nothing written for it.
     assert set(by_key) == {("ar", 1), ("sd", 1), ("spectr_gbv", 1), ("spectr_gbv", 3)}
     for summary, records in by_key.values():
-        assert SUMMARY_KEYS <= set(summary)
+        assert set(summary) == SUMMARY_KEYS
         assert ENVIRONMENT_KEYS <= set(summary["environment"])
         assert summary["num_prompts"] == len(records) == 2
         assert summary["model_pair"] == "tiny_random" and summary["dataset"] == "humaneval"
         for record in records:
-            assert RECORD_KEYS <= set(record)
+            assert set(record) == RECORD_KEYS
             assert record["new_tokens"] <= 12
         assert summary["tokens"] == sum(r["new_tokens"] for r in records)
         assert summary["target_calls"] == sum(r["target_calls"] for r in records)
         assert summary["block_efficiency"] == pytest.approx(summary["tokens"] / summary["target_calls"])
         assert summary["tokens_per_s"] == pytest.approx(summary["tokens"] / summary["wall_time_s"])
         assert set(summary["time_split"]) >= {"prefill", "target", "total"}
+
+
+def test_each_cell_keeps_its_resolved_config(swept):
+    """config.yaml beside each summary is the cell's full config: it hashes back to the cell's id."""
+    from omegaconf import OmegaConf
+
+    _, out = swept
+    for summary_path in out.glob("default/cells/*/summary.json"):
+        config = OmegaConf.load(summary_path.parent / "config.yaml")
+        assert store.cell_id(config) == summary_path.parent.name
+        summary = json.loads(summary_path.read_text())
+        assert config.method.name == summary["method"] and config.K == summary["K"]
+        assert config.dataset.name == "humaneval" and config.model_pair.name == "tiny_random"
+
+
+def test_cfg_job_prints_every_cell_and_writes_nothing(tmp_path, capsys):
+    from omegaconf import OmegaConf
+
+    out = tmp_path / "results"
+    assert main_sweep([*SWEEP, f"output_dir={out}", "--cfg", "job"]) == 0
+    printed = capsys.readouterr().out
+    blocks = [b for b in printed.split("# cell ")[1:]]
+    assert len(blocks) == 4  # sd K=1, spectr_gbv K=1 and K=3, sd K=3 (skipped when run, still a composed cell)
+    first = OmegaConf.create(blocks[0].split("\n", 1)[1])
+    assert first.model_pair.name == "tiny_random" and first.L == 3
+    assert not out.exists()
+    assert main_run(["model_pair=tiny_random", f"output_dir={out}", "--cfg=job"]) == 0
+    assert "method:" in capsys.readouterr().out and not out.exists()
+    assert main_run([f"output_dir={out}", "--cfg", "hydra"]) == 2
+    assert "--cfg takes 'job'" in capsys.readouterr().err
 
 
 def test_speedup_is_against_the_ar_run_of_the_same_group(swept):

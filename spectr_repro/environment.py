@@ -1,0 +1,71 @@
+"""Where a number was measured: device, library versions, threads, host, and the code's git commit.
+
+One helper for the runner (each cell's summary), the report and the benchmark.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import platform
+import subprocess
+from pathlib import Path
+from typing import Any
+
+PACKAGE_DIR = Path(__file__).resolve().parent
+
+
+@functools.cache
+def git_commit(short: bool = False) -> str:
+    """The commit of the checkout the package runs from, "+dirty" when tracked files changed;
+    "unknown" outside a git checkout (an installed wheel)."""
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=PACKAGE_DIR, capture_output=True, text=True,
+                              timeout=10).stdout.strip()
+
+    try:
+        commit = git("rev-parse", *(["--short"] if short else []), "HEAD")
+        dirty = git("status", "--porcelain", "--untracked-files=no")
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return (commit + ("+dirty" if dirty else "")) if commit else "unknown"
+
+
+@functools.cache
+def cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def device_name(device: str) -> str:
+    import torch
+
+    if str(device).startswith("cuda") and torch.cuda.is_available():
+        return torch.cuda.get_device_name(torch.device(device))
+    return cpu_name()
+
+
+def environment(device: str = "cpu") -> dict[str, Any]:
+    """The environment of a measurement on ``device`` (a JSON-ready dict)."""
+    import torch
+    import transformers
+
+    return {
+        "device": str(device),
+        "device_name": device_name(str(device)),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "python": platform.python_version(),
+        "git_commit": git_commit(),
+        "num_threads": torch.get_num_threads(),
+        "cpu_count": os.cpu_count(),
+        "hostname": platform.node(),
+    }
+
+
+__all__ = ["cpu_name", "device_name", "environment", "git_commit"]

@@ -1,0 +1,207 @@
+"""The one schema of the results folder: a record per prompt, a summary per cell.
+
+    <output_dir>/<experiment>/cells/<cell_id>/records.jsonl   one PromptRecord per line
+    <output_dir>/<experiment>/cells/<cell_id>/config.yaml     the cell's resolved config
+    <output_dir>/<experiment>/cells/<cell_id>/summary.json    one CellSummary (written last)
+
+The runner builds these dataclasses and writes them; the analysis reads them back through
+``summary_from_json`` / ``record_from_json`` (which name the file and the missing key when one is
+missing); W&B logs the same fields. A new field is added here, once. Plain dataclasses, no torch: a
+report can be rebuilt from a results folder on any laptop.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any
+
+SCHEMA_VERSION = 1
+
+
+def _column(table: bool = True, **metadata):
+    """A field; ``table=False`` keeps long per-iteration lists out of W&B's per-prompt table."""
+    return field(metadata={"table": table, **metadata})
+
+
+@dataclass
+class PromptRecord:
+    """One prompt of one cell: what was generated and what it cost."""
+
+    prompt_id: str = _column()
+    method: str = _column()
+    K: int = _column()
+    L: int = _column()
+    temperature: float = _column()
+    seed: int = _column()
+    prompt_tokens: int = _column()
+    new_tokens: int = _column()
+    target_calls: int = _column()
+    block_efficiency: float = _column()  # new_tokens / target_calls
+    wall_time_s: float = _column()
+    ar_wall_time_s: float | None = _column()  # the AR baseline's wall time on the same prompt
+    completion: str = _column()  # decoded text, cut at the first stop string
+    reference: str | None = _column()  # the dataset's reference answer (math) or task id
+    accepted_lengths: list[int] = _column(table=False)  # tau of each iteration
+    block_lengths: list[int] = _column(table=False)  # drafted length of each block (the last may be shorter)
+    dataset: str = _column()
+    model_pair: str = _column()
+
+
+@dataclass
+class CellSummary:
+    """One cell (method x setting x prompt set): pooled metrics, where and how it was measured."""
+
+    experiment: str
+    cell_id: str
+    method: str
+    method_options: dict[str, Any]
+    dataset: str
+    model_pair: str
+    hardware: str
+    K: int
+    L: int
+    temperature: float
+    seed: int
+    num_prompts: int
+    max_new_tokens: int
+    tokens: int  # total new tokens over the prompts
+    target_calls: int
+    block_efficiency: float  # pooled: tokens / target_calls
+    block_efficiency_std: float  # standard deviation of the per-prompt block efficiencies
+    wall_time_s: float  # sum of the prompts' wall times
+    ar_wall_time_s: float  # sum of the AR baseline's wall times on the same prompts
+    speedup: float  # ar_wall_time_s / wall_time_s
+    tokens_per_s: float
+    acceptance_by_position: list[float | None]  # P(position i accepted | reached), i = 1..L
+    time_split: dict[str, float]  # seconds per engine section (prefill, draft, target, verify, total)
+    ar_cell_id: str
+    ar_same_process: bool  # the AR baseline was timed in this process (else read from its cell)
+    environment: dict[str, Any]
+    created_at: str
+    schema_version: int = SCHEMA_VERSION
+
+
+REQUIRED_SUMMARY_KEYS = ("method", "dataset", "model_pair", "K", "L", "temperature")
+
+
+def field_names(cls) -> list[str]:
+    return [f.name for f in fields(cls)]
+
+
+def table_columns() -> list[str]:
+    """The per-prompt columns shown in tables (W&B): every record field but the per-iteration lists."""
+    return [f.name for f in fields(PromptRecord) if f.metadata.get("table", True)]
+
+
+class SchemaError(ValueError):
+    """A summary or record that does not fit the schema; the message names the file."""
+
+
+def summary_from_json(data: Mapping[str, Any], where: str = "summary") -> dict[str, Any]:
+    """A summary read from disk, checked: every required key present; absent optional keys become None.
+
+    Older summaries (before a field existed) load with that field None rather than failing.
+    """
+    if not isinstance(data, Mapping):
+        raise SchemaError(f"{where}: expected a JSON object, got {type(data).__name__}")
+    missing = [key for key in REQUIRED_SUMMARY_KEYS if key not in data]
+    if missing:
+        raise SchemaError(f"{where}: summary lacks required keys {missing}")
+    out = {name: data.get(name) for name in field_names(CellSummary)}
+    out.update({key: value for key, value in data.items() if key not in out})  # keep unknown extras
+    return out
+
+
+def record_from_json(data: Mapping[str, Any], where: str = "record") -> dict[str, Any]:
+    if not isinstance(data, Mapping):
+        raise SchemaError(f"{where}: expected a JSON object, got {type(data).__name__}")
+    if "prompt_id" not in data:
+        raise SchemaError(f"{where}: record lacks 'prompt_id'")
+    out = {name: data.get(name) for name in field_names(PromptRecord)}
+    out.update({key: value for key, value in data.items() if key not in out})
+    return out
+
+
+@dataclass(frozen=True)
+class RecordTotals:
+    """What a summary must agree with: the totals of its records."""
+
+    num_prompts: int
+    prompt_ids: tuple[str, ...]
+    tokens: int
+    target_calls: int
+    wall_time_s: float
+    ar_wall_time_s: float
+
+    @property
+    def block_efficiency(self) -> float:
+        return self.tokens / self.target_calls if self.target_calls else 0.0
+
+
+def record_totals(records: Sequence[Mapping[str, Any]]) -> RecordTotals:
+    return RecordTotals(
+        num_prompts=len(records),
+        prompt_ids=tuple(str(r["prompt_id"]) for r in records),
+        tokens=sum(int(r["new_tokens"]) for r in records),
+        target_calls=sum(int(r["target_calls"]) for r in records),
+        wall_time_s=sum(float(r["wall_time_s"]) for r in records),
+        ar_wall_time_s=sum(float(r["ar_wall_time_s"] or 0.0) for r in records),
+    )
+
+
+def pooled_metrics(records: Sequence[Mapping[str, Any]]) -> dict[str, float]:
+    """The summary's pooled numbers from its records (one definition for the runner and the checks)."""
+    totals = record_totals(records)
+    per_prompt = [float(r["block_efficiency"]) for r in records]
+    wall = totals.wall_time_s
+    return {
+        "num_prompts": totals.num_prompts,
+        "tokens": totals.tokens,
+        "target_calls": totals.target_calls,
+        "block_efficiency": totals.block_efficiency,
+        "block_efficiency_std": statistics.stdev(per_prompt) if len(per_prompt) > 1 else 0.0,
+        "wall_time_s": wall,
+        "ar_wall_time_s": totals.ar_wall_time_s,
+        "speedup": totals.ar_wall_time_s / wall if wall > 0 else math.nan,
+        "tokens_per_s": totals.tokens / wall if wall > 0 else math.nan,
+    }
+
+
+def as_json(item: PromptRecord | CellSummary) -> dict[str, Any]:
+    return asdict(item)
+
+
+def flatten_numbers(summary: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Scalars of a summary with nested dicts flattened to ``key/sub`` (W&B summary, CSV columns)."""
+    flat: dict[str, Any] = {}
+    for key, value in summary.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, Mapping):
+            flat.update(flatten_numbers(value, prefix=f"{name}/"))
+        elif isinstance(value, int | float | str | bool) or value is None:
+            flat[name] = value
+    return flat
+
+
+def iter_records(lines: Iterable[str], where: str) -> Iterable[dict[str, Any]]:
+    """Parse JSONL lines into checked records; a bad line is a SchemaError naming ``where`` and the line."""
+    import json
+
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            data = json.loads(line)
+        except json.JSONDecodeError as error:
+            raise SchemaError(f"{where}:{number}: not valid JSON ({error.msg})") from None
+        yield record_from_json(data, f"{where}:{number}")
+
+
+__all__ = [
+    "REQUIRED_SUMMARY_KEYS", "SCHEMA_VERSION", "CellSummary", "PromptRecord", "RecordTotals", "SchemaError",
+    "as_json", "field_names", "flatten_numbers", "iter_records", "pooled_metrics", "record_from_json",
+    "record_totals", "summary_from_json", "table_columns",
+]
