@@ -120,11 +120,12 @@ def assert_greedy_is_argmax(verifier, toy, K: int, L: int = 2, n: int = 3) -> No
 
 
 def assert_draft_equal_target_accepts_all(verifier, toy, K: int, L: int = 2) -> None:
-    """q = p: every outcome of every draft tuple has L accepted tokens plus the bonus."""
+    """q = p: every outcome of every draft tuple has L accepted tokens plus the bonus (outcomes cut short may
+    carry float64 round-off mass, < 1e-12 in all)."""
     target = toy[0]
     for _, tokens, dp, tp in iteration_inputs(target, target, K, L):
         law = law_dict(verifier.law(tokens, dp, tp))
-        assert all(len(o) == L + 1 for o in law) and abs(sum(law.values()) - 1) < 1e-12
+        assert sum(p for o, p in law.items() if len(o) != L + 1) < 1e-12 and abs(sum(law.values()) - 1) < 1e-12
         result = verifier(tokens, dp, tp, generator=torch.Generator().manual_seed(1))
         assert result.num_accepted == L and len(result.tokens) == L + 1
 
