@@ -61,10 +61,10 @@ reproduce: $(PY)
 	@echo "report: results/$(firstword $(REPRODUCE_EXPERIMENTS))/REPORT.md"
 
 bench: $(PY)
-	$(PY) scripts/bench.py
+	$(PY) -m spectr_repro bench
 
 bench-quick: $(PY)
-	$(PY) scripts/bench.py --quick
+	$(PY) -m spectr_repro bench --quick
 
 theory: $(PY)
 	$(PY) -m spectr_repro theory

@@ -1,4 +1,4 @@
-"""``python -m spectr_repro {run,sweep,report,theory,audit} [args]`` (also the ``spectr-repro`` script).
+"""``python -m spectr_repro {run,sweep,report,theory,audit,quality,bench} [args]`` (also the ``spectr-repro`` script).
 
 Each subcommand lives in its own module and takes the remaining argv; they are imported lazily so
 that e.g. ``report`` works on a laptop without loading the runner.
@@ -18,6 +18,8 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "report": ("spectr_repro.analysis.report", "main", "tables, figures and REPORT.md from a results folder"),
     "theory": ("spectr_repro.theory.cli", "main_theory", "exact laws, LP limit, paper's bound (toys)"),
     "audit": ("spectr_repro.theory.cli", "main_audit", "validity audit of every verification rule"),
+    "quality": ("spectr_repro.quality", "main", "pass@1 / accuracy of each method next to AR (runs model code)"),
+    "bench": ("spectr_repro.bench.cli", "main", "speed benchmarks: our loops vs transformers' (--quick: minutes)"),
 }
 
 
@@ -48,6 +50,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: unknown command {command!r}.{hint} Commands: {', '.join(COMMANDS)}", file=sys.stderr)
         return 2
     module_name, function_name, _ = COMMANDS[command]
+    from spectr_repro.logs import setup_logging
+
+    setup_logging()
     try:
         module = importlib.import_module(module_name)
     except ModuleNotFoundError as error:

@@ -1,12 +1,20 @@
-"""Weights & Biases logging: one W&B run per finished cell, grouped by experiment.
+"""Weights & Biases logging: one W&B run per finished cell, following W&B's own conventions.
 
-Offline by default (``logger=wandb_offline``): runs are written under
-``<output_dir>/<experiment>/wandb/`` and nothing touches the network; upload later with
-``wandb sync <output_dir>/<experiment>/wandb/offline-run-*``. ``logger=wandb_online`` logs live
-(needs ``wandb login``), ``logger=disabled`` logs nothing (records are written either way).
+Offline by default (``logger=wandb_offline``): runs are written under ``<output_dir>/<experiment>/wandb/``
+and nothing touches the network; upload later with ``wandb sync <output_dir>/<experiment>/wandb/offline-run-*``.
+``logger=wandb_online`` logs live (needs ``wandb login``), ``logger=disabled`` logs nothing (records are
+written either way).
 
-Each run has config = the resolved cell config, summary = the cell's metrics, and a table of
-per-prompt records (key ``records``).
+W&B's environment variables win over the logger config's defaults, as W&B users expect: ``WANDB_PROJECT``
+and ``WANDB_ENTITY`` choose where runs go (the config's ``project``/``entity`` only when set there and the
+variable is not), ``WANDB_MODE`` (online, offline, disabled) overrides the logger's mode and is never
+overwritten, ``WANDB_DIR`` is left to W&B.
+
+Each run: ``group`` = experiment, ``job_type`` = method, tags = model pair, dataset and method, config = the
+cell's resolved config (K, L, temperature, ... at the top level, so a reviewer can open one project and
+filter or group by method, K, L, T, dataset), summary = the cell's metrics (the record schema), a table of
+per-prompt records (``records``) and the acceptance by draft position as a line chart
+(``acceptance_by_position``).
 """
 
 from __future__ import annotations
@@ -17,22 +25,45 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from spectr_repro.records import table_columns
+from spectr_repro.records import flatten_numbers, table_columns
 
 # Per-prompt columns shown in the W&B table: the record schema minus the long per-iteration lists
 # (kept in records.jsonl only).
 TABLE_COLUMNS = tuple(table_columns())
+DEFAULT_PROJECT = "spectr_repro"
+MODES = ("online", "offline", "disabled")
+
+
+def mode(logger_cfg: DictConfig) -> str:
+    """The effective mode: ``WANDB_MODE`` when set (W&B's convention), else the logger config's."""
+    env = os.environ.get("WANDB_MODE")
+    if env:
+        return env
+    return str(logger_cfg.get("mode") or "disabled")
 
 
 def enabled(logger_cfg: DictConfig) -> bool:
-    return logger_cfg.get("backend") == "wandb" and logger_cfg.get("mode") in ("offline", "online")
+    return logger_cfg.get("backend") == "wandb" and mode(logger_cfg) in ("offline", "online")
 
 
 def prepare(logger_cfg: DictConfig) -> None:
-    """Before any run: in offline mode make sure W&B cannot reach the network."""
-    if enabled(logger_cfg) and logger_cfg.mode == "offline":
-        os.environ["WANDB_MODE"] = "offline"
+    """Before any run: offline logging must not reach the network (WANDB_MODE set only when unset)."""
+    if enabled(logger_cfg) and mode(logger_cfg) == "offline":
+        os.environ.setdefault("WANDB_MODE", "offline")
         os.environ.setdefault("WANDB_SILENT", "true")
+
+
+def destination(logger_cfg: DictConfig) -> tuple[str, str | None]:
+    """(project, entity): W&B's environment variables first, then the config, then the default project."""
+    project = os.environ.get("WANDB_PROJECT") or logger_cfg.get("project") or DEFAULT_PROJECT
+    entity = os.environ.get("WANDB_ENTITY") or logger_cfg.get("entity")
+    return str(project), (str(entity) if entity else None)
+
+
+def run_tags(summary: dict[str, Any]) -> list[str]:
+    tags = [f"pair:{summary.get('model_pair')}", f"dataset:{summary.get('dataset')}",
+            f"method:{summary.get('method')}"]
+    return [tag[:64] for tag in tags]  # W&B limits tags to 64 characters
 
 
 def log_cell(logger_cfg: DictConfig, run_root: Path, experiment: str, cell_id: str,
@@ -44,34 +75,38 @@ def log_cell(logger_cfg: DictConfig, run_root: Path, experiment: str, cell_id: s
 
     prepare(logger_cfg)
     run_root.mkdir(parents=True, exist_ok=True)
+    project, entity = destination(logger_cfg)
     run = wandb.init(
-        project=logger_cfg.get("project") or "spectr_repro",
-        entity=logger_cfg.get("entity"),
+        project=project,
+        entity=entity,
         group=experiment,
         job_type=str(summary.get("method")),
         name=cell_id,
+        tags=run_tags(summary),
         config=config,
         dir=str(run_root),
-        mode=logger_cfg.mode,
+        mode=mode(logger_cfg),
         settings=wandb.Settings(console="off", silent=True, x_disable_stats=True, x_disable_meta=True),
         reinit="finish_previous",
     )
     try:
         table = wandb.Table(columns=list(TABLE_COLUMNS),
                             data=[[record.get(c) for c in TABLE_COLUMNS] for record in records])
-        run.log({"records": table})
-        for key, value in summary.items():
-            if isinstance(value, int | float | str | bool) or value is None:
-                run.summary[key] = value
-            elif isinstance(value, dict):
-                for sub_key, sub_value in value.items():
-                    run.summary[f"{key}/{sub_key}"] = sub_value
-            elif isinstance(value, list):
-                run.summary[key] = value
+        logged: dict[str, Any] = {"records": table}
+        acceptance = [(i + 1, a) for i, a in enumerate(summary.get("acceptance_by_position") or []) if a is not None]
+        if acceptance:
+            points = wandb.Table(columns=["position", "acceptance"], data=[list(p) for p in acceptance])
+            logged["acceptance_by_position"] = wandb.plot.line(
+                points, "position", "acceptance", title=f"P(accept | reached) by draft position: {cell_id}")
+        run.log(logged)
+        for key, value in flatten_numbers(summary).items():
+            run.summary[key] = value
+        for position, value in acceptance:  # also as scalars, to filter and compare runs in the runs table
+            run.summary[f"acceptance/position_{position}"] = value
         run_dir = Path(run.dir).parent  # .../wandb/offline-run-<time>-<id>/files -> the run folder
     finally:
         run.finish()
     return run_dir
 
 
-__all__ = ["TABLE_COLUMNS", "enabled", "log_cell", "prepare"]
+__all__ = ["DEFAULT_PROJECT", "TABLE_COLUMNS", "destination", "enabled", "log_cell", "mode", "prepare", "run_tags"]
