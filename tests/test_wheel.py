@@ -8,6 +8,7 @@ outside the checkout runs ``--help``, a tiny ``run`` and ``report`` on what it w
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import sysconfig
@@ -27,8 +28,14 @@ def _run(args, cwd, env, timeout=600):
 
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory) -> Path:
+    """Built from a copy of the sources (setuptools writes build/ and *.egg-info beside them)."""
     out = tmp_path_factory.mktemp("wheel")
-    _run([sys.executable, "-m", "pip", "wheel", str(REPO), "--no-deps", "--no-build-isolation", "-q",
+    source = out / "source"
+    shutil.copytree(REPO / "spectr_repro", source / "spectr_repro",
+                    ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(REPO / name, source / name)
+    _run([sys.executable, "-m", "pip", "wheel", str(source), "--no-deps", "--no-build-isolation", "-q",
           "-w", str(out)], cwd=out, env=os.environ.copy())
     (path,) = out.glob("spectr_repro-*.whl")
     return path

@@ -1,6 +1,6 @@
 """The paper's reported numbers (arXiv 2604.25925), kept as package data in ``spectr_repro/analysis/paper_numbers.csv``.
 
-Only numbers the project's METHODS.md gives are in the file; missing cells stay missing (NaN in
+Only numbers the project's docs/methods.md gives are in the file; missing cells stay missing (NaN in
 tables, blank in reports). Rows without a ``model_pair`` were seen without setting labels and are
 never placed in a pair's table (see ``docs/paper_numbers.md``).
 """
@@ -12,7 +12,7 @@ from pathlib import Path
 import pandas as pd
 
 PAPER_COLUMNS = ["model_pair", "dataset", "method", "metric", "value", "note"]
-PAPER_SOURCE = 'arXiv 2604.25925 (SpecTr-GBV), as summarised in METHODS.md, "The paper\'s numbers"'
+PAPER_SOURCE = 'arXiv 2604.25925 (SpecTr-GBV), as summarised in docs/methods.md, "The paper\'s numbers"'
 DEFAULT_PAPER_CSV = Path(__file__).resolve().parent / "paper_numbers.csv"  # package data
 
 

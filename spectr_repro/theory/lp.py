@@ -1,6 +1,6 @@
 """The physical limit: the best E[tau] of ANY valid verifier used as is, as a linear program.
 
-Variables (METHODS.md, "The physical limit"): pi(o | D), the law of the output o given the draft tuple D
+Variables (docs/methods.md, "The physical limit"): pi(o | D), the law of the output o given the draft tuple D
 (o extends a prefix of some draft in D by one token), and R(w) for every sequence w of length 1..L+1.
 Constraints: sum_o pi(o | D) = 1; R(w x) = R(w) p(x | w) - sum_D q(D) pi(w x | D) with R(empty) = 1;
 R >= 0; R = 0 at length L+1. Objective: maximise sum_D q(D) sum_o pi(o | D) (|o| - 1).

@@ -1,9 +1,9 @@
-"""The validity check of METHODS.md for a rule used as is, applied to its per-iteration law M.
+"""The validity check of docs/methods.md for a rule used as is, applied to its per-iteration law M.
 
 R(empty) = 1 and R(w x) = R(w) p(x | w) - M(w x): the target mass of "w is a prefix of the final text and
 the iteration has not stopped yet". The iteration law M is valid (the decoded text has exactly the
 target's law when every iteration starts again from plain p) iff every R >= 0 and R(z) = 0 for every z of
-length L+1 (METHODS.md, "Validity"; the LP of ``theory.lp`` is built on the same constraints). The
+length L+1 (docs/methods.md, "Validity"; the LP of ``theory.lp`` is built on the same constraints). The
 tolerance absorbs float64 round-off only: audited lossless rules give |violations| ~ 1e-16.
 
 A rule with a carry-over (gbv) is not valid as is by design: check it across iterations with the audit.

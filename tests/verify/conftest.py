@@ -24,7 +24,7 @@ from spectr_repro.toy import (
 )
 from spectr_repro.verify import get_verifier
 
-ALPHA = 1e-4  # chi-square p-value threshold for lossless rules (stated in METHODS.md)
+ALPHA = 1e-4  # chi-square p-value threshold for lossless rules (stated in docs/methods.md)
 POWER_ALPHA = 1e-6  # negative controls must fall far below ALPHA, not just below it
 
 

@@ -79,7 +79,7 @@ def test_single_position_law_is_the_target(rule, K, pair):
 
 
 def _brute_force_rho(p, q, k, steps=200):
-    """Independent bisection with direct sums over the vocabulary (the METHODS.md definition)."""
+    """Independent bisection with direct sums over the vocabulary (the docs/methods.md definition)."""
     def admissible(rho):
         beta = float(torch.minimum(q, p / rho).sum())
         return rho * beta - (1 - (1 - beta) ** k) >= -EXCESS_SLACK  # admissible up to round-off
