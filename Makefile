@@ -25,6 +25,12 @@ $(PY):
 	python3 -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 
+# Commands that need the installed project depend on this stamp: on a fresh clone `make reproduce` (or
+# bench, models, theory, audit) runs `make setup` first; an edited pyproject.toml reinstalls.
+INSTALLED := $(VENV)/.installed
+$(INSTALLED): pyproject.toml | $(PY)
+	$(MAKE) setup
+
 # Without CUDA, pin the CPU torch build first: an unpinned torch pulls a multi-GB CUDA build.
 setup: $(PY)
 	@if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then \
@@ -35,6 +41,7 @@ setup: $(PY)
 	fi
 	$(PIP) install -q -e ".[dev]"
 	@$(PY) -c "import torch, transformers; print('torch', torch.__version__, '| transformers', transformers.__version__)"
+	@touch $(INSTALLED)
 
 test: $(PY)
 	$(PY) -m pytest -m "not slow" -q
@@ -45,14 +52,14 @@ test-full: $(PY)
 lint: $(PY)
 	$(PY) -m ruff check spectr_repro tests scripts notebooks
 
-models: $(PY)
+models: $(INSTALLED)
 	$(PY) scripts/make_models.py
 
 # PRESET=paper: the paper's main table and its K, L, T ablations (conf/experiment/); else one experiment.
 # `experiment=` (not `+experiment=`): config.yaml already lists the group with a null default.
 REPRODUCE_EXPERIMENTS = $(if $(filter paper,$(PRESET)),paper_main ablation_K ablation_L ablation_T,$(PRESET))
 
-reproduce: $(PY)
+reproduce: $(INSTALLED)
 	@if [ "$(PRESET)" = "cpu_quick" ]; then $(MAKE) models; fi
 	$(foreach experiment,$(REPRODUCE_EXPERIMENTS),$(PY) -m spectr_repro sweep experiment=$(experiment) && ) true
 	$(PY) -m spectr_repro theory
@@ -60,16 +67,16 @@ reproduce: $(PY)
 	$(PY) -m spectr_repro report $(addprefix results/,$(REPRODUCE_EXPERIMENTS))
 	@echo "report: results/$(firstword $(REPRODUCE_EXPERIMENTS))/REPORT.md"
 
-bench: $(PY)
+bench: $(INSTALLED)
 	$(PY) -m spectr_repro bench
 
-bench-quick: $(PY)
+bench-quick: $(INSTALLED)
 	$(PY) -m spectr_repro bench --quick
 
-theory: $(PY)
+theory: $(INSTALLED)
 	$(PY) -m spectr_repro theory
 
-audit: $(PY)
+audit: $(INSTALLED)
 	$(PY) -m spectr_repro audit
 
 clean:

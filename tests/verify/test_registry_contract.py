@@ -20,12 +20,9 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-import torch
 
 from spectr_repro.toy import block_tensors, toy_pair
 from spectr_repro.verify import VERIFIERS, VerifierSpec, get_verifier
-from spectr_repro.verify.base import Outcome, Verifier, VerifyResult
-from spectr_repro.verify.common import sample
 from spectr_repro.verify.sd import SpeculativeDecoding
 
 from .conftest import (
@@ -39,6 +36,7 @@ from .conftest import (
     monte_carlo_check,
     sampler_check,
 )
+from .test_controls import AlwaysAccept
 
 BIASED_TV = 1e-4  # the smallest bias of any rule flagged not lossless is > 1e-3 on these toys
 
@@ -128,20 +126,11 @@ class ToySD(SpeculativeDecoding):
     name = "toy_sd"
 
 
-class ToyAlwaysAccept(Verifier):
-    """A broken toy rule that claims losslessness: emits the first draft whole, then a bonus from p."""
+class ToyAlwaysAccept(AlwaysAccept):
+    """A broken toy rule that claims losslessness (emits the first draft whole, then a bonus from p)."""
 
     name = "toy_always_accept"
     lossless = True
-
-    def _sample(self, draft_tokens, draft_probs, target_probs, generator, state):
-        L = draft_tokens.shape[1]
-        bonus = sample(target_probs[0, L], generator)
-        return VerifyResult(torch.cat([draft_tokens[0].long(), bonus.view(1)]), L, 0, None)
-
-    def _law(self, draft_tokens, draft_probs, target_probs, state):
-        prefix, L = tuple(draft_tokens[0].tolist()), draft_tokens.shape[1]
-        return [Outcome(p, prefix + (y,)) for y, p in enumerate(target_probs[0, L].tolist()) if p > 0]
 
 
 def _register(monkeypatch, cls, lossless: bool = True) -> str:
