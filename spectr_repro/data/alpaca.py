@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import json
-
-from spectr_repro.data.base import DatasetSpec, HubSource
+from spectr_repro.data.base import DatasetSpec, HubSource, read_json
 
 # The standard Alpaca prompt templates (tatsu-lab/stanford_alpaca, train.py PROMPT_DICT).
 PROMPT_WITH_INPUT = (
@@ -32,8 +30,7 @@ class Alpaca(DatasetSpec):
         return [full if full.is_file() else data_dir / "alpaca" / "alpaca_data_head.json"]
 
     def read_local(self, paths, **options):
-        with open(paths[0], encoding="utf-8") as handle:
-            return json.load(handle)
+        return read_json(paths[0], ("instruction", "input", "output"))
 
     def read_hub(self, **options):
         return [{key: row[key] for key in ("instruction", "input", "output")} for row in super().read_hub()]

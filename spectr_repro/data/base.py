@@ -7,16 +7,26 @@ A spec (one small subclass per dataset, in the style of lm-evaluation-harness ta
 * how a record becomes a prompt for a base model (raw text) or for a chat model (messages, plus an optional
   start of the assistant's reply);
 * the stop strings of each style, the reference answer, and (for math) the answer extractor.
+
+Local files are checked against the folder's ``SHA256SUMS`` when it has one (``checksums.py``), and every
+reader names the file and the line of anything it cannot parse (``read_jsonl``, ``read_json``,
+``read_text_lines``): a damaged file is one ValueError, never a traceback from deep inside a parser.
 """
 
 from __future__ import annotations
 
+import csv
+import gzip
+import json
 import os
 import random
+import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
+
+from spectr_repro.data.checksums import verify_files
 
 DATA_ENV_VAR = "SPECTR_REPRO_DATA"
 PROMPT_STYLES = ("auto", "base", "chat")
@@ -116,7 +126,8 @@ class DatasetSpec:
                     f"dataset {self.name}: missing local file(s) {', '.join(missing)} (the data folder "
                     f"comes from {DATA_ENV_VAR}={data_dir}; lay it out like shared/datasets, see SOURCES.md)"
                 )
-            return self.read_local(paths, **options)
+            verify_files(data_dir, paths)
+            return self._read_checked(paths, **options)
         fallback = self.read_fallback(**options)
         if fallback is not None:
             return fallback
@@ -128,6 +139,17 @@ class DatasetSpec:
                 f"({type(error).__name__}: {str(error)[:300]}) and no local copy is set: set {DATA_ENV_VAR} "
                 "to a folder laid out like shared/datasets (see its SOURCES.md)"
             ) from error
+
+    def _read_checked(self, paths: list[Path], **options) -> list[dict]:
+        """``read_local`` with any parser error left unnamed by the reader turned into one ValueError."""
+        try:
+            records = self.read_local(paths, **options)
+        except (EOFError, zlib.error, gzip.BadGzipFile, csv.Error, UnicodeDecodeError) as error:
+            files = ", ".join(str(p) for p in paths)
+            raise ValueError(f"dataset {self.name}: cannot read {files} ({type(error).__name__}: {error})") from error
+        if not records:
+            raise ValueError(f"dataset {self.name}: no records in {', '.join(str(p) for p in paths)}")
+        return records
 
     def to_example(self, record: dict, index: int, tokenizer=None, style: str = "base") -> Example:
         if style == "chat":
@@ -144,6 +166,72 @@ class DatasetSpec:
             stop_strings=tuple(stops),
             meta={"dataset": self.name, "index": index, "prompt_style": style, **self.meta(record)},
         )
+
+
+# ---- readers that name the file and line of what they cannot parse -----------------------------------
+def _record(path: Path, where: str, record: Any, required: Sequence[str]) -> dict:
+    if not isinstance(record, dict):
+        raise ValueError(f"{path}, {where}: expected a JSON object, got {type(record).__name__}")
+    missing = [key for key in required if not isinstance(record.get(key), str)]
+    if missing:
+        raise ValueError(f"{path}, {where}: record lacks the text field(s) {missing} (has {sorted(record)[:8]})")
+    return record
+
+
+def read_jsonl(path: Path, required: Sequence[str] = ()) -> list[dict]:
+    """The records of a JSON Lines file (gzip-compressed when its name ends in ``.gz``), each a JSON object
+    with the ``required`` string fields; ValueError naming the file and line otherwise."""
+    opener = gzip.open if path.suffix == ".gz" else open
+    records, number = [], 0
+    try:
+        with opener(path, "rt", encoding="utf-8") as handle:
+            for number, line in enumerate(handle, start=1):
+                if not line.strip():
+                    continue
+                try:
+                    record = json.loads(line)
+                except json.JSONDecodeError as error:
+                    raise ValueError(
+                        f"{path}, line {number}: not valid JSON ({error.msg}, column {error.colno}); "
+                        "the file is truncated or damaged"
+                    ) from None
+                records.append(_record(path, f"line {number}", record, required))
+    except (EOFError, zlib.error, gzip.BadGzipFile, UnicodeDecodeError) as error:
+        raise ValueError(
+            f"{path}: unreadable after line {number} ({type(error).__name__}: {error}); the file is truncated "
+            "or damaged"
+        ) from None
+    return records
+
+
+def read_json(path: Path, required: Sequence[str] = ()) -> list[dict]:
+    """A JSON file holding a list of objects with the ``required`` string fields (ValueError naming the
+    file, and the line and column of a syntax error)."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as error:
+        raise ValueError(
+            f"{path}, line {error.lineno} column {error.colno}: not valid JSON ({error.msg}); the file is "
+            "truncated or damaged"
+        ) from None
+    except UnicodeDecodeError as error:
+        raise ValueError(f"{path}: not UTF-8 at byte {error.start}; the file is damaged") from None
+    if not isinstance(data, list):
+        raise ValueError(f"{path}: expected a JSON list of records, got {type(data).__name__}")
+    return [_record(path, f"record {i}", record, required) for i, record in enumerate(data)]
+
+
+def read_text_lines(path: Path) -> list[str]:
+    """The lines of a UTF-8 text file without their newlines (universal newlines, as text-mode ``open``);
+    ValueError naming the line of bytes that are not UTF-8."""
+    data = path.read_bytes()
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        line = data[: error.start].count(b"\n") + 1
+        raise ValueError(f"{path}, line {line}: not UTF-8 (byte {error.start}); the file is damaged") from None
+    lines = text.replace("\r\n", "\n").replace("\r", "\n").split("\n")
+    return lines[:-1] if lines and lines[-1] == "" else lines
 
 
 def _load_hub(path: str, config: str | None, split: str):

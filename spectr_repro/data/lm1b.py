@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from spectr_repro.data.base import DatasetSpec, HubSource
+from spectr_repro.data.base import DatasetSpec, HubSource, read_text_lines
 
 
 class LM1B(DatasetSpec):
@@ -18,9 +18,7 @@ class LM1B(DatasetSpec):
         return [data_dir / "lm1b" / "news.en.heldout-00000-of-00050"]
 
     def read_local(self, paths, min_words=4, **options):
-        with open(paths[0], encoding="utf-8") as handle:
-            lines = [line.rstrip("\n") for line in handle]
-        return self._split(lines, min_words)
+        return self._split(read_text_lines(paths[0]), min_words)
 
     def read_hub(self, min_words=4, **options):
         return self._split([row["text"] for row in super().read_hub()], min_words)

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import csv
+import re
 
-from spectr_repro.data.answers import extract_number_answer, normalize_number
+from spectr_repro.data.answers import NUMBER, extract_number_answer, normalize_number
 from spectr_repro.data.base import DatasetSpec, HubSource, _load_hub, parse_choice
 from spectr_repro.data.gsm8k import MATH_INSTRUCTION
 
 LANGUAGES = ("bn", "de", "en", "es", "fr", "ja", "ru", "sw", "te", "th", "zh")
+_ANSWER = re.compile(NUMBER)  # the whole answer column: "18", "2,125"; "5,60" (a cut "5,600") is refused
 
 
 class MGSM(DatasetSpec):
@@ -29,9 +31,16 @@ class MGSM(DatasetSpec):
             lang = path.stem.removeprefix("mgsm_")
             # No header; two columns (question, answer). QUOTE_NONE: questions contain bare quote marks.
             with open(path, encoding="utf-8", newline="") as handle:
-                rows = list(csv.reader(handle, delimiter="\t", quoting=csv.QUOTE_NONE))
-            for row_index, (question, answer) in enumerate(rows):
-                records.append({"language": lang, "row": row_index, "question": question, "answer": answer})
+                reader = csv.reader(handle, delimiter="\t", quoting=csv.QUOTE_NONE)
+                for row_index, row in enumerate(reader):
+                    if len(row) != 2:
+                        raise ValueError(f"{path}, line {reader.line_num}: expected 2 tab-separated columns "
+                                         f"(question, answer), got {len(row)}")
+                    question, answer = row
+                    if _ANSWER.fullmatch(answer.strip()) is None:
+                        raise ValueError(f"{path}, line {reader.line_num}: answer {answer!r} is not a number "
+                                         "(the file is truncated or damaged)")
+                    records.append({"language": lang, "row": row_index, "question": question, "answer": answer})
         return records
 
     def read_hub(self, language="en", **options):

@@ -22,8 +22,10 @@ Invariants at the start of an iteration (n = prompt + emitted tokens so far):
 
 from __future__ import annotations
 
+import math
+import numbers
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -109,16 +111,22 @@ def generate(
     lossless) always draft L. ``stats["block_lengths"]`` records each block's drafted length.
     """
     verifier = _check_arguments(draft, method, K, L, temperature, max_new_tokens, verifier_options)
-    if prefill_chunk is not None and (isinstance(prefill_chunk, bool) or not isinstance(prefill_chunk, int)
-                                      or prefill_chunk < 1):
+    K, L, max_new_tokens, temperature = int(K), int(L), int(max_new_tokens), float(temperature)
+    if prefill_chunk is not None and (not _is_integer(prefill_chunk) or prefill_chunk < 1):
         raise ValueError(f"prefill_chunk must be a positive integer or None, got {prefill_chunk!r}")
+    if not _is_integer(seed) or not -(2**63) <= seed < 2**64:
+        raise ValueError(f"seed must be an integer in [-2**63, 2**64), got {seed!r}")
+    if vocab_size is not None and not _is_integer(vocab_size):
+        raise ValueError(f"vocab_size must be an integer or None, got {vocab_size!r}")
+    eos = _eos_ids(eos_token_ids)
+    seed = int(seed)
+    prefill_chunk = None if prefill_chunk is None else int(prefill_chunk)
     device = _model_device(target)
     if verifier is not None and _model_device(draft) != device:
         # One generator drives every draw; cross-device pairs would also copy tokens every step.
         raise ValueError(f"target and draft must be on one device, got {device} and {_model_device(draft)}")
-    prompt = _prompt_tensor(input_ids, device)
+    prompt = _prompt_tensor(input_ids, device, [target] if verifier is None else [target, draft])
     vocab_size = resolve_vocab_size(target, None if verifier is None else draft, vocab_size)
-    eos = frozenset(int(t) for t in eos_token_ids)
     generator = torch.Generator(device=device).manual_seed(seed)
     timer = SectionTimer(device, TIME_SECTIONS)
     start = time.perf_counter()
@@ -248,22 +256,33 @@ def _block_efficiency(new_tokens: list[int], calls: int) -> float:
     return len(new_tokens) / calls if calls else 0.0
 
 
+def _is_integer(value) -> bool:
+    """An int (numpy's too), not a bool."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
 def _check_arguments(draft, method, K, L, temperature, max_new_tokens, verifier_options) -> Verifier | None:
     """Validate the arguments; return the verifier (None for AR)."""
-    if not isinstance(K, int) or K < 1:
+    if not _is_integer(K) or K < 1:
         raise ValueError(f"K must be an integer >= 1, got {K!r}")
-    if not isinstance(L, int) or L < 1:
+    if not _is_integer(L) or L < 1:
         raise ValueError(f"L must be an integer >= 1, got {L!r}")
-    if not temperature >= 0:  # also rejects NaN
-        raise ValueError(f"temperature must be >= 0, got {temperature!r}")
-    if not isinstance(max_new_tokens, int) or max_new_tokens < 0:
+    if (not isinstance(temperature, numbers.Real) or isinstance(temperature, bool)
+            or not math.isfinite(temperature) or temperature < 0):
+        raise ValueError(f"temperature must be a finite number >= 0, got {temperature!r}")
+    if not _is_integer(max_new_tokens) or max_new_tokens < 0:
         raise ValueError(f"max_new_tokens must be an integer >= 0, got {max_new_tokens!r}")
     if isinstance(method, Verifier):
         verifier, single_draft = method, method.single_draft
     elif method == "ar":
         return None
     elif isinstance(method, str) and method in VERIFIERS:
-        verifier = get_verifier(method, **{"check_inputs": False, **(verifier_options or {})})
+        if verifier_options is not None and not isinstance(verifier_options, Mapping):
+            raise ValueError(f"verifier_options must be a dict of {method}'s options, got {verifier_options!r}")
+        try:
+            verifier = get_verifier(method, **{"check_inputs": False, **(verifier_options or {})})
+        except TypeError as error:  # an option the rule does not take
+            raise ValueError(f"method {method!r}: {error}") from None
         single_draft = VERIFIERS[method].single_draft
     else:
         known = ", ".join(["ar", *VERIFIERS])
@@ -279,15 +298,38 @@ def _model_device(model: torch.nn.Module) -> torch.device:
     return next(model.parameters()).device
 
 
-def _prompt_tensor(input_ids, device: torch.device) -> torch.Tensor:
-    prompt = torch.as_tensor(input_ids, dtype=torch.long)
+def _eos_ids(eos_token_ids) -> frozenset[int]:
+    """One id or an iterable of ids, each a non-negative integer."""
+    ids = [eos_token_ids] if _is_integer(eos_token_ids) else eos_token_ids
+    if isinstance(ids, (str, bytes)) or not isinstance(ids, Iterable):
+        raise ValueError(f"eos_token_ids must be token ids (an int or a list of ints), got {eos_token_ids!r}")
+    ids = list(ids)
+    if not all(_is_integer(t) and t >= 0 for t in ids):
+        raise ValueError(f"eos_token_ids must be non-negative integers, got {eos_token_ids!r}")
+    return frozenset(int(t) for t in ids)
+
+
+def _prompt_tensor(input_ids, device: torch.device, models: Sequence[torch.nn.Module]) -> torch.Tensor:
+    """input_ids as a 1-D LongTensor on ``device``: integer ids every model can embed."""
+    if input_ids is None or isinstance(input_ids, (str, bytes)):
+        raise ValueError(f"input_ids must be token ids (a 1-D or [1, T] tensor or list of ints), got {input_ids!r}")
+    try:
+        prompt = torch.as_tensor(input_ids)
+    except (TypeError, ValueError, RuntimeError) as error:
+        raise ValueError(f"input_ids must be token ids (a 1-D or [1, T] tensor or list of ints): {error}") from None
     if prompt.dim() == 2 and prompt.shape[0] == 1:
         prompt = prompt[0]
     if prompt.dim() != 1:
         raise ValueError(f"input_ids must be 1-D or [1, T], got shape {tuple(prompt.shape)}")
     if prompt.numel() == 0:
         raise ValueError("input_ids is empty: the prompt needs at least one token (e.g. BOS)")
-    return prompt.to(device)
+    if prompt.dtype == torch.bool or prompt.is_floating_point() or prompt.is_complex():
+        raise ValueError(f"input_ids must be integer token ids, got dtype {prompt.dtype}")
+    rows = min(model.get_input_embeddings().num_embeddings for model in models)
+    low, high = int(prompt.min()), int(prompt.max())
+    if low < 0 or high >= rows:
+        raise ValueError(f"input_ids must be in [0, {rows}) (the models' embedding rows), got ids from {low} to {high}")
+    return prompt.long().to(device)
 
 
 __all__ = ["GenerationOutput", "TIME_SECTIONS", "acceptance_by_position", "generate"]

@@ -4,7 +4,8 @@ Shapes (K drafts, L draft tokens each, V vocabulary):
     draft_tokens  LongTensor [K, L]
     draft_probs   float      [K, L, V]    row i = q(. | context, draft[:i]), the law token i was drawn from
     target_probs  float      [K, L+1, V]  row i = p(. | context, draft[:i])
-p is the target and q the draft, everywhere.
+p is the target and q the draft, everywhere. Drafts share the context, so drafts whose first i tokens
+agree carry the same rows i of q and p (``validate_inputs`` refuses blocks where they differ).
 
 A rule returns the accepted prefix of one draft followed by exactly one more token (a correction
 when it stopped early, a bonus from p when the whole block passed). ``law`` gives the exact law of
@@ -98,7 +99,13 @@ def validate_inputs(
     single_draft: bool = False,
 ) -> None:
     """Raise ValueError with one clear message if the inputs break the contract."""
-    if not isinstance(draft_tokens, torch.Tensor) or draft_tokens.dim() != 2:
+    for label, value in (("draft_tokens", draft_tokens), ("draft_probs", draft_probs), ("target_probs", target_probs)):
+        if not isinstance(value, torch.Tensor):
+            raise ValueError(f"{name}: {label} must be a torch.Tensor, got {type(value).__name__}")
+    if len({draft_tokens.device, draft_probs.device, target_probs.device}) > 1:
+        raise ValueError(f"{name}: inputs on different devices ({draft_tokens.device}, {draft_probs.device}, "
+                         f"{target_probs.device})")
+    if draft_tokens.dim() != 2:
         raise ValueError(f"{name}: draft_tokens must be a [K, L] LongTensor")
     if draft_tokens.dtype not in (torch.int64, torch.int32):
         raise ValueError(f"{name}: draft_tokens must be integer, got {draft_tokens.dtype}")
@@ -129,3 +136,22 @@ def validate_inputs(
     drawn = draft_probs.gather(-1, draft_tokens.long().unsqueeze(-1)).squeeze(-1)
     if bool((drawn <= 0).any()):
         raise ValueError(f"{name}: a draft token has probability 0 under the draft_probs it was sampled from")
+    if K > 1:
+        _check_shared_prefix_rows(draft_tokens, draft_probs, target_probs, name)
+
+
+def _check_shared_prefix_rows(draft_tokens, draft_probs, target_probs, name: str) -> None:
+    """Drafts whose first i tokens agree were drawn in the same context: their rows i must agree."""
+    K, L = draft_tokens.shape
+    same_token = draft_tokens.unsqueeze(1) == draft_tokens.unsqueeze(0)  # [K, K, L]
+    shared = torch.cat([torch.ones(K, K, 1, dtype=torch.long, device=draft_tokens.device),
+                        same_token.long().cumprod(-1)], dim=-1)  # [K, K, L+1]: first i tokens agree
+    first = shared.argmax(dim=1)  # [K, L+1]: the first draft with row k's prefix at position i
+    for label, probs in (("draft_probs", draft_probs), ("target_probs", target_probs)):
+        positions = probs.shape[1]
+        index = torch.arange(positions, device=probs.device)
+        gap = (probs - probs[first[:, :positions], index]).abs().amax(-1)  # [K, positions]
+        if bool((gap > _tolerance(probs.dtype)).any()):
+            k, i = (int(v) for v in (gap == gap.max()).nonzero()[0])
+            raise ValueError(f"{name}: drafts {int(first[k, i])} and {k} share their first {i} token(s) but their "
+                             f"{label} rows {i} differ by {float(gap[k, i]):.3g} (drafts share the context)")

@@ -131,12 +131,20 @@ def assert_draft_equal_target_accepts_all(verifier, toy, K: int, L: int = 2) -> 
 
 
 def contract_inputs(K: int, L: int = 2, V: int = 4, dtype=torch.float64):
-    """Valid random inputs (draft tokens drawn from their own q) for contract tests."""
+    """Valid random inputs (draft tokens drawn from their own q) for contract tests. Drafts sharing a
+    prefix share its rows (one context, one conditional), as the contract requires."""
     g = torch.Generator().manual_seed(7)
     q = torch.rand(K, L, V, generator=g, dtype=torch.float64) + 0.1
     p = torch.rand(K, L + 1, V, generator=g, dtype=torch.float64) + 0.1
     q, p = q / q.sum(-1, keepdim=True), p / p.sum(-1, keepdim=True)
-    tokens = torch.multinomial(q.view(-1, V), 1, generator=g).view(K, L)
+    tokens = torch.zeros(K, L, dtype=torch.long)
+    for k in range(K):
+        for i in range(L + 1):
+            first = next(j for j in range(k + 1) if torch.equal(tokens[j, :i], tokens[k, :i]))
+            p[k, i] = p[first, i]
+            if i < L:
+                q[k, i] = q[first, i]
+                tokens[k, i] = torch.multinomial(q[k, i], 1, generator=g)
     return tokens, q.to(dtype), p.to(dtype)
 
 
