@@ -590,7 +590,8 @@ def differences_markdown(differences: pd.DataFrame) -> str:
     judged = differences[differences["excludes_null"].notna()]
     lines.append(
         f"Real differences: {int((judged['real'] == True).sum())} of {len(judged)} entries with an interval "  # noqa: E712
-        f"({int((judged['excludes_null'] == True).sum())} intervals exclude the null)."  # noqa: E712
+        f"({int((judged['excludes_null'] == True).sum())} intervals exclude the null). Each entry is its own "  # noqa: E712
+        "95 % statement: among entries with no true difference about 1 in 20 is still bold."
     )
     footnotes = differences[differences["note"].str.startswith("paired on")]
     if not footnotes.empty:
