@@ -1,4 +1,5 @@
-"""Analysis of results folders: load records, Table 1 beside the paper, ablation figures, REPORT.md.
+"""Analysis of results folders: load records, Table 1 beside the paper (with intervals over prompts),
+paired method comparisons (``stats``), ablation figures, REPORT.md.
 
 Reads files only (``cells/<cell_id>/summary.json`` and ``records.jsonl``), never the engine or
 models, so a report can be rebuilt anywhere from a results folder.
@@ -16,7 +17,14 @@ from spectr_repro.analysis.figures import (
 )
 from spectr_repro.analysis.load import Results, load_results
 from spectr_repro.analysis.paper import load_paper_numbers
-from spectr_repro.analysis.tables import Setting, build_table1, main_setting, table1
+from spectr_repro.analysis.tables import (
+    Setting,
+    build_table1,
+    main_setting,
+    method_differences,
+    table1,
+    table1_intervals,
+)
 
 __all__ = [
     "Results",
@@ -28,7 +36,9 @@ __all__ = [
     "load_results",
     "main_setting",
     "make_figures",
+    "method_differences",
     "plot_ablation",
     "plot_acceptance",
     "table1",
+    "table1_intervals",
 ]

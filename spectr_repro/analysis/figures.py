@@ -3,10 +3,13 @@
 Figures are drawn on matplotlib's Agg canvas through the object API (no pyplot state), so they work
 the same headless, in tests and in a notebook, and are saved as PNG and SVG.
 
-Points are the cells' summary values (the numbers in Table 1). Error bars are 95 % bootstrap
-intervals over prompts (1000 resamples, seed 0) of the same ratio-of-sums statistic computed from
+Points are the cells' summary values (the numbers in Table 1). Error bars are Table 1's 95 % bootstrap
+intervals over prompts (``spectr_repro.analysis.stats``: BCa, 9999 resamples, seed 0; prompts resampled
+within each cell when several cells make one point) of the same ratio-of-sums statistic computed from
 the per-prompt records: block efficiency = Σ new_tokens / Σ target_calls, speed-up = Σ AR wall time /
-Σ method wall time. Cells without records get no error bars.
+Σ method wall time. Cells without records get no error bars. A cell whose speed-up is not comparable
+(batched prompts, contention, offloaded weights; ``stats.speedup_exclusion``) is never drawn in a
+speed-up panel.
 
 Each ablation holds the other two axes at the pair's main setting (see ``tables.main_setting``);
 single-draft methods (sd, bv, gbv) have no K axis and are drawn as dashed horizontal lines in the
@@ -32,12 +35,22 @@ from spectr_repro.analysis.load import (
     order_methods,
     ordered,
 )
-from spectr_repro.analysis.tables import METRICS, Setting, cells_at, main_setting, pair_cells_and_setting
+from spectr_repro.analysis.stats import LEVEL, RESAMPLES, ratio_of_sums
+from spectr_repro.analysis.tables import (
+    METRICS,
+    Setting,
+    cells_at,
+    cells_interval,
+    main_setting,
+    metric_values,
+    pair_cells_and_setting,
+    records_by_cell,
+)
 
 AXES = {"K": "number of drafts K", "L": "draft length L", "temperature": "temperature T"}
 AXIS_FILE_NAMES = {"K": "K", "L": "L", "temperature": "T"}
-BOOTSTRAP_RESAMPLES = 1000
-BOOTSTRAP_LEVEL = 0.95
+BOOTSTRAP_RESAMPLES = RESAMPLES
+BOOTSTRAP_LEVEL = LEVEL
 
 
 def method_color(method: str) -> tuple:
@@ -58,67 +71,45 @@ def ratio_interval(
     resamples: int = BOOTSTRAP_RESAMPLES,
     seed: int = 0,
 ) -> tuple[float, float, float]:
-    """(statistic, low, high): Σnum/Σden and its percentile bootstrap interval over rows.
+    """(statistic, low, high): Σnum/Σden and its bootstrap interval over rows (``stats.ratio_of_sums``).
 
-    Rows are prompts; resampling them with replacement keeps each prompt's numerator and
-    denominator together. Fewer than two rows give NaN bounds.
+    Rows are prompts; resampling them keeps each prompt's numerator and denominator together. Fewer
+    than two rows give NaN bounds.
     """
-    num = np.asarray(numerators, dtype=float)
-    den = np.asarray(denominators, dtype=float)
-    if num.shape != den.shape or num.ndim != 1:
-        raise ValueError(
-            f"numerators and denominators must be 1-D of equal length; got {num.shape}, {den.shape}"
-        )
-    statistic = num.sum() / den.sum() if den.sum() > 0 else np.nan
-    if len(num) < 2:
-        return statistic, np.nan, np.nan
-    rng = np.random.default_rng(seed)
-    picks = rng.integers(0, len(num), size=(resamples, len(num)))
-    with np.errstate(divide="ignore", invalid="ignore"):
-        stats = num[picks].sum(axis=1) / den[picks].sum(axis=1)
-    tail = (1 - level) / 2
-    low, high = np.nanquantile(stats, [tail, 1 - tail])
-    return statistic, float(low), float(high)
+    interval = ratio_of_sums(numerators, denominators, level=level, resamples=resamples, seed=seed)
+    return interval.estimate, interval.low, interval.high
 
 
-_RATIO_COLUMNS = {
-    "block_efficiency": ("new_tokens", "target_calls"),
-    "speedup": ("ar_wall_time_s", "wall_time_s"),
-}
-
-
-def _error_bar(records: pd.DataFrame, metric: str, centre: float) -> tuple[float, float]:
-    """(below, above) half-widths around ``centre`` from the records' bootstrap interval."""
-    num_col, den_col = _RATIO_COLUMNS[metric]
-    if records.empty or records[[num_col, den_col]].isna().any().any():
+def _error_bar(cells: pd.DataFrame, by_cell: dict, metric: str, centre: float) -> tuple[float, float]:
+    """(below, above) half-widths around ``centre`` from the cells' bootstrap interval over prompts."""
+    interval = cells_interval(cells, by_cell, metric, list(cells["dataset"].unique()))
+    if np.isnan(interval["low"]):
         return np.nan, np.nan
-    statistic, low, high = ratio_interval(records[num_col], records[den_col])
-    if np.isnan(low):
-        return np.nan, np.nan
-    return max(statistic - low, 0.0), max(high - statistic, 0.0)
+    return max(centre - interval["low"], 0.0), max(interval["high"] - centre, 0.0)
 
 
 def ablation_data(
     cells: pd.DataFrame, records: pd.DataFrame, model_pair: str, axis: str, setting: Setting | None = None
 ) -> pd.DataFrame:
     """Long table for one ablation: dataset, method, value (of ``axis``), metric, mean, err_low, err_high,
-    num_cells, num_prompts. AR is left out (it is 1 by definition on both metrics)."""
+    num_cells, num_prompts. AR is left out (it is 1 by definition on both metrics); so are speed-ups of
+    cells that are not comparable (a point whose cells are all such has no speed-up row)."""
     if axis not in AXES:
         raise ValueError(f"axis must be one of {', '.join(AXES)}; got {axis!r}")
     pair_cells, setting = pair_cells_and_setting(cells, model_pair, setting)
     selected = cells_at(pair_cells, setting, vary=axis)
     selected = selected[selected["method"] != "ar"]
+    by_cell = records_by_cell(records, selected)
     rows = []
     for (dataset, method, value), group in selected.groupby(["dataset", "method", axis]):
-        keys = set(zip(group["experiment"], group["cell_id"]))
-        cell_records = (
-            records[[k in keys for k in zip(records["experiment"], records["cell_id"])]]
-            if not records.empty
-            else records
-        )
         for metric in METRICS:
-            centre = float(group[metric].mean())
-            below, above = _error_bar(cell_records, metric, centre)
+            values = metric_values(group, metric)
+            shown = group[values.notna()]
+            if shown.empty:
+                continue
+            centre = float(values.mean())
+            below, above = _error_bar(shown, by_cell, metric, centre)
+            keys = zip(shown["experiment"], shown["cell_id"])
             rows.append(
                 {
                     "dataset": dataset,
@@ -128,8 +119,8 @@ def ablation_data(
                     "mean": centre,
                     "err_low": below,
                     "err_high": above,
-                    "num_cells": len(group),
-                    "num_prompts": len(cell_records),
+                    "num_cells": len(shown),
+                    "num_prompts": sum(len(by_cell[key]) for key in keys if key in by_cell),
                 }
             )
     return pd.DataFrame(

@@ -5,7 +5,8 @@ losslessness audit, quality metrics and the theory summary.
 Outputs, next to the first results folder (or ``--output``):
 
     REPORT.md
-    tables/table1_<pair>.{md,csv,tex}       Table 1 (ours, paper, difference)
+    tables/table1_<pair>.{md,csv,tex}       Table 1 (ours with 95 % intervals, paper, difference)
+    tables/differences_<pair>.csv           each method vs SpecTr-GBV and vs SD, paired intervals
     tables/ablation_<K|L|T>_<pair>.csv      the numbers behind each ablation figure
     figures/ablation_<K|L|T>_<pair>.{png,svg}, figures/acceptance_<pair>.{png,svg}
 
@@ -35,10 +36,22 @@ from spectr_repro.analysis.load import (
     ordered,
 )
 from spectr_repro.analysis.paper import PAPER_SOURCE, load_paper_numbers, unlabelled_numbers
-from spectr_repro.analysis.tables import AVERAGE, METRICS, build_table1, main_setting
+from spectr_repro.analysis.stats import RESAMPLES, SEED, quality_parity
+from spectr_repro.analysis.tables import (
+    AVERAGE,
+    METRICS,
+    build_table1,
+    differences_markdown,
+    main_setting,
+    method_differences,
+    speedup_exclusions,
+)
 from spectr_repro.environment import git_commit
 
 DEFAULT_RESULTS_DIR = "results/cpu_quick"
+# Per-prompt quality outcomes next to quality.csv, when scored: one row per prompt per cell with the
+# columns stats.QUALITY_OUTCOME_COLUMNS (+ seed, max_new_tokens, K, L when known).
+QUALITY_OUTCOMES_FILE = "quality_prompts.csv"
 ENVIRONMENT_KEYS = ["device", "device_name", "torch", "transformers", "python", "git_commit", "num_threads"]
 
 
@@ -146,7 +159,7 @@ def pair_sections(results: Results, paper: pd.DataFrame, out_dir: Path) -> str:
             parts.append(f"## {pair}\n\nOnly AR cells: nothing to compare.\n")
             continue
         setting = main_setting(pair_cells)
-        table = build_table1(cells, paper, pair, out_dir / "tables", setting)
+        table = build_table1(cells, paper, pair, out_dir / "tables", setting, records=records)
         datasets = [
             d
             for d in table.comparison["dataset"].unique()
@@ -159,6 +172,9 @@ def pair_sections(results: Results, paper: pd.DataFrame, out_dir: Path) -> str:
             f"Main setting {setting} (single-draft methods sd, bv, gbv at K=1). "
             f"`{AVERAGE}` = mean over this table's datasets ({', '.join(ordered(datasets, DATASET_ORDER))}), "
             "given only for methods that have all of them.",
+            f"Brackets: 95 % bootstrap interval over prompts ({RESAMPLES} resamples, seed {SEED}; BCa, "
+            "percentile where BCa is undefined because every prompt gives the same value); the average's "
+            "interval resamples prompts within each dataset. "
             "Paper values in parentheses with Δ = ours − paper; "
             + (
                 "the paper's averages are over its five datasets and its own prompts, hardware and models."
@@ -169,6 +185,17 @@ def pair_sections(results: Results, paper: pd.DataFrame, out_dir: Path) -> str:
             "",
             table.markdown,
             "Files: " + ", ".join(f"[{p.name}]({_relative(p, out_dir)})" for p in table.paths.values()),
+            "",
+        ]
+        lines += not_comparable_lines(pair_cells)
+        differences = method_differences(cells, records, pair, setting)
+        differences_path = out_dir / "tables" / f"differences_{pair}.csv"
+        differences.to_csv(differences_path, index=False, float_format="%.4f")
+        lines += [
+            f"### Which differences are real — {pair}",
+            "",
+            differences_markdown(differences),
+            f"Numbers: [{differences_path.name}]({_relative(differences_path, out_dir)}).",
             "",
         ]
         figures = make_figures(cells, records, pair, out_dir / "figures", setting)
@@ -214,6 +241,24 @@ def pair_sections(results: Results, paper: pd.DataFrame, out_dir: Path) -> str:
             ]
         parts.append("\n".join(lines))
     return "\n".join(parts)
+
+
+def not_comparable_lines(pair_cells: pd.DataFrame) -> list[str]:
+    """The pair's cells whose speed-up is never shown (batched, contention, offloaded), one line each."""
+    reasons = speedup_exclusions(pair_cells)
+    excluded = pair_cells[reasons.notna()].assign(reason=reasons[reasons.notna()])
+    if excluded.empty:
+        return []
+    lines = [
+        "n/c: speed-ups not shown, in tables or figures, for cells whose wall times are no speed-up "
+        "measurement (block efficiency is unaffected):",
+        "",
+    ]
+    for cell in excluded.sort_values(["dataset", "method", "K", "L", "temperature"]).itertuples():
+        lines.append(
+            f"- {cell.method} on {cell.dataset}, K={cell.K} L={cell.L} T={cell.temperature:g}: {cell.reason}"
+        )
+    return lines + [""]
 
 
 def paper_section(paper: pd.DataFrame) -> str:
@@ -348,13 +393,47 @@ def _options_cell(options) -> str:
     return "" if options is None else str(options)
 
 
+def paired_quality_lines(results_dirs: list[Path]) -> list[str]:
+    """Each method against AR on the same prompts (McNemar exact, Wilson intervals) from the folders'
+    per-prompt outcomes (``QUALITY_OUTCOMES_FILE``); nothing when no folder has them."""
+    paths = [folder / QUALITY_OUTCOMES_FILE for folder in results_dirs if (folder / QUALITY_OUTCOMES_FILE).is_file()]
+    if not paths:
+        return []
+    parity = quality_parity(pd.concat([pd.read_csv(path) for path in paths], ignore_index=True))
+    lines = [
+        "### Paired with AR on the same prompts",
+        "",
+        "Accuracy with its Wilson 95 % interval; `only method` / `only AR`: prompts one got right and the "
+        "other wrong; p: McNemar's exact test (two-sided binomial test on those discordant prompts). A small "
+        "p says the method's accuracy differs from AR's on these prompts; for a lossless rule p < 0.05 should "
+        "occur in about 5 % of settings.",
+        "",
+    ]
+    if parity.empty:
+        return lines + ["No method shares prompts with an AR cell.", ""]
+    interval = "{:.3f} [{:.3f}, {:.3f}]".format
+    shown = pd.DataFrame(
+        {
+            **{c: parity[c] for c in ("dataset", "model_pair", "temperature", "method", "K", "L") if c in parity},
+            "n paired": parity["n_paired"],
+            "accuracy": [interval(*v) for v in zip(parity.accuracy, parity.accuracy_low, parity.accuracy_high)],
+            "AR": [interval(*v) for v in zip(parity.baseline_accuracy, parity.baseline_low, parity.baseline_high)],
+            "only method": parity["only_method"],
+            "only AR": parity["only_baseline"],
+            "p (McNemar)": parity["p_value"].map("{:.3g}".format),
+        }
+    )
+    return lines + [_markdown(shown.astype(str)), ""]
+
+
 def quality_section(results_dirs: list[Path], compute: bool = False) -> str | None:
     """Quality parity with AR from ``spectr_repro.quality`` (optional module, imported lazily).
 
     Uses ``quality.csv`` already in a results folder (``python -m spectr_repro.quality <dir>``); with
     ``compute`` it scores folders without one through ``quality.write_quality`` — which EXECUTES
-    model-written HumanEval code (that module's guards apply). A failure there is reported in the
-    section rather than losing the whole report. None when the module does not exist.
+    model-written HumanEval code (that module's guards apply). Per-prompt outcomes
+    (``QUALITY_OUTCOMES_FILE``), where present, add the paired test against AR. A failure there is
+    reported in the section rather than losing the whole report. None when the module does not exist.
     """
     try:
         quality = importlib.import_module("spectr_repro.quality")
@@ -373,6 +452,9 @@ def quality_section(results_dirs: list[Path], compute: bool = False) -> str | No
                 frames.append(quality.write_quality(folder))
             else:
                 missing.append(folder)
+        paired = paired_quality_lines(results_dirs)
+        if not frames and paired:
+            return "\n".join(heading + paired)
         if not frames:
             return "\n".join(
                 heading
@@ -392,7 +474,7 @@ def quality_section(results_dirs: list[Path], compute: bool = False) -> str | No
         body = body[1:]
     if missing:
         body += ["", f"Not scored (no quality.csv): {', '.join(str(f) for f in missing)}."]
-    return "\n".join(heading + body + [""])
+    return "\n".join(heading + body + [""] + paired)
 
 
 def theory_section(results_dirs: list[Path], out_dir: Path) -> str | None:

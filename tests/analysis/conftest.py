@@ -4,7 +4,9 @@ Shapes follow the runner's record schema and the cpu_quick grid: a main table (e
 datasets) plus K, L and T ablations on HumanEval for the Qwen pair, and a main table only for the
 DeepSeek 33B pair (so paper numbers line up). Values are chosen so that expected table entries are
 computable independently: per-prompt target_calls = 10 and new_tokens = 10·BE ± d with the ±d summing
-to zero, so Σ new_tokens / Σ target_calls = BE exactly; AR wall time / method wall time likewise.
+to zero, so Σ new_tokens / Σ target_calls = BE exactly; AR wall time / method wall time likewise. Each
+method takes the ±d in its own rotation, so two methods' per-prompt differences vary (paired intervals
+have width) while every cell total stays exact.
 """
 
 from __future__ import annotations
@@ -84,7 +86,9 @@ def write_synthetic_results(root: Path, experiment: str = "synthetic") -> Path:
         cell_dir = out / "cells" / cell_id
         cell_dir.mkdir(parents=True)
         records = []
-        for index, offset in enumerate(PROMPT_OFFSETS):
+        shift = list(BASE_BE).index(method) % len(PROMPT_OFFSETS) if method in BASE_BE else 0
+        offsets = PROMPT_OFFSETS[shift:] + PROMPT_OFFSETS[:shift]
+        for index, offset in enumerate(offsets):
             new_tokens = round(10 * be) + (offset if method != "ar" else 0)
             ar_wall = 2.0 + 0.5 * index
             records.append(

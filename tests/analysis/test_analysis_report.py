@@ -2,6 +2,7 @@ import json
 import re
 import shutil
 
+import pandas as pd
 import pytest
 
 from spectr_repro.__main__ import main as cli_main
@@ -165,3 +166,43 @@ def test_several_results_folders_are_merged_into_one_report(synthetic, tmp_path)
     table = (first / "tables" / "table1_deepseek_33b_1.3b.md").read_text()
     assert "humaneval" in table and "gsm8k" in table
     assert (first / "REPORT.md").is_file() and not (second / "REPORT.md").exists()
+
+
+def test_report_has_intervals_and_the_differences_section(results_copy):
+    summary_path = next(results_copy.glob("cells/qwen25coder_1.5b_0.5b__gsm8k__rbv__*/summary.json"))
+    summary = json.loads(summary_path.read_text())
+    summary["batch_prompts"] = 8  # a batched BE run: its wall time is no speed-up
+    summary_path.write_text(json.dumps(summary))
+    assert main([str(results_copy)]) == 0
+    report = (results_copy / "REPORT.md").read_text()
+    assert "### Which differences are real — qwen25coder_1.5b_0.5b" in report
+    assert "**Δ block efficiency vs SpecTr-GBV**" in report and "**Speed-up ratio vs SD**" in report
+    assert "Paired prompts per dataset: 3 — fewer than 10, so no difference can be called real." in report
+    assert "Brackets: 95 % bootstrap interval over prompts (9999 resamples, seed 0; BCa" in report
+    assert "- rbv on gsm8k, K=3 L=6 T=0.4: batched" in report
+    speed_table = report.split("**Speed-up vs AR** (qwen")[1]
+    (rbv_row,) = [line for line in speed_table.splitlines() if line.startswith("| RBV")][:1]
+    assert f"{summary['speedup']:.2f}×" not in rbv_row and "n/c (batched)" in rbv_row
+    assert "nan" not in report
+    differences = pd.read_csv(results_copy / "tables" / "differences_qwen25coder_1.5b_0.5b.csv")
+    rbv = differences[(differences["method"] == "rbv") & (differences["metric"] == "speedup")]
+    assert set(rbv.loc[rbv["dataset"] == "gsm8k", "note"]) == {"n/c (batched)"} and rbv["estimate"].notna().any()
+    assert not differences["real"].eq(True).any()  # 3 prompts per cell: never a verdict
+
+
+def test_quality_section_adds_the_paired_test_from_per_prompt_outcomes(tmp_path):
+    from spectr_repro.analysis.report import QUALITY_OUTCOMES_FILE, quality_section
+
+    rows = [
+        {"model_pair": "p", "dataset": "gsm8k", "temperature": 0.4, "seed": 0, "method": method,
+         "prompt_id": f"q{i}", "correct": int(correct)}
+        for method, outcomes in (("ar", [1, 1, 1, 1, 0, 0]), ("sd", [1, 1, 1, 1, 0, 0]), ("spectr_gbv", [0] * 6))
+        for i, correct in enumerate(outcomes)
+    ]
+    pd.DataFrame(rows).to_csv(tmp_path / QUALITY_OUTCOMES_FILE, index=False)
+    section = quality_section([tmp_path])  # no quality.csv: the paired part alone, nothing executed
+    assert section.startswith("## Quality parity with AR") and "### Paired with AR on the same prompts" in section
+    (sd,) = [line for line in section.splitlines() if "| sd " in line]
+    (gbv,) = [line for line in section.splitlines() if "| spectr_gbv " in line]
+    assert sd.rstrip(" |").endswith("| 1") and "0.667 [0.300, 0.903]" in sd  # identical outcomes: p = 1
+    assert gbv.rstrip(" |").endswith("| 0.125")  # 4 prompts only AR solved: 2 · 0.5^4
