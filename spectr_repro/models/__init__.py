@@ -125,7 +125,7 @@ def load_pair(
         free = accelerator_memory() if device.type == "cuda" else None
         pair = _load(cfg, device, target_dtype, draft_dtype)
         _CACHE[key] = _with_placement(pair, free)
-        log.info("loaded model pair %s", pair.name)
+        log.debug("loaded model pair %s", pair.name)
     return _CACHE[key]
 
 
@@ -145,7 +145,7 @@ def release_pair() -> str | None:
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
     if name is not None:
-        log.info("released model pair %s", name)
+        log.debug("released model pair %s", name)
     return name
 
 

@@ -40,7 +40,9 @@ USAGE = """\
 usage: python -m spectr_repro {command} [key=value ...]
 
 Top-level keys: K, L, temperature, method, dataset, model_pair, num_prompts, max_new_tokens, seed,
-output_dir, experiment, force; groups: hardware=cpu|cuda, logger=wandb_offline|wandb_online|disabled.
+output_dir, experiment, force; groups: hardware=cpu|cuda, logger=wandb_offline|wandb_online|disabled;
+runner.* (claims, SLURM job layout) and hardware.allow_offload; unknown keys are refused, `+` or not.
+`sweep ... --plan` (or `python -m spectr_repro plan ...`) prints cells, downloads and time, loading nothing.
 {extra}"""
 
 
@@ -164,8 +166,6 @@ def _check_folders(cfgs, plans) -> None:
     for cfg, directories in by_output.values():
         existing = [d for d in directories if d.exists()]
         check_writable(cfg.output_dir, run_folders(cfg, existing))
-    for cfg in cfgs[:1]:
-        check_writable(cfg.output_dir)
 
 
 def _plan(argv: list[str]) -> int:
@@ -281,7 +281,9 @@ def help_text(command: str | None = None) -> str:
     extra = f"Config groups (conf/ in {conf_dir()}):\n{groups}\n"
     if command == "sweep":
         extra += ("\nComma lists expand to the grid (K=1,3,5 method=sd,spectr); axes not given take the\n"
-                  "experiment's `grid`. hydra/launcher=slurm sends one SLURM job per cell (submitit).\n")
+                  "experiment's `grid`. hydra/launcher=slurm sends SLURM jobs (submitit): one per model pair by\n"
+                  "default (runner.jobs=per_pair; workers_<N>, per_cell). Cells are claimed, so several runners\n"
+                  "over one folder compute each cell once.\n")
     return USAGE.format(command=command or "{run,sweep}", extra=extra)
 
 

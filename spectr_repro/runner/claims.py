@@ -284,21 +284,31 @@ def read_holder(directory: Path) -> Holder | None:
 
 @dataclass
 class ContentionWatch:
-    """Samples, while a cell is timed, which other runners of this machine are busy and the load average."""
+    """Samples, while a cell is timed, the other runners busy on this machine (the registry, and live claims
+    of other runners in the same cells folder) and the load average."""
 
     runner: Runner
-    others: set[str] = field(default_factory=set)
+    cells_dir: Path | None = None
+    others: dict[str, str] = field(default_factory=dict)  # "host pid" -> what it was seen doing
     load_average_max: float = 0.0
 
     def sample(self) -> None:
-        self.others.update(self.runner.others_busy())
+        for entry in self.runner.others_busy():
+            self.others.setdefault(entry.split(":", 1)[0], entry)
+        if self.cells_dir is not None:
+            for path in self.cells_dir.glob(f"*/{CLAIM_FILE}"):
+                holder = read_holder(path.parent)
+                if (holder is not None and holder.readable and holder.host == self.runner.host
+                        and holder.runner != self.runner.id and self.runner.is_live(holder)):
+                    key = f"{holder.host} pid {holder.pid}"
+                    self.others.setdefault(key, f"{key}: claim on {path.parent.name}")
         try:
             self.load_average_max = max(self.load_average_max, os.getloadavg()[0])
         except OSError:
             pass
 
     def result(self) -> dict[str, Any]:
-        return {"other_runners": sorted(self.others), "load_average_max": round(self.load_average_max, 2),
+        return {"other_runners": sorted(self.others.values()), "load_average_max": round(self.load_average_max, 2),
                 "cpu_count": os.cpu_count()}
 
 

@@ -261,13 +261,10 @@ class Session:
             return CellOutcome(plan, "finished earlier", state.summary)
         self._unfinished.add(plan.cell_id)
         if plan.ar_cell_id is not None and plan.ar_cell_id not in self._ar_times:
-            ar_state = self._state_of(plan.cfg, plan.ar_cell_id)
-            if not ar_state.finished:
-                holder = claims.read_holder(store.cell_dir(plan.cfg, plan.ar_cell_id))
-                if holder is not None and self.runner.is_live(holder):
-                    return None  # the AR baseline is on its way elsewhere
-                raise ResourceError(f"AR baseline {plan.ar_cell_id} is not finished and nobody computes it "
-                                    f"({ar_state.problem or ar_state.status}); rerun to compute it first")
+            if not self._state_of(plan.cfg, plan.ar_cell_id).finished:
+                # Another runner computes it (or its runner just died: the AR cell, earlier in this command's
+                # order, is taken over on the next pass). Either way: not yet.
+                return None
         try:
             claim = self.runner.claim(plan.directory)
         except OSError as error:
@@ -352,7 +349,7 @@ class Session:
         decode(prompts[0][-WARMUP_PROMPT_TOKENS:], min(WARMUP_TOKENS, cfg.max_new_tokens), seed=cfg.seed + 10**9)
 
         timer = SectionTimer(pair.device)
-        watch = claims.ContentionWatch(self.runner)
+        watch = claims.ContentionWatch(self.runner, plan.directory.parent)
         watch.sample()
         records, pooled_accepted, pooled_blocks, time_split = [], [], [], {}
         bar = tqdm(list(zip(examples, prompts)), desc=f"{method} K={cfg.K} L={cfg.L}", unit="prompt",

@@ -147,3 +147,13 @@ def test_contention_sees_other_busy_runners_of_this_machine(sleeper, isolated_ru
     ghost = isolated_runner_registry / "ghost.json"
     ghost.write_text(json.dumps({"host": me.host, "pid": _dead_pid(), "runner": "ghost", "state": "computing"}))
     assert me.others_busy() == [] and not ghost.exists()
+
+
+def test_contention_sees_live_claims_of_other_runners_in_the_same_folder(tmp_path, sleeper):
+    """A runner registered elsewhere (another cache folder) is still seen through its claim on a cell."""
+    me = Runner()
+    _write_claim(tmp_path / "cells" / "theirs", me.host, sleeper.pid, pid_start=process_start(sleeper.pid))
+    _write_claim(tmp_path / "cells" / "dead", me.host, _dead_pid())
+    watch = ContentionWatch(me, tmp_path / "cells")
+    watch.sample()
+    assert watch.result()["other_runners"] == [f"{me.host} pid {sleeper.pid}: claim on theirs"]

@@ -40,6 +40,15 @@ def test_paper_main_plan_offline(offline, capsys):
     assert not (offline / "results").exists(), "a plan writes nothing"
 
 
+@pytest.mark.slow
+def test_paper_preset_plan_offline(offline, capsys):
+    """What `make reproduce PRESET=paper` prints first: the four experiments, 445 cells, 83 GB once."""
+    assert main_plan(["experiment=paper_main,ablation_K,ablation_L,ablation_T",
+                      f"output_dir={offline / 'results'}"]) == 0
+    text = capsys.readouterr().out
+    assert "Cells: 445 (35 AR baselines)" in text and "to download: 82.8 GB" in text
+
+
 def test_full_disk_shows_in_the_plan(offline, monkeypatch, capsys):
     monkeypatch.setattr(models, "free_disk_bytes", lambda path: 40 * 10**9)
     assert main_plan(["experiment=paper_main", "dataset=gsm8k", f"output_dir={offline / 'results'}"]) == 0

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import re
+from pathlib import Path
 
 import pytest
 from runner_helpers import cells_computed, cli
@@ -74,6 +76,8 @@ def _pair_events(stderr: str) -> list[tuple[str, str]]:
     return re.findall(r"(loading|released) model pair (\w+)", stderr)
 
 
+@pytest.mark.skipif(not (Path(os.environ.get("SPECTR_REPRO_DATA", "/nonexistent")) / "gsm8k").is_dir(),
+                    reason="needs the local copies of the five datasets (SPECTR_REPRO_DATA); CI sets it")
 def test_paper_main_dress_rehearsal_by_two_concurrent_runners(two_tiny_conf, tmp_path, isolated_runner_registry):
     """experiment=paper_main with the DeepSeek pairs replaced by two distinct tiny pairs, on the CPU, run by
     two processes at once into one folder: every cell computed once, each pair released before the next
@@ -108,7 +112,7 @@ def _job_logs(out):
     return [(path.read_text(), path.with_suffix(".err").read_text()) for path in out.rglob(".submitit/*/*_log.out")]
 
 
-@pytest.mark.parametrize("jobs, expected_jobs", [("workers_3", 3), ("per_pair", 2)])
+@pytest.mark.parametrize("jobs, expected_jobs", [("workers_3", 3), pytest.param("per_pair", 2, marks=pytest.mark.slow)])
 def test_slurm_path_with_submitit_local_executor(two_tiny_conf, tmp_path, isolated_runner_registry, jobs,
                                                  expected_jobs):
     """hydra/launcher=submitit_local runs the jobs as submitit would on SLURM (pickled task, one process each,
