@@ -1,14 +1,18 @@
-"""The experiment runner: ``python -m spectr_repro run ...`` (one cell) and ``sweep ...`` (a grid).
+"""The experiment runner: ``python -m spectr_repro run ...`` (one cell), ``sweep ...`` (a grid), ``plan ...``.
 
     python -m spectr_repro run method=spectr_gbv K=3 L=8 dataset=gsm8k model_pair=tiny_random
     python -m spectr_repro sweep K=1,3,5,7 method=spectr,spectr_gbv
+    python -m spectr_repro plan experiment=paper_main            # cells, downloads, time; loads nothing
     python -m spectr_repro sweep experiment=ablation_K          # the experiment's grid
-    python -m spectr_repro sweep experiment=paper_main hydra/launcher=slurm   # one SLURM job per cell
+    python -m spectr_repro sweep experiment=paper_main hydra/launcher=slurm   # one SLURM job per pair
 
-Every cell of a command runs in one process (models loaded once per pair); each group's AR baseline
-runs once and gives every method's speed-up. Records: ``<output_dir>/<experiment>/cells/<cell_id>/``
-(see :mod:`spectr_repro.runner.store`). Finished cells are skipped on rerun; ``force=true``
-recomputes them. Bad input: one message on stderr, exit status 2, nothing written.
+Every cell of a command runs in one process, pair by pair (one pair in memory); each group's AR baseline
+runs once and gives every method's speed-up. Cells are claimed before they are computed
+(:mod:`spectr_repro.runner.claims`), so several runners over one folder compute each cell once.
+Records: ``<output_dir>/<experiment>/cells/<cell_id>/`` (see :mod:`spectr_repro.runner.store`); a cell
+is finished only when its summary agrees with its records, and is redone otherwise; ``force=true``
+recomputes finished ones. Bad input: one message on stderr, exit status 2, nothing written; a missing
+resource: exit 1; SIGINT 130 and SIGTERM 143, each saying what was kept.
 """
 
 from __future__ import annotations
