@@ -58,8 +58,14 @@ models: $(INSTALLED)
 # PRESET=paper: the paper's main table and its K, L, T ablations (conf/experiment/); else one experiment.
 # `experiment=` (not `+experiment=`): config.yaml already lists the group with a null default.
 REPRODUCE_EXPERIMENTS = $(if $(filter paper,$(PRESET)),paper_main ablation_K ablation_L ablation_T,$(PRESET))
+empty :=
+space := $(empty) $(empty)
+comma := ,
 
+# The plan (cells, tokens, downloads against free disk, estimated time; nothing loaded) comes first.
+# Each experiment is its own `sweep` process; within one, cells run pair by pair (one pair in memory).
 reproduce: $(INSTALLED)
+	$(PY) -m spectr_repro plan experiment=$(subst $(space),$(comma),$(REPRODUCE_EXPERIMENTS))
 	@if [ "$(PRESET)" = "cpu_quick" ]; then $(MAKE) models; fi
 	$(foreach experiment,$(REPRODUCE_EXPERIMENTS),$(PY) -m spectr_repro sweep experiment=$(experiment) && ) true
 	$(PY) -m spectr_repro theory

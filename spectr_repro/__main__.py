@@ -15,6 +15,8 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "run": ("spectr_repro.runner", "main_run", "run one cell (method, K, L, T, dataset, model pair)"),
     "sweep": ("spectr_repro.runner", "main_sweep",
               "run a grid: comma lists (K=1,3,5,7) and/or an experiment's grid (experiment=paper_main)"),
+    "plan": ("spectr_repro.runner", "main_plan",
+             "what a sweep would cost (cells, tokens, downloads vs disk, time), loading nothing"),
     "report": ("spectr_repro.analysis.report", "main", "tables, figures and REPORT.md from a results folder"),
     "theory": ("spectr_repro.theory.cli", "main_theory", "exact laws, LP limit, paper's bound (toys)"),
     "audit": ("spectr_repro.theory.cli", "main_audit", "validity audit of every verification rule"),

@@ -18,7 +18,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: prompt_ids, records_sha256, offloaded, contention, speedup_caveats, model_revisions
 
 
 def _column(table: bool = True, **metadata):
@@ -81,6 +81,14 @@ class CellSummary:
     ar_same_process: bool  # the AR baseline was timed in this process (else read from its cell)
     environment: dict[str, Any]
     created_at: str
+    # Integrity: what the summary was computed from (a cell is finished only when its records agree).
+    prompt_ids: list[str]  # the records' prompt ids, in order
+    records_sha256: str  # sha256 of records.jsonl as written
+    # Conditions of the timing; any caveat makes the speed-up not comparable (the report marks it).
+    offloaded: bool  # some modules of the pair sat on CPU/disk while the rest was on the accelerator
+    contention: dict[str, Any]  # other runners computing on this machine while timed, load average, CPUs
+    speedup_caveats: list[str]  # why this speed-up is not comparable ([] = comparable); includes the AR's
+    model_revisions: dict[str, Any] | None  # hub checkpoints: role -> {hub_id, revision, commit}; None offline
     schema_version: int = SCHEMA_VERSION
 
 
@@ -170,6 +178,50 @@ def pooled_metrics(records: Sequence[Mapping[str, Any]]) -> dict[str, float]:
     }
 
 
+def records_digest(text: str) -> str:
+    """sha256 of a records.jsonl text, as stored in the summary's ``records_sha256``."""
+    import hashlib
+
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def summary_disagreements(summary: Mapping[str, Any], records: Sequence[Mapping[str, Any]],
+                          records_text: str | None = None) -> list[str]:
+    """How a summary disagrees with its records ([] when they agree): count, prompt ids, totals, digest.
+
+    Summaries written before a field existed (None) skip that check; the totals are checked always.
+    """
+    problems: list[str] = []
+    ids = [str(r.get("prompt_id")) for r in records]
+    duplicated = sorted({i for i in ids if ids.count(i) > 1})
+    if duplicated:
+        problems.append(f"prompt ids repeated in the records: {duplicated[:5]}")
+    expected = summary.get("num_prompts")
+    if expected is not None and expected != len(records):
+        problems.append(f"the summary counts {expected} prompts, the records hold {len(records)}")
+    summary_ids = summary.get("prompt_ids")
+    if summary_ids is not None and [str(i) for i in summary_ids] != ids:
+        missing = [i for i in summary_ids if str(i) not in ids]
+        extra = [i for i in ids if i not in {str(j) for j in summary_ids}]
+        problems.append(f"prompt ids differ from the summary's (missing {missing[:5]}, unexpected {extra[:5]})"
+                        if missing or extra else "prompt ids are in another order than the summary's")
+    try:
+        totals = record_totals(records)
+    except (KeyError, TypeError, ValueError) as error:
+        return [*problems, f"a record lacks a numeric field ({type(error).__name__}: {error})"]
+    for key in ("tokens", "target_calls"):
+        if summary.get(key) is not None and int(summary[key]) != getattr(totals, key):
+            problems.append(f"{key}: the summary says {summary[key]}, the records sum to {getattr(totals, key)}")
+    for key in ("wall_time_s", "ar_wall_time_s"):
+        value = summary.get(key)
+        if value is not None and not math.isclose(float(value), getattr(totals, key), rel_tol=1e-9, abs_tol=1e-12):
+            problems.append(f"{key}: the summary says {value}, the records sum to {getattr(totals, key)}")
+    digest = summary.get("records_sha256")
+    if digest is not None and records_text is not None and records_digest(records_text) != digest:
+        problems.append("records.jsonl is not the file the summary was written with (sha256 differs)")
+    return problems
+
+
 def as_json(item: PromptRecord | CellSummary) -> dict[str, Any]:
     return asdict(item)
 
@@ -203,5 +255,5 @@ def iter_records(lines: Iterable[str], where: str) -> Iterable[dict[str, Any]]:
 __all__ = [
     "REQUIRED_SUMMARY_KEYS", "SCHEMA_VERSION", "CellSummary", "PromptRecord", "RecordTotals", "SchemaError",
     "as_json", "field_names", "flatten_numbers", "iter_records", "pooled_metrics", "record_from_json",
-    "record_totals", "summary_from_json", "table_columns",
+    "record_totals", "records_digest", "summary_disagreements", "summary_from_json", "table_columns",
 ]

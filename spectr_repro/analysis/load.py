@@ -2,21 +2,37 @@
 
 A results folder is anything holding ``cells/<cell_id>/summary.json`` (one per cell) and, next to
 it, ``records.jsonl`` (one JSON line per prompt), as written by the runner. The folder may be one
-experiment (``results/cpu_quick``) or a parent of several (``results/``): every ``cells/*/summary.json``
+experiment (``results/cpu_quick``) or a parent of several (``results/``): every ``cells/*/`` folder
 below it is read. Analysis never imports the engine or models, so a report can be rebuilt anywhere
 from the files alone.
+
+Every cell folder is checked as it is read (the same check the runner uses to decide a cell is
+finished, ``records.summary_disagreements``): a summary that does not parse, records cut or missing,
+counts, prompt ids or totals that disagree, a folder with records but no summary. By default such
+problems refuse the load, listing each file and what is wrong (never a silently different count);
+``strict=False`` leaves those cells out with a warning each (the report then lists them).
 """
 
 from __future__ import annotations
 
 import json
+import time
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
-from spectr_repro.records import CellSummary, PromptRecord, field_names, iter_records, summary_from_json
+from spectr_repro.records import (
+    CellSummary,
+    PromptRecord,
+    SchemaError,
+    field_names,
+    iter_records,
+    summary_disagreements,
+    summary_from_json,
+)
 from spectr_repro.verify import method_labels, method_names, single_draft_methods
 
 # Canonical orders (rows and columns of every table and legend); methods come from the one registry.
@@ -107,20 +123,99 @@ def summary_paths(results_dir: str | Path) -> list[Path]:
     return sorted(p for p in root.rglob("summary.json") if p.parent.parent.name == "cells")
 
 
-def load_cells(results_dir: str | Path) -> pd.DataFrame:
-    """One row per cell. Raises ValueError when the folder is missing or holds no cells."""
+def cell_folders(results_dir: str | Path) -> list[Path]:
+    """Every ``cells/<cell_id>/`` folder below ``results_dir`` (with or without a summary), sorted."""
+    root = Path(results_dir)
+    holders = [root] if root.name == "cells" else sorted(root.rglob("cells"))
+    return sorted(p for cells in holders if cells.is_dir() for p in cells.iterdir() if p.is_dir())
+
+
+@dataclass(frozen=True)
+class CellProblem:
+    """A cell folder that cannot be counted as it stands: ``path`` names the file, ``problem`` says why."""
+
+    path: Path
+    problem: str
+
+    def __str__(self) -> str:
+        return f"{self.path}: {self.problem}"
+
+
+def check_cell(folder: Path) -> tuple[dict | None, CellProblem | None]:
+    """The cell's checked summary, or the problem that keeps it out (None, None: an empty folder)."""
+    summary_path, records_path = folder / "summary.json", folder / "records.jsonl"
+    if not summary_path.is_file():
+        claim = _claim_text(folder)
+        if records_path.is_file():
+            return None, CellProblem(records_path, "records but no summary.json: the cell was interrupted"
+                                     + (f" or is being computed ({claim})" if claim else "")
+                                     + "; rerun the sweep to compute it")
+        if claim:
+            return None, CellProblem(folder / "claim.json", f"being computed ({claim}), no results yet")
+        return None, None
+    try:
+        summary = _read_summary(summary_path)
+    except (ValueError, OSError) as error:
+        return None, CellProblem(summary_path, str(error).replace(f"{summary_path}: ", "", 1))
+    if not records_path.is_file():
+        return None, CellProblem(records_path, f"missing (the summary counts {summary.get('num_prompts')} prompts)")
+    try:
+        text = records_path.read_text(encoding="utf-8")
+        records = list(iter_records(text.splitlines(keepends=True), str(records_path)))
+    except (SchemaError, OSError, UnicodeDecodeError) as error:
+        return None, CellProblem(records_path, str(error).replace(f"{records_path}:", "line ", 1))
+    problems = summary_disagreements(summary, records, text)
+    if problems:
+        return None, CellProblem(records_path, "disagrees with summary.json: " + "; ".join(problems))
+    return summary, None
+
+
+def _claim_text(folder: Path) -> str | None:
+    path = folder / "claim.json"
+    try:
+        claim = json.loads(path.read_text())
+        age = time.time() - path.stat().st_mtime
+        return f"claimed by {claim.get('host')} pid {claim.get('pid')} since {claim.get('started_at')}, " \
+               f"refreshed {age:.0f} s ago"
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def find_problems(results_dir: str | Path) -> list[CellProblem]:
+    """Every cell folder below ``results_dir`` that cannot be counted, and why."""
+    return [problem for folder in cell_folders(results_dir) if (problem := check_cell(folder)[1]) is not None]
+
+
+def problems_message(root: Path, problems: list[CellProblem]) -> str:
+    listed = "\n".join(f"  - {problem}" for problem in problems)
+    return (f"{len(problems)} cell folder(s) under {str(root)!r} cannot be counted as they stand (a report "
+            f"would silently count fewer cells or prompts):\n{listed}\nRerun the same sweep to recompute them "
+            "(damaged cells are redone), or report the rest with --allow-incomplete (they are listed in the report).")
+
+
+def load_cells(results_dir: str | Path, strict: bool = True) -> pd.DataFrame:
+    """One row per cell whose summary agrees with its records.
+
+    ValueError when the folder is missing or holds no cells, and (``strict``) when any cell folder has a
+    problem (each named, see :func:`check_cell`); ``strict=False`` warns per problem and leaves those out.
+    """
     root = Path(results_dir)
     if not root.is_dir():
         raise ValueError(f"results folder {str(root)!r} does not exist")
-    paths = summary_paths(root)
+    checked = [(folder, *check_cell(folder)) for folder in cell_folders(root)]
+    problems = [problem for _, _, problem in checked if problem is not None]
+    if problems and strict:
+        raise ValueError(problems_message(root, problems))
+    for problem in problems:
+        warnings.warn(f"left out of the results: {problem}", stacklevel=2)
+    paths = [(folder / "summary.json", summary) for folder, summary, _ in checked if summary is not None]
     if not paths:
         raise ValueError(
             f"no cells found under {str(root)!r} (expected cells/<cell_id>/summary.json); "
             "run an experiment first, e.g. `make reproduce`"
         )
     rows = []
-    for path in paths:
-        summary = _read_summary(path)
+    for path, summary in paths:
         summary["cell_id"] = summary.get("cell_id") or path.parent.name
         summary["experiment"] = summary.get("experiment") or path.parent.parent.parent.name
         summary["cell_dir"] = str(path.parent)
@@ -139,6 +234,10 @@ def load_cells(results_dir: str | Path) -> pd.DataFrame:
     cells["K"] = cells["K"].astype(int)
     cells["L"] = cells["L"].astype(int)
     cells["temperature"] = cells["temperature"].astype(float)
+    # A speed-up measured with part of the pair offloaded, or while other runners computed on the machine
+    # (its own or its AR baseline's), is not comparable with a clean one (summaries before schema 2: no caveats).
+    cells["speedup_caveats"] = [list(c) if isinstance(c, list) else [] for c in cells["speedup_caveats"]]
+    cells["speedup_comparable"] = [not c for c in cells["speedup_caveats"]]
     return cells.reset_index(drop=True)
 
 
@@ -177,7 +276,30 @@ def load_records(cells: pd.DataFrame) -> pd.DataFrame:
     return records
 
 
-def load_results(results_dir: str | Path) -> Results:
-    """Cells and records of ``results_dir`` (see module docstring)."""
-    cells = load_cells(results_dir)
+def load_results(results_dir: str | Path, strict: bool = True) -> Results:
+    """Cells and records of ``results_dir`` (see module docstring; ``strict`` as in :func:`load_cells`)."""
+    cells = load_cells(results_dir, strict=strict)
     return Results(root=Path(results_dir), cells=cells, records=load_records(cells))
+
+
+def integrity_markdown(results_dirs: list[Path], cells: pd.DataFrame) -> str | None:
+    """A report section listing cells left out (problems) and speed-ups that are not comparable; None if
+    there are neither."""
+    problems = [problem for folder in results_dirs for problem in find_problems(folder)]
+    flagged = cells[~cells["speedup_comparable"]] if "speedup_comparable" in cells else cells.iloc[:0]
+    if not problems and flagged.empty:
+        return None
+    lines = ["## Results integrity", ""]
+    if problems:
+        lines += [f"{len(problems)} cell folder(s) were left out of every table and figure:", ""]
+        lines += [f"- `{problem.path}`: {problem.problem}" for problem in problems]
+        lines.append("")
+    if not flagged.empty:
+        lines += [f"{len(flagged)} cell(s) have speed-ups that are **not comparable** with a clean measurement "
+                  "(their wall times were taken under the conditions below; block efficiency is unaffected):", "",
+                  "| cell | speed-up | why |", "|---|---|---|"]
+        for cell in flagged.itertuples():
+            reasons = "; ".join(cell.speedup_caveats).replace("|", "/")
+            lines.append(f"| {cell.cell_id} | {cell.speedup:.2f}× | {reasons} |")
+        lines.append("")
+    return "\n".join(lines)

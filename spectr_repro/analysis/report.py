@@ -31,6 +31,7 @@ from spectr_repro.analysis.load import (
     METHOD_LABELS,
     METHOD_ORDER,
     Results,
+    integrity_markdown,
     load_results,
     order_methods,
     ordered,
@@ -494,12 +495,14 @@ def build_report(
     paper_csv: str | Path | None = None,
     audit: str | Path | None = None,
     quality: bool = False,
+    allow_incomplete: bool = False,
 ) -> Path:
     """Write REPORT.md (and its tables and figures) and return its path. ValueError on bad input,
     raised before anything is written. ``quality``: score quality parity where not yet scored
     (executes model-written HumanEval code, see ``quality_section``)."""
     folders = [Path(d) for d in results_dirs]
-    results = _merge([load_results(folder) for folder in folders])
+    # Damaged or unfinished cell folders refuse the report (each named) unless allow_incomplete.
+    results = _merge([load_results(folder, strict=not allow_incomplete) for folder in folders])
     paper = load_paper_numbers(paper_csv)
     audit_path = Path(audit) if audit is not None else find_audit(folders)
     if audit is not None and not audit_path.is_file():
@@ -517,6 +520,7 @@ def build_report(
         f"{len(results.cells)} cells.",
         "",
         environment_section(results.cells),
+        integrity_markdown(folders, results.cells) or "",
         settings_section(results.cells, results.records),
         pair_sections(results, paper, out_dir),
         paper_section(paper),
@@ -556,6 +560,11 @@ def main(argv: list[str] | None = None) -> int:
         help="score quality parity with AR where a folder has no quality.csv yet "
         "(EXECUTES model-written HumanEval code in guarded subprocesses)",
     )
+    parser.add_argument(
+        "--allow-incomplete",
+        action="store_true",
+        help="report although some cell folders are damaged or unfinished (they are listed in the report)",
+    )
     args = parser.parse_args(argv)
     try:
         path = build_report(
@@ -564,6 +573,7 @@ def main(argv: list[str] | None = None) -> int:
             paper_csv=args.paper,
             audit=args.audit,
             quality=args.quality,
+            allow_incomplete=args.allow_incomplete,
         )
     except ValueError as err:
         print(f"report: error: {err}", file=sys.stderr)

@@ -22,7 +22,7 @@ class Alpaca(DatasetSpec):
     description = (
         "Alpaca instructions with optional input (local: alpaca_data.json, else the 5,000-record head)"
     )
-    hub = HubSource("tatsu-lab/alpaca", None, "train")
+    hub = HubSource("tatsu-lab/alpaca", None, "train", "main", ("data/train-*.parquet",))
     base_stop_strings = ("\n### ",)  # the model starting another "### Instruction:" block
 
     def local_files(self, data_dir, **options):

@@ -50,9 +50,23 @@ class Example:
 
 @dataclass(frozen=True)
 class HubSource:
+    """Where a dataset's parquet files live on the HuggingFace hub.
+
+    ``revision`` is a branch or commit of the dataset repository: datasets that ship a loading script
+    (which ``datasets`` 4+ refuses to run) are read from the hub's own parquet conversion,
+    ``refs/convert/parquet``. ``files`` are glob patterns of the split's parquet files in that revision;
+    ``{config}`` is replaced by the config (MGSM's language).
+    """
+
     path: str
     config: str | None
     split: str
+    revision: str = "main"
+    files: tuple[str, ...] = ()
+
+    def patterns(self, config: str | None = None) -> list[str]:
+        config = config if config is not None else self.config
+        return [pattern.format(config=config, split=self.split) for pattern in self.files]
 
 
 class DatasetSpec:
@@ -75,7 +89,7 @@ class DatasetSpec:
 
     def read_hub(self, **options) -> list[dict]:
         """Records from the hub, in the local schema (subclasses remap fields that differ)."""
-        return [dict(row) for row in _load_hub(self.hub.path, self.hub.config, self.hub.split)]
+        return [dict(row) for row in _load_hub(self.hub)]
 
     def read_fallback(self, **options) -> list[dict] | None:
         """An offline source besides ``$SPECTR_REPRO_DATA`` (e.g. a package's copy), or None."""
@@ -234,10 +248,42 @@ def read_text_lines(path: Path) -> list[str]:
     return lines[:-1] if lines and lines[-1] == "" else lines
 
 
-def _load_hub(path: str, config: str | None, split: str):
+class HubDataError(ValueError):
+    """A dataset could not be read from the hub (not cached offline, no such files, no network)."""
+
+
+def fetch_hub_files(repo: str, revision: str, patterns: list[str]) -> list[Path]:
+    """Local paths of the files matching ``patterns`` in the dataset repository ``repo`` at ``revision``.
+
+    The one function that reaches the hub: ``huggingface_hub.snapshot_download`` (which answers from the
+    local HF cache when the hub is offline, HF_HUB_OFFLINE=1 or no network).
+    """
+    from huggingface_hub import constants, snapshot_download
+    from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
+
+    where = f"{repo}@{revision}"
+    try:
+        folder = Path(snapshot_download(repo, repo_type="dataset", revision=revision, allow_patterns=patterns,
+                                        local_files_only=bool(constants.HF_HUB_OFFLINE)))
+    except LocalEntryNotFoundError:
+        raise HubDataError(f"{where} is not in the local HF cache ({constants.HF_HUB_CACHE}) and the hub cannot "
+                           "be reached (offline or no network)") from None
+    except HfHubHTTPError as error:
+        raise HubDataError(f"{where}: the hub answered {' '.join(str(error).split())[:200]}") from None
+    files = sorted({path for pattern in patterns for path in folder.glob(pattern) if path.is_file()})
+    if not files:
+        raise HubDataError(f"{where} has no files matching {patterns} (in {folder})")
+    return files
+
+
+def _load_hub(source: HubSource, config: str | None = None) -> list[dict]:
+    """The rows of ``source``'s split (``config`` overrides its config), read from its parquet files with the
+    installed ``datasets`` (its parquet builder: no loading script is ever run)."""
     import datasets
 
-    return datasets.load_dataset(path, config, split=split)
+    files = fetch_hub_files(source.path, source.revision, source.patterns(config))
+    table = datasets.load_dataset("parquet", data_files={"rows": [str(f) for f in files]}, split="rows")
+    return [dict(row) for row in table]
 
 
 def resolve_prompt_style(prompt_style: str, tokenizer) -> str:

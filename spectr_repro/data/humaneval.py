@@ -16,7 +16,7 @@ CODE_STOPS = ("\nclass", "\ndef", "\n#", "\nif", "\nprint")
 class HumanEval(DatasetSpec):
     name = "humaneval"
     description = "HumanEval: complete a Python function from its signature and docstring"
-    hub = HubSource("openai/openai_humaneval", None, "test")
+    hub = HubSource("openai/openai_humaneval", "openai_humaneval", "test", "main", ("{config}/test-*.parquet",))
     base_stop_strings = CODE_STOPS
     # Chat: the reply is started with the prompt inside a code fence, so the model continues the body and
     # closes the fence.

@@ -8,7 +8,8 @@ from spectr_repro.data.base import DatasetSpec, HubSource, read_text_lines
 class LM1B(DatasetSpec):
     name = "lm1b"
     description = "LM1B held-out sentences: the prompt is the first half of the words, the reference the rest"
-    hub = HubSource("lm1b", None, "test")
+    # The hub's lm1b ships a loading script: read the hub's parquet conversion (any config folder: one config).
+    hub = HubSource("lm1b", None, "test", "refs/convert/parquet", ("*/test/*.parquet",))
     base_stop_strings = ("\n",)  # one sentence per line
     chat_stop_strings = ("\n",)
     # Shorter sentences leave too little to continue (a 3-word sentence gives a 1-word prompt).

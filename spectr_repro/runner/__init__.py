@@ -1,22 +1,28 @@
-"""The experiment runner: ``python -m spectr_repro run ...`` (one cell) and ``sweep ...`` (a grid).
+"""The experiment runner: ``python -m spectr_repro run ...`` (one cell), ``sweep ...`` (a grid), ``plan ...``.
 
     python -m spectr_repro run method=spectr_gbv K=3 L=8 dataset=gsm8k model_pair=tiny_random
     python -m spectr_repro sweep K=1,3,5,7 method=spectr,spectr_gbv
+    python -m spectr_repro plan experiment=paper_main            # cells, downloads, time; loads nothing
     python -m spectr_repro sweep experiment=ablation_K          # the experiment's grid
-    python -m spectr_repro sweep experiment=paper_main hydra/launcher=slurm   # one SLURM job per cell
+    python -m spectr_repro sweep experiment=paper_main hydra/launcher=slurm   # one SLURM job per pair
 
-Every cell of a command runs in one process (models loaded once per pair); each group's AR baseline
-runs once and gives every method's speed-up. Records: ``<output_dir>/<experiment>/cells/<cell_id>/``
-(see :mod:`spectr_repro.runner.store`). Finished cells are skipped on rerun; ``force=true``
-recomputes them. Bad input: one message on stderr, exit status 2, nothing written.
+Every cell of a command runs in one process, pair by pair (one pair in memory); each group's AR baseline
+runs once and gives every method's speed-up. Cells are claimed before they are computed
+(:mod:`spectr_repro.runner.claims`), so several runners over one folder compute each cell once.
+Records: ``<output_dir>/<experiment>/cells/<cell_id>/`` (see :mod:`spectr_repro.runner.store`); a cell
+is finished only when its summary agrees with its records, and is redone otherwise; ``force=true``
+recomputes finished ones. Bad input: one message on stderr, exit status 2, nothing written; a missing
+resource: exit 1; SIGINT 130 and SIGTERM 143, each saying what was kept.
 """
 
 from __future__ import annotations
 
 import math
+import signal
 import sys
 from collections.abc import Sequence
 
+from spectr_repro.runner.claims import Runner
 from spectr_repro.runner.config import (
     Composer,
     ParsedArgs,
@@ -28,6 +34,7 @@ from spectr_repro.runner.config import (
     group_options,
     needs_single_draft,
     parse_arguments,
+    run_folders,
     single_draft_message,
     validate,
 )
@@ -37,7 +44,9 @@ USAGE = """\
 usage: python -m spectr_repro {command} [key=value ...]
 
 Top-level keys: K, L, temperature, method, dataset, model_pair, num_prompts, max_new_tokens, seed,
-output_dir, experiment, force; groups: hardware=cpu|cuda, logger=wandb_offline|wandb_online|disabled.
+output_dir, experiment, force; groups: hardware=cpu|cuda, logger=wandb_offline|wandb_online|disabled;
+runner.* (claims, SLURM job layout) and hardware.allow_offload; unknown keys are refused, `+` or not.
+`sweep ... --plan` (or `python -m spectr_repro plan ...`) prints cells, downloads and time, loading nothing.
 {extra}"""
 
 
@@ -51,12 +60,29 @@ def main_sweep(argv: Sequence[str] | None = None) -> int:
     return _main("sweep", list(sys.argv[1:] if argv is None else argv))
 
 
+def main_plan(argv: Sequence[str] | None = None) -> int:
+    """What ``sweep`` would do with the same arguments (``experiment=a,b`` plans several): no model loads."""
+    return _main("sweep", [*(sys.argv[1:] if argv is None else argv), "--plan"])
+
+
+class Terminated(BaseException):
+    """SIGTERM (e.g. SLURM's end of job, `kill`): unwinds like Ctrl-C so claims are released."""
+
+
+def _raise_terminated(signum, frame):
+    raise Terminated(signum)
+
+
 def _main(command: str, argv: list[str]) -> int:
     if any(a in ("-h", "--help") for a in argv):
         print(help_text(command))
         return 0
     try:
         argv, show_config = _take_cfg_flag(argv)
+        plan_only = "--plan" in argv
+        argv = [a for a in argv if a != "--plan"]
+        if plan_only:
+            return _plan(argv)
         args = parse_arguments(argv)
         if command == "sweep" and args.launcher_overrides:
             return _hydra_multirun(args)
@@ -69,11 +95,13 @@ def _main(command: str, argv: list[str]) -> int:
             cfgs = expand(composer, args, use_grid=command == "sweep")
         for cfg in cfgs:
             validate(cfg)
-            check_writable(cfg.output_dir)
             if command == "run" and needs_single_draft(cfg):
                 raise UsageError(single_draft_message(cfg))
             if not show_config:
                 _check_device(cfg.hardware.get("device"))
+        if not show_config:
+            plans = plan_cells(cfgs)
+            _check_folders(cfgs, plans)
     except UsageError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
@@ -81,28 +109,90 @@ def _main(command: str, argv: list[str]) -> int:
         print_configs(cfgs)
         return 0
 
-    plans = plan_cells(cfgs)
     force = any(bool(cfg.force) for cfg in cfgs)
     _prepare_logging(cfgs)
-    session = Session(force=force)
+    settings = cfgs[0].get("runner") or {}
+    session = Session(force=force, poll_s=float(settings.get("poll_s", 5)),
+                      runner=Runner(heartbeat_s=float(settings.get("heartbeat_s", 30)),
+                                    stale_after_s=float(settings.get("stale_after_s", 600))))
+    finished: list[CellOutcome] = []
+    folder = plans[0].directory.parent.parent if plans else cfgs[0].output_dir
+    previous = signal.signal(signal.SIGTERM, _raise_terminated) if _main_thread() else None
     try:
-        outcomes = session.run(plans)
+        outcomes = session.run(plans, on_cell=finished.append)
     except ResourceError as error:
         print(f"error: {error}\n(finished cells are kept; fix the above and rerun the same command)",
               file=sys.stderr)
         return 1
-    except KeyboardInterrupt:
-        print("\ninterrupted: finished cells are kept; rerun the same command to finish the rest "
-              "(the interrupted cell starts over)", file=sys.stderr)
-        return 130
+    except (KeyboardInterrupt, Terminated) as stop:
+        name = "SIGTERM" if isinstance(stop, Terminated) else "SIGINT (Ctrl-C)"
+        print("\n" + stopped_message(name, plans, finished, session.interrupted, folder), file=sys.stderr)
+        return 143 if isinstance(stop, Terminated) else 130
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
     print(summary_table(outcomes))
     notes = [o for o in outcomes if o.status == "skipped"]
     for outcome in notes:
         print(f"note: skipped {outcome.plan.cell_id}: {outcome.note}")
-    earlier = sum(o.status == "finished earlier" for o in outcomes)
-    ran = sum(o.status == "ran" for o in outcomes)
-    print(f"{ran} cell(s) run, {earlier} finished earlier (skipped), {len(notes)} skipped as invalid; "
-          f"results in {plans[0].directory.parent.parent if plans else cfgs[0].output_dir}")
+    counts = {status: sum(o.status == status for o in outcomes)
+              for status in ("ran", "finished earlier", "finished elsewhere", "claimed elsewhere")}
+    print(f"{counts['ran']} cell(s) run, {counts['finished earlier']} finished earlier (skipped), "
+          f"{counts['finished elsewhere'] + counts['claimed elsewhere']} computed by another runner, "
+          f"{len(notes)} skipped as invalid; results in {folder}")
+    return 0
+
+
+def _main_thread() -> bool:
+    import threading
+
+    return threading.current_thread() is threading.main_thread()
+
+
+def stopped_message(signal_name: str, plans, finished: Sequence[CellOutcome], interrupted, folder) -> str:
+    """What was kept and what was dropped when a run is stopped by a signal."""
+    ran = sum(o.status == "ran" for o in finished)
+    earlier = sum(o.status in ("finished earlier", "finished elsewhere") for o in finished)
+    left = len([p for p in plans if not p.skip_note]) - ran - earlier - sum(
+        o.status == "claimed elsewhere" for o in finished)
+    dropped = (f"the cell being computed ({interrupted.cell_id}) was dropped and starts over"
+               if interrupted is not None else "no cell was being computed")
+    return (f"stopped by {signal_name}: kept {ran} cell(s) computed in this run and {earlier} finished before, "
+            f"in {folder}; {dropped}; rerun the same command to compute the {max(left, 0)} cell(s) left.")
+
+
+def _check_folders(cfgs, plans) -> None:
+    """Every folder the run writes (experiment, cells, existing cell folders, W&B) must be writable."""
+    by_output: dict[tuple, list] = {}
+    for plan in plans:
+        key = (plan.cfg.output_dir, plan.cfg.experiment)
+        by_output.setdefault(key, [plan.cfg, []])[1].append(plan.directory)
+    for cfg, directories in by_output.values():
+        existing = [d for d in directories if d.exists()]
+        check_writable(cfg.output_dir, run_folders(cfg, existing))
+
+
+def _plan(argv: list[str]) -> int:
+    """Print the plan of the cells ``sweep`` would run with ``argv`` (several experiments allowed)."""
+    from spectr_repro.runner.plan import build_plan, format_plan
+
+    experiments = [None]
+    rest = []
+    for argument in argv:
+        key, _, value = argument.lstrip("+").partition("=")
+        if key == "experiment" and "," in value:
+            experiments = [v.strip() for v in value.split(",") if v.strip()]
+        else:
+            rest.append(argument)
+    plans = []
+    for experiment in experiments:
+        args = parse_arguments(rest + ([f"experiment={experiment}"] if experiment else []))
+        with Composer() as composer:
+            cfgs = expand(composer, args, use_grid=True)
+        for cfg in cfgs:
+            validate(cfg)
+        plans.extend(plan_cells(cfgs))
+    print(format_plan(build_plan(plans)))
     return 0
 
 
@@ -195,40 +285,91 @@ def help_text(command: str | None = None) -> str:
     extra = f"Config groups (conf/ in {conf_dir()}):\n{groups}\n"
     if command == "sweep":
         extra += ("\nComma lists expand to the grid (K=1,3,5 method=sd,spectr); axes not given take the\n"
-                  "experiment's `grid`. hydra/launcher=slurm sends one SLURM job per cell (submitit).\n")
+                  "experiment's `grid`. hydra/launcher=slurm sends SLURM jobs (submitit): one per model pair by\n"
+                  "default (runner.jobs=per_pair; workers_<N>, per_cell). Cells are claimed, so several runners\n"
+                  "over one folder compute each cell once.\n")
     return USAGE.format(command=command or "{run,sweep}", extra=extra)
 
 
 # --------------------------------------------------------------------------------------------------
-# SLURM (or any Hydra launcher): Hydra's own multirun, one job per cell
+# SLURM (or any Hydra launcher): Hydra's own multirun
 
 
 def _hydra_multirun(args: ParsedArgs) -> int:
     """Run Hydra's real multirun with the chosen launcher (e.g. hydra/launcher=slurm).
 
-    Each sub-grid of the experiment becomes one Hydra multirun (Hydra sweeps are cartesian).
-    Each job runs one cell; see conf/hydra/launcher/slurm.yaml.
+    ``runner.jobs`` says how the grid becomes jobs (see conf/config.yaml):
+
+    * ``per_pair`` (default): one job per model pair; each runs that pair's cells in one process, so a
+      job never loads two pairs and loads its pair once;
+    * ``per_cell``: one job per cell (each sub-grid of the experiment is one Hydra multirun);
+    * ``workers_<N>``: N identical jobs over the whole grid (an array of N): they share the cells
+      through claims, each cell computed once.
+
+    Whatever the layout, cells are claimed before they are computed, so jobs over overlapping grids (or a
+    rerun while jobs are still running) never compute a cell twice.
     """
+    import functools
+
     import hydra
     from hydra.core.global_hydra import GlobalHydra
 
     with Composer() as composer:
         base = composer.compose(args.fixed)
-        for cfg in expand(composer, args, use_grid=True):
-            validate(cfg)
-            check_writable(cfg.output_dir)
-    subgrids = grid_axes(base.get("grid"), args.user_keys)
+        cfgs = expand(composer, args, use_grid=True)
+    for cfg in cfgs:
+        validate(cfg)
+    plans = plan_cells(cfgs)
+    _check_folders(cfgs, plans)
+    jobs = str((base.get("runner") or {}).get("jobs", "per_pair"))
+    argv = _argv_without_launcher(args)
+    if jobs == "per_cell":
+        runs = [([f"{key}={','.join(values)}" for key, values in list(args.sweeps) + axes], hydra_task)
+                for axes in grid_axes(base.get("grid"), args.user_keys)]
+    elif jobs == "per_pair":
+        pairs = list(dict.fromkeys(cfg.choices.model_pair for cfg in cfgs))
+        runs = [([f"model_pair={','.join(pairs)}"], functools.partial(sweep_task, tuple(argv), "model_pair"))]
+    elif jobs.startswith("workers_") and jobs.removeprefix("workers_").isdigit():
+        count = int(jobs.removeprefix("workers_"))
+        runs = [([f"runner.worker=range({count})"], functools.partial(sweep_task, tuple(argv), None))]
+    else:
+        raise UsageError(f"runner.jobs must be per_pair, per_cell or workers_<N>, got {jobs!r}")
+    fixed = [a for a in args.fixed if not a.startswith("model_pair=")] if jobs == "per_pair" else list(args.fixed)
     saved_argv = sys.argv
     try:
-        for axes in subgrids:
-            sweeps = [f"{key}={','.join(values)}" for key, values in list(args.sweeps) + axes]
-            sys.argv = ["spectr_repro", "--multirun", *args.fixed, *sweeps, *args.launcher_overrides]
+        for sweeps, task in runs:
+            sys.argv = ["spectr_repro", "--multirun", *fixed, *sweeps, *args.launcher_overrides]
             GlobalHydra.instance().clear()
-            hydra.main(config_path=str(conf_dir()), config_name="config", version_base="1.3")(hydra_task)()
+            hydra.main(config_path=str(conf_dir()), config_name="config", version_base="1.3")(task)()
     finally:
         sys.argv = saved_argv
         GlobalHydra.instance().clear()
     return 0
+
+
+def _argv_without_launcher(args: ParsedArgs) -> list[str]:
+    """The command's overrides as a `sweep` takes them (the launcher's own overrides left out)."""
+    return [*args.fixed, *(f"{key}={','.join(values)}" for key, values in args.sweeps)]
+
+
+def sweep_task(argv: tuple[str, ...], pinned: str | None, cfg) -> int:
+    """One Hydra job running ``sweep argv`` in-process (the pair of the job pinned when ``pinned``)."""
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.initialize import get_gh_backup, restore_gh_from_backup
+
+    extra = []
+    if pinned == "model_pair":
+        extra = [f"model_pair={HydraConfig.get().runtime.choices.get('model_pair')}"]
+    backup = get_gh_backup()  # the job runs inside Hydra's own app; the sweep composes with its own
+    GlobalHydra.instance().clear()
+    try:
+        code = _main("sweep", [*argv, *extra])
+    finally:
+        restore_gh_from_backup(backup)
+    if code != 0:
+        raise RuntimeError(f"sweep {' '.join([*argv, *extra])} exited with status {code}")
+    return code
 
 
 def hydra_task(cfg) -> float | None:
@@ -242,10 +383,15 @@ def hydra_task(cfg) -> float | None:
     with open_dict(cfg):
         cfg["choices"] = {group: choices.get(group) for group in GROUPS}
     validate(cfg)
-    outcomes = Session(force=bool(cfg.force), progress=False).run(plan_cells([cfg]))
+    settings = cfg.get("runner") or {}
+    session = Session(force=bool(cfg.force), progress=False, poll_s=float(settings.get("poll_s", 5)),
+                      runner=Runner(heartbeat_s=float(settings.get("heartbeat_s", 30)),
+                                    stale_after_s=float(settings.get("stale_after_s", 600))))
+    outcomes = session.run(plan_cells([cfg]))
     print(summary_table(outcomes))
     summary = outcomes[-1].summary or {}
     return summary.get("speedup")
 
 
-__all__ = ["UsageError", "help_text", "hydra_task", "main_run", "main_sweep", "print_configs", "summary_table"]
+__all__ = ["UsageError", "help_text", "hydra_task", "main_plan", "main_run", "main_sweep", "print_configs",
+           "stopped_message", "summary_table", "sweep_task"]

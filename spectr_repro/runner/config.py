@@ -77,6 +77,47 @@ def _normalise(argument: str) -> str:
     return argument
 
 
+# Nested keys that may be added with `+` (open mappings checked by the method / dataset themselves).
+OPEN_MAPPINGS = ("method.options", "dataset.options")
+
+
+def schema_keys() -> list[str]:
+    """The top-level keys a command line may set: config.yaml's keys and the config groups."""
+    root = OmegaConf.load(conf_dir() / "config.yaml")
+    return sorted({str(key) for key in root if key not in ("defaults", "hydra")} | set(GROUPS))
+
+
+def _unknown_key_message(key: str, known: Sequence[str], where: str = "the config") -> str:
+    close = difflib.get_close_matches(key, known, n=3, cutoff=0.5)
+    hint = f" Did you mean {' or '.join(close)}?" if close else ""
+    return f"unknown key {key!r}: not in {where}.{hint} Known keys: {', '.join(known)}"
+
+
+def check_top_level_keys(overrides) -> None:
+    """Refuse overrides of keys the config does not have, `+` or not (Hydra would add `+key` silently)."""
+    known = schema_keys()
+    for override in overrides:
+        key = override.key_or_group
+        top = key.split(".", 1)[0].split("/", 1)[0]
+        if top in ("hydra",) or top in known:
+            continue
+        raise UsageError(_unknown_key_message(top, known))
+
+
+def check_nested_keys(cfg: DictConfig, keys: Iterable[str]) -> None:
+    """Refuse ``group.key`` overrides that name no existing key (outside the open option mappings)."""
+    missing = object()
+    for key in keys:
+        if "." not in key or key.startswith("hydra.") or key.startswith(OPEN_MAPPINGS):
+            continue
+        if OmegaConf.select(cfg, key, default=missing) is missing:
+            parent_key = key.rsplit(".", 1)[0]
+            parent = OmegaConf.select(cfg, parent_key, default=None)
+            siblings = [str(k) for k in parent] if isinstance(parent, DictConfig) else []
+            raise UsageError(_unknown_key_message(key.rsplit(".", 1)[1], siblings, f"{parent_key}")
+                             .replace(f"unknown key {key.rsplit('.', 1)[1]!r}", f"unknown key {key!r}"))
+
+
 def parse_arguments(arguments: Sequence[str]) -> ParsedArgs:
     """Parse Hydra overrides; check group options before composing (clear 'did you mean')."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
@@ -91,6 +132,11 @@ def parse_arguments(arguments: Sequence[str]) -> ParsedArgs:
     except HydraException as error:
         raise UsageError(f"cannot parse the overrides: {_one_line(error)}") from None
 
+    check_top_level_keys(parsed)
+    known = schema_keys()
+    # `+known=value` on a key the config has: the user meant to set it (Hydra would refuse to add it).
+    lines = [line.lstrip("+") if override.is_add() and "." not in override.key_or_group
+             and override.key_or_group in known else line for override, line in zip(parsed, lines)]
     # A key given twice: the last one wins (as in Hydra), also between a list and a single value.
     last = {o.key_or_group: index for index, o in enumerate(parsed)}
     fixed, sweeps, launcher, keys = [], [], [], set()
@@ -110,7 +156,8 @@ def parse_arguments(arguments: Sequence[str]) -> ParsedArgs:
             if key == "experiment":
                 raise UsageError("sweep one experiment at a time (got experiment=" + ",".join(values) + ")")
             _check_group_values(key, values)
-            sweeps.append((override.get_key_element(), values))
+            element = override.get_key_element()
+            sweeps.append((element.lstrip("+") if "." not in key and key in known else element, values))
         else:
             if key in GROUPS and override.value() is not None:
                 _check_group_values(key, (override.get_value_element_as_str(),))
@@ -207,6 +254,11 @@ def expand(composer: Composer, args: ParsedArgs, use_grid: bool) -> list[DictCon
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     parser = OverridesParser.create()
+    # Dotted keys are checked against the config composed without them (a `+group.key` would add itself).
+    nested = [key.lstrip("+~") for key in args.user_keys if "." in key]
+    if nested:
+        plain = [line for line in args.fixed if "." not in line.split("=", 1)[0]]
+        check_nested_keys(composer.compose(plain), nested)
     base = composer.compose(args.fixed)
     subgrids = grid_axes(base.get("grid"), args.user_keys) if use_grid else [[]]
     composed: dict[tuple[str, ...], DictConfig] = {(): base}
@@ -275,22 +327,41 @@ def single_draft_message(cfg: DictConfig) -> str:
             f"draft only. Use K=1, or a multi-draft method ({', '.join(multi_draft_methods())}).")
 
 
-def check_writable(output_dir: str) -> Path:
-    """The output folder must be creatable and writable; checked without writing anything."""
+def check_writable(output_dir: str, folders: Iterable[str | Path] = ()) -> Path:
+    """The output folder and every folder the run will write below it must be creatable and writable.
+
+    For each folder: if it exists it must be a writable directory, else its nearest existing ancestor
+    must be. Checked without writing anything (``os.access``).
+    """
     path = Path(output_dir).expanduser().resolve()
-    probe = path
-    while not probe.exists():
-        if probe.parent == probe:
-            break
-        probe = probe.parent
-    if not probe.is_dir():
-        raise UsageError(f"output_dir {output_dir!r} is not writable: {probe} is not a directory")
-    if not os.access(probe, os.W_OK | os.X_OK):
-        raise UsageError(f"output_dir {output_dir!r} is not writable (no write permission on {probe})")
+    for folder in [path, *(Path(f).expanduser().resolve() for f in folders)]:
+        probe = folder
+        while not probe.exists():
+            if probe.parent == probe:
+                break
+            probe = probe.parent
+        what = "output_dir" if folder == path else "folder"
+        shown = output_dir if folder == path else str(folder)
+        if not probe.is_dir():
+            raise UsageError(f"{what} {shown!r} is not writable: {probe} is not a directory")
+        if not os.access(probe, os.W_OK | os.X_OK):
+            raise UsageError(f"{what} {shown!r} is not writable (no write permission on {probe})")
     return path
 
 
+def run_folders(cfg: DictConfig, cell_dirs: Iterable[Path] = ()) -> list[Path]:
+    """Every folder a run of ``cfg`` writes: the experiment's cells/ (and each existing cell folder), the
+    W&B folder when logging is on, and Hydra's multirun folder (launcher path)."""
+    experiment = Path(cfg.output_dir).expanduser() / cfg.experiment
+    folders = [experiment, experiment / "cells", *cell_dirs]
+    logger = cfg.get("logger")
+    if logger is not None and logger.get("backend") == "wandb" and logger.get("mode") in ("offline", "online"):
+        folders.append(experiment / "wandb")
+    return folders
+
+
 __all__ = [
-    "GROUPS", "Composer", "ParsedArgs", "UsageError", "check_writable", "conf_dir", "expand", "grid_axes",
-    "group_options", "needs_single_draft", "parse_arguments", "single_draft_message", "validate",
+    "GROUPS", "Composer", "ParsedArgs", "UsageError", "check_nested_keys", "check_top_level_keys", "check_writable",
+    "conf_dir", "expand", "grid_axes", "group_options", "needs_single_draft", "parse_arguments", "run_folders",
+    "schema_keys", "single_draft_message", "validate",
 ]

@@ -21,8 +21,8 @@ from tqdm.auto import tqdm
 
 from spectr_repro import tracking
 from spectr_repro.environment import environment
-from spectr_repro.records import CellSummary, PromptRecord, as_json, pooled_metrics
-from spectr_repro.runner import store
+from spectr_repro.records import CellSummary, PromptRecord, as_json, pooled_metrics, records_digest
+from spectr_repro.runner import claims, store
 from spectr_repro.runner.config import conf_dir, needs_single_draft, single_draft_message
 
 WARMUP_TOKENS = 8
@@ -53,7 +53,7 @@ class CellPlan:
 @dataclass
 class CellOutcome:
     plan: CellPlan
-    status: str  # "ran", "finished earlier", "skipped"
+    status: str  # "ran", "finished earlier", "finished elsewhere", "claimed elsewhere", "skipped"
     summary: dict[str, Any] | None = None
     note: str | None = None
 
@@ -70,7 +70,8 @@ def ar_config(cfg: DictConfig) -> DictConfig:
 
 
 def plan_cells(cfgs: Sequence[DictConfig]) -> list[CellPlan]:
-    """Plans in run order: per pair and group, the AR cell first; K>1 single-draft cells skipped."""
+    """Plans in run order: pair by pair (all cells of one pair together, so that each pair is loaded once),
+    per group the AR cell first; K>1 single-draft cells skipped."""
     plans: dict[str, CellPlan] = {}
     for cfg in cfgs:
         if cfg.method.name == "ar":
@@ -92,7 +93,7 @@ def plan_cells(cfgs: Sequence[DictConfig]) -> list[CellPlan]:
 
     def order(plan: CellPlan):
         group = plan.ar_cell_id or plan.cell_id
-        return (plan.cfg.choices.model_pair, plan.cfg.choices.hardware, group, plan.method != "ar")
+        return (*_pair_key(plan.cfg), group, plan.method != "ar")
 
     return sorted(plans.values(), key=order)  # sorted() is stable: grid order within a group
 
@@ -126,23 +127,56 @@ def truncate_at_stop(text: str, stop_strings: Sequence[str]) -> str:
 
 @dataclass
 class Session:
-    """State shared by the cells of one command: loaded pairs, prompt sets, AR timings."""
+    """State shared by the cells of one command: the pair in memory, prompt sets, AR timings, claims.
+
+    Cells run pair by pair (``plan_cells`` orders them so); the previous pair is released before the next
+    one is loaded. Every cell is claimed before it is computed (:mod:`spectr_repro.runner.claims`): a cell
+    another live runner holds is left to it, and waited for only when a later cell of this command needs
+    it (the AR baseline of its group).
+    """
 
     force: bool = False
     echo: Callable[[str], None] = field(default=lambda message: tqdm.write(message, file=sys.stderr))
     progress: bool = True
+    poll_s: float = 5.0  # how often a blocked runner looks again at a cell another runner computes
+    runner: claims.Runner = field(default_factory=claims.Runner)
     _examples: dict[tuple, list] = field(default_factory=dict)
-    _ar_times: dict[str, tuple[dict[str, float], bool]] = field(default_factory=dict)
+    _ar_times: dict[str, tuple[dict[str, float], bool, list[str]]] = field(default_factory=dict)
     _ran: set[str] = field(default_factory=set)
+    _warned: set[str] = field(default_factory=set)
+    _unfinished: set[str] = field(default_factory=set)  # cells seen unfinished by this session
+    current: CellPlan | None = None  # the cell being computed
+    interrupted: CellPlan | None = None  # the cell whose computation an exception or signal ended
+    _pair_key: tuple | None = None  # the pair (config, hardware) this session holds in memory
 
     # -- resources -----------------------------------------------------------------------------
     def pair(self, cfg: DictConfig):
-        from spectr_repro.models import load_pair  # cached per process by the models module
+        """The cell's pair: released and reloaded only when the pair changes; refused when offloaded."""
+        from spectr_repro import models
 
+        wanted = cfg.choices.model_pair
+        key = _pair_key(cfg)
+        if self._pair_key is not None and self._pair_key != key:
+            self.release_pair()
+        if models.loaded_pair_name() is None or self._pair_key != key:
+            self.echo(f"loading model pair {wanted}")
+            self.runner.set_state("loading", wanted)
+            self._pair_key = key
         try:
-            return load_pair(_pair_argument(cfg), device=cfg.hardware.device, dtype=cfg.hardware.dtype)
+            pair = models.load_pair(_pair_argument(cfg), device=cfg.hardware.device, dtype=cfg.hardware.dtype)
         except (ValueError, OSError, ImportError) as error:  # missing weights, unreachable hub, bad config
-            raise ResourceError(f"cannot load model pair {cfg.choices.model_pair}: {error}") from error
+            raise ResourceError(f"cannot load model pair {wanted}: {error}") from error
+        if pair.offloaded and not cfg.hardware.get("allow_offload", False):
+            raise ResourceError(models.offload_message(pair))
+        return pair
+
+    def release_pair(self) -> None:
+        from spectr_repro import models
+
+        self._pair_key = None
+        name = models.release_pair()
+        if name is not None:
+            self.echo(f"released model pair {name} (memory freed before the next pair)")
 
     def examples(self, cfg: DictConfig, tokenizer) -> list:
         from spectr_repro.data import load_examples
@@ -161,41 +195,127 @@ class Session:
     # -- cells -----------------------------------------------------------------------------------
     def run(self, plans: Sequence[CellPlan], on_cell: Callable[[CellOutcome], None] | None = None
             ) -> list[CellOutcome]:
-        outcomes = []
-        bar = tqdm(plans, desc="cells", unit="cell", file=sys.stderr, disable=not self.progress,
+        """Every plan's outcome, in plan order. Pairs are visited one after the other, never twice."""
+        outcomes: dict[str, CellOutcome] = {}
+        bar = tqdm(total=len(plans), desc="cells", unit="cell", file=sys.stderr, disable=not self.progress,
                    dynamic_ncols=True)
-        for plan in bar:
-            bar.set_postfix_str(plan.cell_id[:60])
-            outcome = self.run_one(plan)
-            outcomes.append(outcome)
+
+        def done(outcome: CellOutcome) -> None:
+            outcomes[outcome.plan.cell_id] = outcome
+            bar.update(1)
             if on_cell is not None:
                 on_cell(outcome)
-        bar.close()
-        return outcomes
 
-    def run_one(self, plan: CellPlan) -> CellOutcome:
+        try:
+            with self.runner:
+                for pair_plans in _by_pair(plans):
+                    self._run_pair(pair_plans, done)
+                self.release_pair()
+        finally:
+            bar.close()
+        return [outcomes[plan.cell_id] for plan in plans]
+
+    def _run_pair(self, plans: list[CellPlan], done: Callable[[CellOutcome], None]) -> None:
+        """Claim and compute the pair's cells; cells blocked on an AR baseline another runner computes are
+        retried every ``poll_s`` seconds (others' cells are left to them)."""
+        pending, announced = list(plans), set()
+        while pending:
+            blocked = []
+            for plan in pending:
+                outcome = self.run_one(plan)
+                if outcome is None:
+                    blocked.append(plan)
+                else:
+                    done(outcome)
+            if len(blocked) == len(pending):
+                for plan in blocked:
+                    holder = claims.read_holder(plan.directory if plan.method == "ar"
+                                                else store.cell_dir(plan.cfg, plan.ar_cell_id))
+                    key = plan.ar_cell_id or plan.cell_id
+                    if key not in announced:
+                        announced.add(key)
+                        who = holder.describe() if holder else "another runner"
+                        self.echo(f"waiting for AR baseline {key}: {who} is computing it")
+                self.runner.set_state("waiting")
+                time.sleep(self.poll_s)
+            pending = blocked
+
+    def run_one(self, plan: CellPlan) -> CellOutcome | None:
+        """Compute ``plan`` if it is not finished and this runner can claim it.
+
+        None when the cell cannot run yet: its AR baseline (or, for an AR cell, the cell itself) is being
+        computed by another live runner and this command needs it.
+        """
         if plan.skip_note:
             self.echo(f"skip {plan.cell_id}: {plan.skip_note}")
             return CellOutcome(plan, "skipped", note=plan.skip_note)
         recompute = self.force and plan.cell_id not in self._ran
-        if store.is_finished(plan.directory) and not recompute:
-            if plan.cell_id not in self._ran:
-                self.echo(f"skip {plan.cell_id}: finished earlier ({plan.directory / 'summary.json'})")
-            summary = store.read_summary(plan.directory)
-            return CellOutcome(plan, "finished earlier" if plan.cell_id not in self._ran else "ran", summary)
-        summary = self._compute(plan)
+        state = self._state(plan)
+        if state.finished and not recompute:
+            if plan.cell_id in self._ran:
+                return CellOutcome(plan, "ran", state.summary)
+            if plan.cell_id in self._unfinished:  # finished by another runner while this one ran
+                self.echo(f"skip {plan.cell_id}: finished by another runner")
+                return CellOutcome(plan, "finished elsewhere", state.summary)
+            self.echo(f"skip {plan.cell_id}: finished earlier ({plan.directory / 'summary.json'})")
+            return CellOutcome(plan, "finished earlier", state.summary)
+        self._unfinished.add(plan.cell_id)
+        if plan.ar_cell_id is not None and plan.ar_cell_id not in self._ar_times:
+            if not self._state_of(plan.cfg, plan.ar_cell_id).finished:
+                # Another runner computes it (or its runner just died: the AR cell, earlier in this command's
+                # order, is taken over on the next pass). Either way: not yet.
+                return None
+        try:
+            claim = self.runner.claim(plan.directory)
+        except OSError as error:
+            raise ResourceError(f"cannot write into {plan.directory}: {error}") from error
+        if not claim.acquired:
+            if plan.method == "ar":
+                return None  # later cells of this command need it: wait
+            note = f"computed by {claim.holder.describe() if claim.holder else 'another runner'}"
+            self.echo(f"skip {plan.cell_id}: {note}")
+            return CellOutcome(plan, "claimed elsewhere", note=note)
+        try:
+            if claim.took_over is not None:
+                self.echo(f"took over {plan.cell_id} from {claim.took_over.describe()}: that runner is gone")
+            state = self._state(plan)  # another runner may have finished it between our look and the claim
+            if state.finished and not recompute:
+                return CellOutcome(plan, "finished elsewhere", state.summary)
+            self.current = plan
+            self.runner.set_state("computing", plan.cell_id)
+            summary = self._compute(plan)
+        except BaseException:
+            self.interrupted = self.current
+            raise
+        finally:
+            self.current = None
+            self.runner.set_state("idle")
+            self.runner.release(plan.directory)
         self._ran.add(plan.cell_id)
         return CellOutcome(plan, "ran", summary)
 
-    def _ar_times_for(self, plan: CellPlan) -> tuple[dict[str, float], bool]:
-        """Per-prompt AR wall times of the plan's group, and whether they were measured in this process."""
+    def _state(self, plan: CellPlan) -> store.CellState:
+        return self._state_of(plan.cfg, plan.cell_id)
+
+    def _state_of(self, cfg: DictConfig, identifier: str) -> store.CellState:
+        """The cell's state; a damaged cell is warned about once (file and problem) and counts as unfinished."""
+        state = store.cell_state(store.cell_dir(cfg, identifier))
+        if state.status == "damaged" and identifier not in self._warned:
+            self._warned.add(identifier)
+            self.echo(f"warning: {state.problem}; the cell will be computed again")
+        return state
+
+    def _ar_times_for(self, plan: CellPlan) -> tuple[dict[str, float], bool, list[str]]:
+        """Per-prompt AR wall times of the plan's group, whether they were measured in this process, and
+        the AR cell's own caveats (offload, contention)."""
         if plan.ar_cell_id in self._ar_times:
             return self._ar_times[plan.ar_cell_id]
-        directory = store.cell_dir(plan.cfg, plan.ar_cell_id)
-        if not store.is_finished(directory):
-            raise RuntimeError(f"AR baseline {plan.ar_cell_id} is missing; it must run before {plan.cell_id}")
-        times = {r["prompt_id"]: r["wall_time_s"] for r in store.read_records(directory)}
-        self._ar_times[plan.ar_cell_id] = (times, False)
+        state = self._state_of(plan.cfg, plan.ar_cell_id)
+        if not state.finished:
+            raise ResourceError(f"AR baseline {plan.ar_cell_id} is not finished ({state.problem or state.status}); "
+                                f"it must run before {plan.cell_id}")
+        times = {r["prompt_id"]: r["wall_time_s"] for r in state.records}
+        self._ar_times[plan.ar_cell_id] = (times, False, list(state.summary.get("speedup_caveats") or []))
         return self._ar_times[plan.ar_cell_id]
 
     def _compute(self, plan: CellPlan) -> dict[str, Any]:
@@ -209,7 +329,10 @@ class Session:
         examples = self.examples(cfg, pair.tokenizer)
         if not examples:
             raise RuntimeError(f"dataset {cfg.choices.dataset} gave no prompts")
-        ar_times, ar_same_process = ({}, True) if method == "ar" else self._ar_times_for(plan)
+        ar_times, ar_same_process, ar_caveats = ({}, True, []) if method == "ar" else self._ar_times_for(plan)
+        missing_ar = [str(e.id) for e in examples if method != "ar" and str(e.id) not in ar_times]
+        if missing_ar:  # checked before any decoding: no work is lost to a baseline that cannot serve it
+            raise ResourceError(f"AR baseline {plan.ar_cell_id} has no record for prompts {missing_ar[:5]}")
         options = cfg.method.get("options")
         options = OmegaConf.to_container(options, resolve=True) if options is not None else {}
         temperature = float(cfg.temperature)
@@ -226,6 +349,8 @@ class Session:
         decode(prompts[0][-WARMUP_PROMPT_TOKENS:], min(WARMUP_TOKENS, cfg.max_new_tokens), seed=cfg.seed + 10**9)
 
         timer = SectionTimer(pair.device)
+        watch = claims.ContentionWatch(self.runner, plan.directory.parent)
+        watch.sample()
         records, pooled_accepted, pooled_blocks, time_split = [], [], [], {}
         bar = tqdm(list(zip(examples, prompts)), desc=f"{method} K={cfg.K} L={cfg.L}", unit="prompt",
                    leave=False, file=sys.stderr, disable=not self.progress, dynamic_ncols=True)
@@ -237,6 +362,7 @@ class Session:
                 out = decode(input_ids, cfg.max_new_tokens, seed=cfg.seed * 100_003 + index,
                              should_stop=stop_checker(pair.tokenizer, stop_strings))
             wall = timer.seconds.pop(key)
+            watch.sample()
             tokens += len(out.new_tokens)
             calls += out.target_calls
             accepted = list(out.stats.get("accepted_lengths", []))
@@ -270,10 +396,10 @@ class Session:
             bar.set_postfix(BE=f"{tokens / calls:.2f}" if calls else "-")
         bar.close()
 
-        missing = [r.prompt_id for r in records if r.ar_wall_time_s is None]
-        if missing:
-            raise RuntimeError(f"AR baseline {plan.ar_cell_id} has no record for prompts {missing[:5]}")
         rows = [as_json(r) for r in records]
+        contention = watch.result()
+        caveats = timing_caveats(bool(pair.offloaded), contention)
+        caveats += [f"AR baseline: {caveat}" for caveat in ar_caveats]
         summary = CellSummary(
             experiment=cfg.experiment,
             cell_id=plan.cell_id,
@@ -295,11 +421,20 @@ class Session:
             ar_same_process=ar_same_process,
             environment=environment(str(pair.device)),
             created_at=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+            prompt_ids=[r["prompt_id"] for r in rows],
+            records_sha256=records_digest(store.records_text(rows)),
+            offloaded=bool(pair.offloaded),
+            contention=contention,
+            speedup_caveats=caveats,
+            model_revisions=pair.revisions,
         )
         summary = as_json(summary)
-        store.write_cell(plan.directory, rows, summary, config=plan.cfg)
+        try:
+            store.write_cell(plan.directory, rows, summary, config=plan.cfg)
+        except OSError as error:
+            raise ResourceError(f"cannot write cell {plan.cell_id} into {plan.directory}: {error}") from error
         if method == "ar":
-            self._ar_times[plan.cell_id] = ({r["prompt_id"]: r["wall_time_s"] for r in rows}, True)
+            self._ar_times[plan.cell_id] = ({r["prompt_id"]: r["wall_time_s"] for r in rows}, True, caveats)
         self._log(plan, summary, rows)
         return summary
 
@@ -319,6 +454,32 @@ class Session:
             self.echo(f"W&B {plan.cfg.logger.mode} run: {run_dir} ({time.perf_counter() - started:.1f}s)")
 
 
+def timing_caveats(offloaded: bool, contention: dict[str, Any]) -> list[str]:
+    """Why a cell's wall times are not comparable with a clean run ([] when they are)."""
+    caveats = []
+    if offloaded:
+        caveats.append("offloaded: part of the pair sat on CPU/disk while timed (hardware.allow_offload=true)")
+    if contention.get("other_runners"):
+        caveats.append("contention: other runners were busy on this machine while it was timed ("
+                       + "; ".join(contention["other_runners"][:3]) + ")")
+    return caveats
+
+
+def _by_pair(plans: Sequence[CellPlan]) -> list[list[CellPlan]]:
+    """Plans grouped by (pair, hardware), in first-appearance order (plan_cells already sorts by pair)."""
+    groups: dict[tuple, list[CellPlan]] = {}
+    for plan in plans:
+        groups.setdefault(_pair_key(plan.cfg), []).append(plan)
+    return list(groups.values())
+
+
+def _pair_key(cfg: DictConfig) -> tuple:
+    """What fixes the models in memory: the pair's resolved config and the hardware (device, dtype)."""
+    pair = OmegaConf.to_container(cfg.model_pair, resolve=True) if cfg.get("model_pair") else None
+    hardware = OmegaConf.to_container(cfg.hardware, resolve=True)
+    return (cfg.choices.model_pair, repr(pair), repr(hardware))
+
+
 def _pair_argument(cfg: DictConfig):
     """What models.load_pair receives: the pair's config (with its name) or just the name."""
     node = OmegaConf.to_container(cfg.model_pair, resolve=True) if cfg.get("model_pair") else {}
@@ -329,4 +490,4 @@ def _pair_argument(cfg: DictConfig):
 
 
 __all__ = ["CellOutcome", "CellPlan", "ResourceError", "Session", "ar_config", "environment", "plan_cells",
-           "stop_checker", "truncate_at_stop"]
+           "stop_checker", "timing_caveats", "truncate_at_stop"]

@@ -1,11 +1,14 @@
-"""The results folder: one directory per cell, written atomically, finished iff summary.json exists.
+"""The results folder: one directory per cell, written atomically, checked when read.
 
     <output_dir>/<experiment>/cells/<cell_id>/records.jsonl   one JSON line per prompt (records.PromptRecord)
     <output_dir>/<experiment>/cells/<cell_id>/config.yaml     the cell's resolved config
     <output_dir>/<experiment>/cells/<cell_id>/summary.json    the cell's metrics (records.CellSummary, last)
+    <output_dir>/<experiment>/cells/<cell_id>/claim.json      while a runner computes the cell (runner.claims)
 
-records.jsonl, then config.yaml, then summary.json, each through a temporary file and ``os.replace``;
-a cell interrupted before its summary is redone from scratch (never half-counted).
+records.jsonl, then config.yaml, then summary.json, each through a temporary file and ``os.replace``.
+A cell is finished only when its summary parses and agrees with its records (count, prompt ids, totals,
+the records' sha256: :func:`cell_state`); a cell interrupted before its summary, or damaged later, is
+redone from scratch (never half-counted).
 """
 
 from __future__ import annotations
@@ -14,24 +17,41 @@ import hashlib
 import json
 import os
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from spectr_repro.records import SchemaError, iter_records, summary_from_json
+from spectr_repro.records import (
+    SchemaError,
+    iter_records,
+    records_digest,
+    summary_disagreements,
+    summary_from_json,
+)
 
 
 def cell_identity(cfg: DictConfig) -> dict[str, Any]:
     """Everything that changes what a cell measures (not where it is written or logged)."""
     return {
         "method": OmegaConf.to_container(cfg.method, resolve=True),
-        "model_pair": OmegaConf.to_container(cfg.model_pair, resolve=True),
+        "model_pair": _without_sizes(OmegaConf.to_container(cfg.model_pair, resolve=True)),
         "dataset": OmegaConf.to_container(cfg.dataset, resolve=True),
-        "hardware": OmegaConf.to_container(cfg.hardware, resolve=True),
+        # The plan's cost model and the offload switch do not change what is measured (offload is recorded).
+        "hardware": {k: v for k, v in OmegaConf.to_container(cfg.hardware, resolve=True).items()
+                     if k not in ("estimate", "allow_offload")},
         "choices": {k: cfg.choices[k] for k in ("model_pair", "dataset", "hardware")},
         **{k: cfg[k] for k in ("K", "L", "temperature", "num_prompts", "max_new_tokens", "seed")},
     }
+
+
+def _without_sizes(pair: dict | None) -> dict | None:
+    """The pair config minus ``params_b`` (metadata for the plan's estimates, not what is measured)."""
+    if not isinstance(pair, dict):
+        return pair
+    return {key: ({k: v for k, v in value.items() if k != "params_b"} if isinstance(value, dict) else value)
+            for key, value in pair.items()}
 
 
 def cell_id(cfg: DictConfig) -> str:
@@ -54,8 +74,54 @@ def cell_dir(cfg: DictConfig, identifier: str) -> Path:
     return experiment_dir(cfg) / "cells" / identifier
 
 
+@dataclass(frozen=True)
+class CellState:
+    """What a cell folder holds: ``finished`` (summary and records agree), ``absent`` (nothing yet),
+    ``unfinished`` (records or a claim but no summary: interrupted or in progress) or ``damaged``
+    (``problem`` names the file and what is wrong)."""
+
+    status: str
+    problem: str | None = None
+    summary: dict[str, Any] | None = None
+    records: list[dict[str, Any]] | None = None
+
+    @property
+    def finished(self) -> bool:
+        return self.status == "finished"
+
+
+def cell_state(directory: Path) -> CellState:
+    """Read and check one cell folder (never raises for bad content: a damaged cell says why)."""
+    summary_path, records_path = directory / "summary.json", directory / "records.jsonl"
+    if not summary_path.is_file():
+        return CellState("unfinished" if records_path.is_file() else "absent")
+    try:
+        summary = read_summary(directory)
+    except (SchemaError, OSError, UnicodeDecodeError) as error:
+        return CellState("damaged", _one_line(error))
+    if summary.get("cell_id") not in (None, directory.name):
+        return CellState("damaged", f"{summary_path}: summary of cell {summary['cell_id']!r}, not {directory.name!r}")
+    if not records_path.is_file():
+        return CellState("damaged", f"{records_path}: missing (the summary counts {summary.get('num_prompts')} "
+                                    "prompts)")
+    try:
+        text = records_path.read_text(encoding="utf-8")
+        records = list(iter_records(text.splitlines(keepends=True), str(records_path)))
+    except (SchemaError, OSError, UnicodeDecodeError) as error:
+        return CellState("damaged", _one_line(error))
+    problems = summary_disagreements(summary, records, text)
+    if problems:
+        return CellState("damaged", f"{records_path} disagrees with summary.json: {'; '.join(problems)}")
+    return CellState("finished", None, summary, records)
+
+
 def is_finished(directory: Path) -> bool:
-    return (directory / "summary.json").is_file()
+    """True when the cell's summary parses and agrees with its records (see :func:`cell_state`)."""
+    return cell_state(directory).finished
+
+
+def _one_line(error: BaseException) -> str:
+    return " ".join(str(error).split())
 
 
 def read_summary(directory: Path) -> dict[str, Any]:
@@ -88,15 +154,20 @@ def _atomic_write(path: Path, text: str) -> None:
         raise
 
 
+def records_text(records: list[dict[str, Any]]) -> str:
+    """records.jsonl exactly as written (the summary stores its sha256)."""
+    return "".join(json.dumps(r) + "\n" for r in records)
+
+
 def write_cell(directory: Path, records: list[dict[str, Any]], summary: dict[str, Any],
                config: DictConfig | None = None) -> None:
     """Records first, then the resolved config, summary last: the summary's presence marks the cell finished."""
     (directory / "summary.json").unlink(missing_ok=True)  # a forced rerun is unfinished until done
-    _atomic_write(directory / "records.jsonl", "".join(json.dumps(r) + "\n" for r in records))
+    _atomic_write(directory / "records.jsonl", records_text(records))
     if config is not None:
         _atomic_write(directory / "config.yaml", OmegaConf.to_yaml(config, resolve=True))
     _atomic_write(directory / "summary.json", json.dumps(summary, indent=2) + "\n")
 
 
-__all__ = ["cell_dir", "cell_id", "cell_identity", "experiment_dir", "is_finished", "read_records",
-           "read_summary", "write_cell"]
+__all__ = ["CellState", "cell_dir", "cell_id", "cell_identity", "cell_state", "experiment_dir", "is_finished",
+           "read_records", "read_summary", "records_digest", "records_text", "write_cell"]

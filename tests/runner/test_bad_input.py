@@ -27,7 +27,13 @@ COMMON = ["model_pair=tiny_random", "dataset=humaneval", "logger=disabled", "num
     (main_run, ["method=bv", "K=2"], "method bv verifies a single draft"),
     (main_run, ["method=gbv", "K=4"], "method gbv verifies a single draft"),
     (main_run, ["K=1,3"], "use `sweep` for lists"),
-    (main_run, ["Kx=3"], "Could not override 'Kx'"),
+    (main_run, ["Kx=3"], "unknown key 'Kx': not in the config. Did you mean K?"),
+    # Hydra's own hint after a typo is `+temprature=0.9`: it would add the key and run at T=0.4 (issue 16).
+    (main_run, ["+temprature=0.9"], "unknown key 'temprature': not in the config. Did you mean temperature?"),
+    (main_sweep, ["++temprature=0.9"], "unknown key 'temprature'"),
+    (main_run, ["hardware.allow_ofload=true"], "unknown key 'hardware.allow_ofload': not in hardware. Did you "
+                                               "mean allow_offload?"),
+    (main_run, ["+model_pair.sed=3"], "unknown key 'model_pair.sed'"),
 ])
 def test_bad_input_exits_2_with_one_message(command, argv, message, tmp_path, capsys):
     out = tmp_path / "results"

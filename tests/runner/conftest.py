@@ -1,0 +1,29 @@
+"""Shared fixtures of the runner tests: an isolated runner registry, a config folder with a second tiny pair."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+
+from spectr_repro.conf import PACKAGED_CONF
+
+
+@pytest.fixture(autouse=True)
+def isolated_runner_registry(tmp_path, monkeypatch):
+    """Each test sees only its own runners (other jobs on this machine do not count as contention)."""
+    registry = tmp_path / "runners"
+    monkeypatch.setenv("SPECTR_REPRO_RUNNERS", str(registry))
+    return registry
+
+
+@pytest.fixture
+def two_tiny_conf(tmp_path, monkeypatch):
+    """The packaged configs plus ``tiny_random_b`` (another seed: a distinct tiny pair); SPECTR_REPRO_CONF set."""
+    conf = tmp_path / "conf"
+    shutil.copytree(PACKAGED_CONF, conf, ignore=shutil.ignore_patterns("__pycache__", "*.py"))
+    text = (conf / "model_pair" / "tiny_random.yaml").read_text()
+    (conf / "model_pair" / "tiny_random_b.yaml").write_text(
+        text.replace("name: tiny_random", "name: tiny_random_b").replace("seed: 0 ", "seed: 1 "))
+    monkeypatch.setenv("SPECTR_REPRO_CONF", str(conf))
+    return conf
