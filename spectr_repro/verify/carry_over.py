@@ -80,14 +80,14 @@ def residual_weights(prev: torch.Tensor, draft: torch.Tensor, log_ratio: torch.T
     and an iteration ends with such a correction with probability about P/Q itself (h ≤ g), so the law
     moves by that much at most.
     """
-    dtype = torch.promote_types(prev.dtype, draft.dtype)
+    dtype = prev.dtype if prev.dtype == draft.dtype else torch.promote_types(prev.dtype, draft.dtype)
     log_ratio = log_ratio.unsqueeze(-1)
     if power == 1:
         # (P·T − Q·q)₊ / max(P, Q) = (min(1, r)·T − min(1, 1/r)·q)₊ with r = P/Q: two fused passes.
         # r = NaN (P = Q = 0 along a probability-0 history: inf − inf in log space) gives no mass at all.
-        scale_target = torch.exp(log_ratio.clamp(max=0)).nan_to_num_(0.0).to(dtype)
-        scale_draft = torch.exp((-log_ratio).clamp(max=0)).nan_to_num_(0.0).to(dtype)
-        return torch.mul(prev, scale_target).addcmul_(draft, -scale_draft).clamp_(min=0)
+        scale_target, scale_draft = torch.stack([log_ratio, -log_ratio]).clamp_(max=0).exp_().nan_to_num_(0.0).to(
+            dtype)
+        return torch.mul(prev, scale_target).addcmul_(draft, scale_draft, value=-1).clamp_(min=0)
     # P·T·(1 − min(1, q / (r·T))^K) / P; T = 0 gives 0, r = +inf gives T, r = 0 gives 0.
     tiny = torch.finfo(prev.dtype).tiny
     ratio = torch.mul(draft, torch.exp(-log_ratio).to(dtype)).div_(prev.clamp_min(tiny))

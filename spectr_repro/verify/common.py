@@ -25,11 +25,10 @@ def normalize(x: torch.Tensor, fallback: torch.Tensor | None = None) -> torch.Te
     if fallback is None:
         return x / total.clamp_min(EPS)
     # A row without mass is all zeros: divide it by 1 and add the fallback there (times 0 elsewhere, which
-    # changes nothing). The select runs on the [..., 1] totals only: a broadcast torch.where over [..., V]
+    # changes nothing). The select acts on the [..., 1] totals only: a broadcast torch.where over [..., V]
     # costs ~5x an elementwise pass on CPU.
-    has_mass = total > 0
-    out = x / torch.where(has_mass, total, 1.0)
-    return out.addcmul_(fallback.to(out.dtype), has_mass.logical_not())
+    no_mass = total <= 0
+    return (x / (total + no_mass)).addcmul_(fallback.to(x.dtype), no_mass)
 
 
 def positive_part(x: torch.Tensor) -> torch.Tensor:
