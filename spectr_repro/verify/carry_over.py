@@ -128,7 +128,7 @@ def frame_chain(base: torch.Tensor, draft: torch.Tensor, log_ratios: list[torch.
 
 def apply_frame(prev: torch.Tensor, draft: torch.Tensor, log_ratio: torch.Tensor, power: int) -> torch.Tensor:
     """norm(frame residual of ``prev``) [..., V]; a row whose residual has no mass (a probability-0 history)
-    keeps ``prev``. On the device, no host read: the fallback is a select, not a branch."""
+    keeps ``prev``. On the device, no host read: the fallback is arithmetic on the totals, not a branch."""
     return normalize(residual_weights(prev, draft, log_ratio, power), fallback=prev)
 
 
