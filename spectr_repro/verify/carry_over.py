@@ -197,7 +197,9 @@ def effective_targets(draft_tokens: torch.Tensor, draft_probs: torch.Tensor, tar
     horizon = max(f.remaining for f in frames)  # <= L, checked by check_state
     start = torch.tensor([f.log_ratio for f in frames], dtype=torch.float64, device=target_probs.device)
     log_q = torch.log(token_draft)
-    head = target_probs[:, :horizon]  # the target below the next frame (raw rows until a frame applies)
+    # Our own copy of rows 0..H−1, updated in place frame by frame: before frame f it holds the target
+    # below f (older frames expire first, so rows at or past an older frame's reach are still raw).
+    head = target_probs[:, :horizon].clone()
     for f_idx, frame in enumerate(frames):
         n = frame.remaining
         below = head[:, :n]
@@ -205,8 +207,12 @@ def effective_targets(draft_tokens: torch.Tensor, draft_probs: torch.Tensor, tar
         steps = below.gather(-1, tokens[:, :n]).squeeze(-1).double().log_().sub_(log_q[:, :n])  # [K, n]
         ratios = torch.cat([start[f_idx].expand(K, 1), steps], 1).cumsum_(1)  # [K, n + 1]
         log_ratios[f_idx, :, : n + 1] = ratios
-        applied = apply_frame(below, draft_probs[:, :n], ratios[:, :n], frame.power)
-        head = applied if n == head.shape[1] else torch.cat([applied, head[:, n:]], 1)
+        # apply_frame, written into the rows in place (warm memory; same arithmetic as normalize):
+        # below <- weights / total, or below itself where the residual has no mass.
+        weights = residual_weights(below, draft_probs[:, :n], ratios[:, :n], frame.power)
+        total = weights.sum(-1, keepdim=True)
+        no_mass = total <= 0
+        torch.addcmul(weights.div_(total + no_mass), below, no_mass, out=below)
     token_target[:, :horizon] = head.gather(-1, tokens[:, :horizon]).squeeze(-1)
     return EffectiveTargets(target_probs, head, token_target, token_draft, log_ratios, frames)
 

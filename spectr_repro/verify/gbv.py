@@ -111,8 +111,9 @@ class GreedyBlockVerification(Verifier):
             return sample(effective.row(0, L), generator).view(1)
         target_row = effective.row(0, tau)
         weights = self._correction_weights(target_row, draft_probs[0, tau], log_ratio[tau])
-        # No residual mass (a probability-0 event): fall back to p. A select on the device, not a branch.
-        weights = torch.where(weights.sum() > 0, weights, target_row)
+        # No residual mass (a probability-0 event): fall back to p, by arithmetic on the device (no branch;
+        # a broadcast torch.where over V is ~5x slower on CPU).
+        weights = torch.addcmul(weights, target_row, weights.sum() <= 0)
         return sample(weights, generator).view(1)  # sample needs no normalising
 
     def _state_after(self, effective, draft_probs, target_probs, log_ratio, tau: int,
