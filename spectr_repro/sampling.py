@@ -30,20 +30,36 @@ def sample(probs: torch.Tensor, generator: torch.Generator | None = None) -> tor
     Inverse-CDF sampling on a float64 cumulative sum: exact to float64 round-off (a float32 cumsum
     over 152k entries would misstate small probabilities by ~1e-7 each, ~1e-3 in TV), tokens with
     probability 0 are never drawn, and it is ~3x faster than torch.multinomial on CPU at V = 152k.
-    Returns a LongTensor of shape ``probs.shape[:-1]``.
+    Returns a LongTensor of shape ``probs.shape[:-1]``, on the device of ``probs``.
+
+    The draw never waits for the device (no host read): the engine calls this for every draft token.
+    A row with no mass (all zeros, or NaN) is a caller's bug that must never yield a token: it is
+    caught by an on-device assertion, which raises ValueError at once when the row lives on the host
+    and, on a GPU, fails the stream at the next synchronisation (a device-side assert, which no later
+    result of this process survives), so a bad row can never decode quietly.
     """
     flat = probs.reshape(-1, probs.shape[-1])
     cumulative = torch.cumsum(flat, dim=-1, dtype=torch.float64)
     total = cumulative[:, -1:]
-    if bool((total <= 0).any()):
-        raise ValueError("cannot sample from a row with no probability mass")
+    _assert_has_mass(total)
     u = torch.rand(flat.shape[0], 1, generator=generator, device=flat.device, dtype=torch.float64) * total
+    # u * total can round up onto the total (probability ~1e-16): keep it strictly below, so that the
+    # search lands on the last token with mass, never past the end nor on a zero-probability token
+    # (the first index whose cumulative sum exceeds u always has positive probability).
+    u = torch.minimum(u, torch.nextafter(total, total.new_zeros(())))
     tokens = torch.searchsorted(cumulative, u, right=True).squeeze(-1)
-    overshoot = tokens >= flat.shape[-1]  # u * total rounded up onto the total (probability ~1e-16)
-    if bool(overshoot.any()):
-        last_positive = flat.shape[-1] - 1 - (flat.flip(-1) > 0).long().argmax(-1)
-        tokens = torch.where(overshoot, last_positive, tokens)
     return tokens.reshape(probs.shape[:-1])
+
+
+NO_MASS_MESSAGE = "cannot sample from a row with no probability mass"
+
+
+def _assert_has_mass(total: torch.Tensor) -> None:
+    """Every entry of ``total`` > 0, checked on the device (an asynchronous assertion, no host read)."""
+    try:
+        torch._assert_async((total > 0).all(), NO_MASS_MESSAGE)
+    except RuntimeError as error:  # raised synchronously only for host tensors
+        raise ValueError(NO_MASS_MESSAGE) from error
 
 
 def uniform(n: int, generator: torch.Generator | None = None, device=None) -> torch.Tensor:

@@ -16,6 +16,7 @@ what recursive block verification (rbv.py) runs on each draft.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -30,19 +31,24 @@ class BlockSegment:
 
     targets [n, V]: row i = the target for token i+1 (T_{i+1}); ``first_target`` [V], if given,
     replaces row 0 (rbv's current target). drafts [n, V]: row i = q for token i+1. tokens [n].
+    ratios: T_i(X_i) / q_i(X_i) for i = 1..n when the caller already holds them on the host (else they
+    are computed here, one host read).
     """
 
     targets: torch.Tensor
     drafts: torch.Tensor
     tokens: torch.Tensor
     first_target: torch.Tensor | None = None
+    ratios: list[float] | None = None
 
     def __post_init__(self) -> None:
-        ratios = token_ratios(self.targets, self.drafts, self.tokens)
-        if self.first_target is not None:
-            first = token_ratios(self.first_target[None], self.drafts[:1], self.tokens[:1])
-            ratios = torch.cat([first, ratios[1:]])
-        self.weights = clipped_weights(ratios.tolist())  # w_0..w_n, float64 scalars
+        if self.ratios is None:
+            ratios = token_ratios(self.targets, self.drafts, self.tokens)
+            if self.first_target is not None:
+                first = token_ratios(self.first_target[None], self.drafts[:1], self.tokens[:1])
+                ratios = torch.cat([first, ratios[1:]])
+            self.ratios = ratios.tolist()
+        self.weights = clipped_weights(self.ratios)  # w_0..w_n, float64 scalars
 
     @property
     def length(self) -> int:
@@ -54,20 +60,23 @@ class BlockSegment:
             return self.first_target
         return self.targets[i]
 
+    def excess_mass(self, positions: list[int], scale: torch.Tensor) -> torch.Tensor:
+        """Z_i = sum_x (scale_i * T_{i+1}(x) - q_{i+1}(x))+ for positions 0 < i < n (increasing), on the device.
+
+        scale: [len(positions)] (w_i). One batched pass over [len(positions), V] in the input dtype.
+        """
+        return excess_mass(rows_at(self.targets, positions), rows_at(self.drafts, positions), scale)
+
     def stop_probabilities(self, start: int = 0) -> list[float]:
         """h_0..h_n (h_0 = 1). Only h_i for i > start are computed from Z_i; those below are set to 1,
         which is harmless: whenever start is a position with w = 1 (h = 1) the scan never goes below it."""
         n, w = self.length, self.weights
         h = [1.0] * (n + 1)
         h[n] = w[n]
-        lo = max(start, 0) + 1
-        if lo < n:  # positions lo..n-1 in one batched pass over [n - lo, V] (rows with w = 1 are ignored)
-            scale = torch.tensor(w[lo:n], dtype=self.targets.dtype, device=self.targets.device)
-            excess = self.targets[lo:n] * scale[:, None]
-            excess.sub_(self.drafts[lo:n]).clamp_min_(0)
-            for i, z in enumerate(excess.sum(-1).tolist(), start=lo):  # Z_i in the input dtype
-                if w[i] < 1.0:
-                    h[i] = z / (z + 1.0 - w[i])  # denominator >= 1 - w_i > 0
+        positions = [i for i in range(max(start, 0) + 1, n) if w[i] < 1.0]  # rows with w = 1 have h = 1
+        if positions:
+            for i, z in zip(positions, self._excess_on_host(positions)):
+                h[i] = stop_probability(z, w[i])
         return h
 
     def stop_law(self) -> list[float]:
@@ -79,24 +88,58 @@ class BlockSegment:
             none_above *= 1.0 - h[i]
         return law
 
-    def scan(self, generator: torch.Generator | None) -> int:
-        """Draw eta_1..eta_n and return tau = the largest i with eta_i < h_i (0 if none)."""
+    def scan(self, generator: torch.Generator | None, eta: list[float] | None = None) -> int:
+        """Draw eta_1..eta_n (unless given: eta[i - 1] belongs to position i) and return tau = the largest i
+        with eta_i < h_i (0 if none)."""
+        if eta is None:
+            eta = uniform_list(self.length, generator, self.targets.device)
+        return self.stop_position(eta, self._excess_on_host)
+
+    def stop_position(self, eta: list[float], excess: Callable[[list[int]], list[float]]) -> int:
+        """tau = the largest i with eta_i < h_i, asking ``excess`` for Z_i only where the test can pass.
+
+        eta_n < w_n: the whole block passes (no vocabulary work at all). Below the last position with
+        w = 1 (h = 1) the scan cannot go; above it h_i <= w_i rules out every position with eta_i >= w_i.
+        """
         n, w = self.length, self.weights
-        eta = uniform_list(n, generator, self.targets.device)  # eta[i - 1] belongs to position i
-        if eta[n - 1] < w[n]:  # the whole block passes: no full-vocabulary work at all
+        if eta[n - 1] < w[n]:
             return n
-        # Below the last position with w = 1 (h = 1) the scan cannot go; only positions above it need Z.
-        floor = max([i for i in range(n) if w[i] >= 1.0])
-        h = self.stop_probabilities(start=floor)
-        for i in range(n - 1, floor, -1):
-            if eta[i - 1] < h[i]:
-                return i
-        return floor
+        floor = max(i for i in range(n) if w[i] >= 1.0)
+        candidates = [i for i in range(floor + 1, n) if eta[i - 1] < w[i]]
+        if not candidates:
+            return floor
+        passed = [i for i, z in zip(candidates, excess(candidates)) if eta[i - 1] < stop_probability(z, w[i])]
+        return max(passed, default=floor)
+
+    def _excess_on_host(self, positions: list[int]) -> list[float]:
+        scale = torch.tensor([self.weights[i] for i in positions], dtype=self.targets.dtype,
+                             device=self.targets.device)
+        return self.excess_mass(positions, scale).tolist()  # Z_i in the input dtype, one host read
 
     def correction(self, tau: int) -> torch.Tensor:
         """Law of the token after X^tau when tau < n: norm((w_tau * T_{tau+1} - q_{tau+1})+)."""
         target = self.target(tau)
         return residual(self.weights[tau] * target, self.drafts[tau], fallback=target)
+
+
+def stop_probability(z: float, w: float) -> float:
+    """h = Z / (Z + 1 - w) for w < 1 (denominator >= 1 - w > 0), clipped to w: Z <= w exactly, so h <= w,
+    and the clip keeps a scan that skips every position with eta >= w consistent with the law bit for bit."""
+    return min(z / (z + 1.0 - w), w)
+
+
+def rows_at(rows: torch.Tensor, positions: list[int]) -> torch.Tensor:
+    """rows[positions] for increasing positions: a view when they are contiguous, else one gather."""
+    lo, hi = positions[0], positions[-1] + 1
+    if hi - lo == len(positions):
+        return rows[lo:hi]
+    return rows[torch.tensor(positions, device=rows.device)]
+
+
+def excess_mass(targets: torch.Tensor, drafts: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """sum_x (scale * T(x) - q(x))+ per row: targets, drafts [m, V], scale [m]. In the rows' dtype (an
+    ordinary sum of probability-sized terms); one fresh buffer, then in place (the caller's rows stay intact)."""
+    return torch.mul(targets, scale.to(targets.dtype).unsqueeze(-1)).sub_(drafts).clamp_min_(0).sum(-1)
 
 
 def clipped_weights(ratios: list[float]) -> list[float]:

@@ -25,7 +25,6 @@ it without knowing what is inside; ``None`` means "no frame alive: the next targ
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
@@ -81,13 +80,14 @@ def residual_weights(prev: torch.Tensor, draft: torch.Tensor, log_ratio: torch.T
     and an iteration ends with such a correction with probability about P/Q itself (h ≤ g), so the law
     moves by that much at most.
     """
-    dtype = torch.promote_types(prev.dtype, draft.dtype)
+    dtype = prev.dtype if prev.dtype == draft.dtype else torch.promote_types(prev.dtype, draft.dtype)
     log_ratio = log_ratio.unsqueeze(-1)
     if power == 1:
         # (P·T − Q·q)₊ / max(P, Q) = (min(1, r)·T − min(1, 1/r)·q)₊ with r = P/Q: two fused passes.
-        scale_target = torch.exp(log_ratio.clamp(max=0)).to(dtype)
-        scale_draft = torch.exp((-log_ratio).clamp(max=0)).to(dtype)
-        return torch.mul(prev, scale_target).addcmul_(draft, -scale_draft).clamp_(min=0)
+        # r = NaN (P = Q = 0 along a probability-0 history: inf − inf in log space) gives no mass at all.
+        scale_target, scale_draft = torch.stack([log_ratio, -log_ratio]).clamp_(max=0).exp_().nan_to_num_(0.0).to(
+            dtype)
+        return torch.mul(prev, scale_target).addcmul_(draft, scale_draft, value=-1).clamp_(min=0)
     # P·T·(1 − min(1, q / (r·T))^K) / P; T = 0 gives 0, r = +inf gives T, r = 0 gives 0.
     tiny = torch.finfo(prev.dtype).tiny
     ratio = torch.mul(draft, torch.exp(-log_ratio).to(dtype)).div_(prev.clamp_min(tiny))
@@ -119,22 +119,17 @@ def frame_chain(base: torch.Tensor, draft: torch.Tensor, log_ratios: list[torch.
     """Targets T_0 = base, T_f = frame f applied to T_{f−1}, for the frames alive at one row.
 
     base, draft: [..., V]; log_ratios: one [...] float64 tensor per frame (oldest first).
-    A frame whose residual has no mass (a probability-0 history) leaves the target unchanged.
     """
     chain = [base]
     for log_ratio, power in zip(log_ratios, powers):
-        prev = chain[-1]
-        weights = residual_weights(prev, draft, log_ratio, power)  # a fresh tensor: normalise in place
-        total = weights.sum(-1, keepdim=True)
-        # One host sync per level buys skipping torch.where (a slow broadcast pass) unless rows disagree.
-        rows_with_mass = int((total > 0).sum())
-        if rows_with_mass == total.numel():
-            chain.append(weights.div_(total))
-        elif rows_with_mass == 0:
-            chain.append(prev)
-        else:
-            chain.append(normalize(weights, fallback=prev))
+        chain.append(apply_frame(chain[-1], draft, log_ratio, power))
     return chain
+
+
+def apply_frame(prev: torch.Tensor, draft: torch.Tensor, log_ratio: torch.Tensor, power: int) -> torch.Tensor:
+    """norm(frame residual of ``prev``) [..., V]; a row whose residual has no mass (a probability-0 history)
+    keeps ``prev``. On the device, no host read: the fallback is arithmetic on the totals, not a branch."""
+    return normalize(residual_weights(prev, draft, log_ratio, power), fallback=prev)
 
 
 @dataclass
@@ -144,15 +139,15 @@ class EffectiveTargets:
     Frames only reach rows 0..H−1 (H = the longest frame's remaining count, < L+1), so only those rows
     are materialised (``head``); later rows are the caller's ``raw`` target rows, never copied.
 
-    raw: [K, L+1, V] the input target_probs; head: H tensors [K, V], the effective rows 0..H−1 (kept
-    apart rather than copied into one block: most calls read only a few of them);
-    token_target, token_draft: [K, L] float64, effective target / draft probability of each draft token;
-    log_ratios: [F, K, L+1] float64, frame f's log P − log Q over the draft's first i tokens (column i);
-    frames: the frames alive at the start of the block (oldest first).
+    raw: [K, L+1, V] the input target_probs; head: [K, H, V] the effective rows 0..H−1 (None when no
+    frame is alive); token_target, token_draft: [K, L] float64, effective target / draft probability of
+    each draft token; log_ratios: [F, K, L+1] float64, frame f's log P − log Q over the draft's first i
+    tokens (column i, for i up to the frame's remaining count); frames: the frames alive at the start of
+    the block (oldest first).
     """
 
     raw: torch.Tensor
-    head: list[torch.Tensor]
+    head: torch.Tensor | None
     token_target: torch.Tensor
     token_draft: torch.Tensor
     log_ratios: torch.Tensor
@@ -160,34 +155,37 @@ class EffectiveTargets:
 
     @property
     def horizon(self) -> int:
-        return len(self.head)
+        return 0 if self.head is None else self.head.shape[1]
 
     def row(self, k: int, i: int) -> torch.Tensor:
         """Effective target [V] of draft k after its first i tokens (a view, never to be modified)."""
-        return self.head[i][k] if i < self.horizon else self.raw[k, i]
+        return self.head[k, i] if i < self.horizon else self.raw[k, i]
 
     def rows(self, k: int, positions: list[int]) -> torch.Tensor:
         """Effective targets [n, V] of draft k at ``positions`` (increasing): a view when they form one
-        contiguous run at or past the horizon, else a gathered copy. Never to be modified."""
+        contiguous run on one side of the horizon, else a gathered copy. Never to be modified."""
         lo, hi = positions[0], positions[-1] + 1
-        if hi - lo == len(positions) and lo >= self.horizon:
-            return self.raw[k, lo:hi]
+        if hi - lo == len(positions) and (lo >= self.horizon or hi <= self.horizon):
+            return self.raw[k, lo:hi] if lo >= self.horizon else self.head[k, lo:hi]
         return torch.stack([self.row(k, i) for i in positions])
 
     @property
     def probs(self) -> torch.Tensor:
-        """All effective rows [K, L+1, V] (one copy when frames are alive; for the exact law)."""
-        if not self.head:
+        """All effective rows [K, L+1, V] (one copy when frames are alive)."""
+        if self.head is None:
             return self.raw
-        return torch.cat([torch.stack(self.head, 1), self.raw[:, self.horizon :]], 1)
+        return torch.cat([self.head, self.raw[:, self.horizon :]], 1)
 
 
 def effective_targets(draft_tokens: torch.Tensor, draft_probs: torch.Tensor, target_probs: torch.Tensor,
                       frames: tuple[CarryFrame, ...]) -> EffectiveTargets:
-    """Apply the alive frames to the raw target rows of every draft (vectorised over drafts and V).
+    """Apply the alive frames to the raw target rows of every draft (vectorised over drafts, rows and V).
 
-    Only the rows a frame reaches are computed; the token probabilities are gathered as float64 scalars
-    (P and Q are long products, kept out of the input dtype).
+    Frame f governs rows 0..remaining_f − 1 and modifies the target below it (the raw rows with the older
+    frames applied); its log P − log Q at row i runs along the draft tokens under that target below, which
+    is known for every row once the older frames are applied: so the frames are applied one at a time
+    (oldest first), each to all its rows at once. No host read; the token probabilities are gathered as
+    float64 scalars (P and Q are long products, kept out of the input dtype).
     """
     K, L = draft_tokens.shape
     tokens = draft_tokens.long().unsqueeze(-1)
@@ -195,56 +193,68 @@ def effective_targets(draft_tokens: torch.Tensor, draft_probs: torch.Tensor, tar
     token_draft = draft_probs.gather(-1, tokens).squeeze(-1).double()
     log_ratios = torch.empty(len(frames), K, L + 1, dtype=torch.float64, device=target_probs.device)
     if not frames:
-        return EffectiveTargets(target_probs, [], token_target, token_draft, log_ratios, frames)
+        return EffectiveTargets(target_probs, None, token_target, token_draft, log_ratios, frames)
     horizon = max(f.remaining for f in frames)  # <= L, checked by check_state
-    head = []
-    log_ratios[:, :, 0] = torch.tensor([f.log_ratio for f in frames], dtype=torch.float64,
-                                       device=target_probs.device).unsqueeze(-1)
+    start = torch.tensor([f.log_ratio for f in frames], dtype=torch.float64, device=target_probs.device)
     log_q = torch.log(token_draft)
-    for i in range(horizon):  # row i's frame ratios need row i−1's normalised targets: one row at a time
-        alive = [f_idx for f_idx, f in enumerate(frames) if f.remaining > i]
-        chain = frame_chain(target_probs[:, i], draft_probs[:, i], [log_ratios[f, :, i] for f in alive],
-                            [frames[f].power for f in alive])
-        head.append(chain[-1])
-        # Every level of the chain at the draft token: [levels, K].
-        at_token = torch.cat([level.gather(-1, tokens[:, i]) for level in chain], -1).T.double()
-        token_target[:, i] = at_token[-1]
-        for position, f_idx in enumerate(alive):
-            # P of frame f multiplies the target in force *below* it (chain[position]), Q the draft.
-            log_ratios[f_idx, :, i + 1] = log_ratios[f_idx, :, i] + at_token[position].log() - log_q[:, i]
+    # Our own copy of rows 0..H−1, updated in place frame by frame: before frame f it holds the target
+    # below f (older frames expire first, so rows at or past an older frame's reach are still raw).
+    head = target_probs[:, :horizon].clone()
+    for f_idx, frame in enumerate(frames):
+        n = frame.remaining
+        below = head[:, :n]
+        # log P − log Q of frame f after each prefix: its stored value, then a running sum along the tokens.
+        steps = below.gather(-1, tokens[:, :n]).squeeze(-1).double().log_().sub_(log_q[:, :n])  # [K, n]
+        ratios = torch.cat([start[f_idx].expand(K, 1), steps], 1).cumsum_(1)  # [K, n + 1]
+        log_ratios[f_idx, :, : n + 1] = ratios
+        # apply_frame, written into the rows in place (warm memory; same arithmetic as normalize):
+        # below <- weights / total, or below itself where the residual has no mass.
+        weights = residual_weights(below, draft_probs[:, :n], ratios[:, :n], frame.power)
+        total = weights.sum(-1, keepdim=True)
+        no_mass = total <= 0
+        torch.addcmul(weights.div_(total + no_mass), below, no_mass, out=below)
+    token_target[:, :horizon] = head.gather(-1, tokens[:, :horizon]).squeeze(-1)
     return EffectiveTargets(target_probs, head, token_target, token_draft, log_ratios, frames)
 
 
 def next_state(effective: EffectiveTargets, draft_probs: torch.Tensor, target_probs: torch.Tensor,
-               draft_index: int, num_accepted: int, last_token: int, new_frame_log_ratio: float | None,
-               power: int, L: int) -> CarryOverState | None:
+               draft_index: int, num_accepted: int, last_token: int | torch.Tensor,
+               new_frame_log_ratio: float | torch.Tensor | None, power: int, L: int) -> CarryOverState | None:
     """State after emitting draft ``draft_index``'s first ``num_accepted`` tokens and ``last_token``.
 
     ``new_frame_log_ratio``: log P − log Q through the correction token (None after a bonus token);
-    the new frame governs the L − τ − 1 positions left in this iteration's horizon.
+    the new frame governs the L − τ − 1 positions left in this iteration's horizon. ``last_token`` and
+    the new ratio may be device tensors: the state's numbers are read in one host read (none when no
+    frame is left).
     """
     tau = num_accepted
     consumed = tau + 1
     frames = effective.frames
-    kept: list[CarryFrame] = []
     survivors = [f_idx for f_idx, f in enumerate(frames) if f.remaining > consumed]
+    new_frame = new_frame_log_ratio is not None and L - consumed > 0
+    if not survivors and not new_frame:
+        return None
+    values = []  # float64 device scalars: the survivors' extended ratios, then the new frame's
     if survivors:
         # Frames alive past this block were alive at row τ (τ < L since remaining <= L): extend their
-        # ratio by the last token, which needs the chain of targets at row τ of the chosen draft.
+        # ratio by the last token, under the target below each of them at row τ of the chosen draft.
         alive = [f_idx for f_idx, f in enumerate(frames) if f.remaining > tau]
-        row_ratios = [effective.log_ratios[f, draft_index : draft_index + 1, tau] for f in alive]
-        draft_row = draft_probs[draft_index : draft_index + 1, tau]
-        chain = frame_chain(target_probs[draft_index : draft_index + 1, tau], draft_row, row_ratios,
-                            [frames[f].power for f in alive])
-        q_value = float(draft_row[0, last_token])
-        log_q = math.log(q_value) if q_value > 0 else -math.inf
-        for position, f_idx in enumerate(alive):
-            if f_idx not in survivors:
-                continue
-            target_value = float(chain[position][0, last_token])
-            log_target = math.log(target_value) if target_value > 0 else -math.inf
-            log_ratio = float(row_ratios[position][0]) + log_target - log_q
-            kept.append(CarryFrame(log_ratio, frames[f_idx].remaining - consumed, frames[f_idx].power))
-    if new_frame_log_ratio is not None and L - consumed > 0:
-        kept.append(CarryFrame(float(new_frame_log_ratio), L - consumed, power))
-    return CarryOverState(tuple(kept)) if kept else None
+        row_ratios = effective.log_ratios[alive, draft_index, tau]  # [A]
+        draft_row = draft_probs[draft_index, tau]
+        # Levels below the alive frames: raw, then each alive frame but the newest applied (oldest first).
+        chain = frame_chain(target_probs[draft_index, tau], draft_row, list(row_ratios[:-1].unbind()),
+                            [frames[f].power for f in alive[:-1]])
+        token = torch.as_tensor(last_token, device=draft_row.device).reshape(1)
+        below = torch.cat([level.gather(0, token) for level in chain]).double()  # [A]
+        extended = row_ratios + below.log() - draft_row.gather(0, token).double().log()
+        keep = [position for position, f_idx in enumerate(alive) if f_idx in survivors]
+        values.append(extended[keep])
+    if new_frame:
+        values.append(torch.as_tensor(new_frame_log_ratio, dtype=torch.float64, device=draft_probs.device)
+                      .reshape(1))
+    numbers = torch.cat(values).tolist()
+    kept = [CarryFrame(numbers[i], frames[f_idx].remaining - consumed, frames[f_idx].power)
+            for i, f_idx in enumerate(survivors)]
+    if new_frame:
+        kept.append(CarryFrame(numbers[-1], L - consumed, power))
+    return CarryOverState(tuple(kept))

@@ -16,17 +16,25 @@ If one is accepted, emit X, keep the survivors carrying X and go to depth t+1; i
 
 and stop. Past depth L emit a bonus from p(. | X^L). K = 1 gives rho* = 1 and the residual (p - q)+: SD.
 
-rho* is found exactly: beta is piecewise of the form A + B / rho between the sorted ratios p/q in (1, K), so
+rho* is found exactly: beta is piecewise of the form A + B / rho between the sorted ratios p/q in (1, k), so
 one sort of those ratios locates the piece holding rho* and a scalar bisection on that piece finishes (no
 per-step vocabulary sums).
+
+GPU cost (see spectr_repro.bench.counters): the sampler reads every draft token, its ratio p/q and one
+uniform per test slot (draft, depth) in one host read; the acceptance tests are then host arithmetic on
+those numbers (no kernel per depth or per survivor). rho* is needed only for survivor groups of two or
+more drafts; the groups the scan can still reach are solved on the device in waves of 1, 2, 4, ... depths
+(one batched sort and one host read per wave), so a call costs O(log L) launches and reads, whatever K.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
 from spectr_repro.verify.base import Outcome, Verifier, VerifyResult
-from spectr_repro.verify.common import LawBuilder, normalize, sample, token_ratios, uniform_list
+from spectr_repro.verify.common import LawBuilder, normalize, sample, token_ratios, uniform
 
 # Slack on the K-SEQ condition: near rho = 1 with p ~ q the excess below is flat (order (rho - 1)^k) and
 # its sign is decided by float64 round-off of beta; a residual at most this far below 0 is clipped to 0.
@@ -42,40 +50,77 @@ def _admissible(rho: float, beta: float, k: int) -> bool:
     return _kseq_excess(rho, beta, k) >= -EXCESS_SLACK
 
 
-def optimal_rho(p: torch.Tensor, q: torch.Tensor, k: int, tol: float = 1e-14) -> float:
-    """rho* for k survivors (p, q: [V]); the returned value satisfies the K-SEQ condition (upper end).
+_MAX_SURVIVORS = 1 << 15
+_ONE_BITS = 0x3FF0000000000000  # the bit pattern of 1.0 as float64
+_ROW_SHIFT = 56  # codes of keys in [1, 2^15] are < 15 * 2^52 < 2^56: 7 bits are left for the row
 
+
+def rho_pieces(p: torch.Tensor, q: torch.Tensor, k: Sequence[int] | torch.Tensor) -> torch.Tensor:
+    """The piece of beta(rho) = A + B / rho that holds rho*, for R rows at once (no host read).
+
+    p, q: [R, V]; k: R survivor counts (at most 2^15). Returns float64 [R, 6] on p's device, per row
+    (first, key_before, key_at, p_before, q_before, q_total): with the ratios p/q sorted, ``first`` = the
+    number of breakpoints below rho* (the first admissible one is at index ``first``), ``key_before`` /
+    ``key_at`` the sorted keys at first - 1 / first (clamped into the row), ``p_before`` / ``q_before`` the
+    sums of p / q over the tokens up to first - 1, ``q_total`` = sum q. ``solve_piece`` finishes on the host.
+
+    For rho in [1, k] a token with ratio <= 1 always adds p/rho to beta and one with ratio >= k always adds q:
+    only ratios strictly inside (1, k) are breakpoints. The others are pinned to the keys 0 and k.
     The excess rho*beta(rho) - (1 - (1 - beta(rho))^k) is non-decreasing in rho (rho*beta = sum min(rho q, p)
-    grows, beta shrinks), so the admissible set is [rho*, k].
+    grows, beta shrinks): along the sorted breakpoints the non-admissible ones form a prefix.
     """
-    if k == 1:
+    V = p.shape[-1]
+    sizes = [int(size) for size in k]
+    if max(sizes) > _MAX_SURVIVORS:
+        raise ValueError(f"rho_pieces: at most {_MAX_SURVIVORS} survivors per row, got {max(sizes)}")
+    # One exponent for every row is the common case (and a faster pow): a Python number, else a column.
+    k = float(sizes[0]) if len(set(sizes)) == 1 else torch.tensor(sizes, dtype=torch.float64,
+                                                                  device=p.device).unsqueeze(-1)
+    ratio = (p.double() / q).nan_to_num_(0.0)  # q = 0: +inf becomes the largest float (pinned to k); 0/0: 0
+    key = ratio.mul_(ratio > 1).clamp_(max=k)  # (a multiply is ~5x faster than where on CPU)
+    key, order = sort_rows(key)
+    p_upto = p.take(order).cumsum(-1, dtype=torch.float64)  # sum of p over the sorted tokens 0..j
+    q_upto = q.take(order).cumsum(-1, dtype=torch.float64)
+    q_total = q_upto[:, -1:]
+    # beta at rho = key_j: the tokens up to j add p / rho (token j's p / key_j is its q), the later ones q.
+    beta = (q_total - q_upto).add_(p_upto / key)
+    excess = torch.addcmul((1 - beta).pow_(k).sub_(1), key, beta)
+    below = ((excess < -EXCESS_SLACK) & (key < k)) | (key <= 1)
+    first = below.sum(-1, keepdim=True)  # [R, 1]: the first admissible breakpoint (V if none)
+    before, at = (first - 1).clamp_(min=0), first.clamp(max=V - 1)
+    return torch.cat([first.double(), key.gather(-1, before), key.gather(-1, at), p_upto.gather(-1, before),
+                      q_upto.gather(-1, before), q_total], -1)
+
+
+def sort_rows(key: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``key.sort(-1)`` for keys in {0} and [1, 2^15] (float64 [R, V]), ~2x faster on CPU. Returns the sorted
+    keys [R, V] and the order as indices into the flattened rows ([R, V], for ``take``).
+
+    Non-negative float64 numbers order like their bit patterns read as int64, and torch sorts a 1-D int64
+    tensor by radix on CPU: each key becomes its bit pattern minus that of 1.0 (0 for the key 0), tagged
+    with its row in the top bits, and all rows are sorted as one vector (each row stays one block).
+    """
+    R, V = key.shape
+    if R >= 1 << (63 - _ROW_SHIFT):
+        key, order = key.sort(-1)
+        return key, order + torch.arange(0, R * V, V, device=key.device).unsqueeze(-1)
+    code = (key.view(torch.int64) - _ONE_BITS).clamp_(min=0)
+    code += torch.arange(R, device=key.device).unsqueeze(-1) << _ROW_SHIFT
+    flat = code.view(-1).sort().indices  # rows in order, each row's keys ascending
+    return key.take(flat).view(R, V), flat.view(R, V)
+
+
+def solve_piece(piece: Sequence[float], k: int, V: int, tol: float = 1e-14) -> float:
+    """rho* from one row of ``rho_pieces`` (host floats): the upper end of a scalar bisection on the piece
+    beta = a + b / rho, rho in [lo, hi], so the returned value satisfies the K-SEQ condition."""
+    first, key_before, key_at, p_before, q_before, q_total = piece
+    if first == 0:  # no breakpoint below rho*: the piece starts at 1
+        lo, b, a = 1.0, 0.0, q_total
+    else:
+        lo, b, a = max(key_before, 1.0), p_before, q_total - q_before
+    hi = key_at if first < V and key_at < k else float(k)
+    if lo == 1.0 and _admissible(1.0, a + b, k):  # p = q, disjoint supports, ...
         return 1.0
-    p64, q64 = p.double(), q.double()
-    ratio = p64 / q64  # q = 0: +inf, or NaN for 0/0; both count as "above" every rho (they add q = 0)
-    # For rho in [1, k] a token with ratio <= 1 always adds p/rho to beta and one with ratio >= k always
-    # adds q: only the ratios strictly inside (1, k) are breakpoints there, and only they are sorted
-    # (on Qwen's 152k vocabulary typically a few thousand: the full sort was ~70 % of SpecTr's time).
-    low, inside = ratio <= 1.0, (ratio > 1.0) & (ratio < k)
-    high = ~(low | inside)
-    mid_index = inside.nonzero().squeeze(1)
-    mid_ratio, order = ratio[mid_index].sort()
-    mid_index = mid_index[order]
-    p_mid, q_mid = p64[mid_index], q64[mid_index]
-    p_low, q_high = torch.stack([torch.where(low, p64, 0.0).sum(), torch.where(high, q64, 0.0).sum()]).tolist()
-    beta_one = p_low + q_high + float(q_mid.sum())  # sum min(p, q): p below ratio 1, q above
-    below_p = p_low + p_mid.cumsum(0)  # sum of p over the tokens with ratio <= mid_ratio[j]
-    above_q = q_high + q_mid.flip(0).cumsum(0).flip(0)  # sum of q over the tokens with ratio >= mid_ratio[j]
-    # On the piece [r_{j-1}, r_j] (and at r_j): beta = A_j + B_j / rho, A_j = above_q[j], B_j = below_p[j-1].
-    beta_at = above_q + (below_p - p_mid) / mid_ratio
-    excess = mid_ratio * beta_at - 1.0 + (1.0 - beta_at) ** k
-    # admissible is monotone along the sorted ratios: j = the first admissible breakpoint (n if none;
-    # the breakpoints at or above k are all admissible).
-    j = int((excess < -EXCESS_SLACK).sum())
-    if _admissible(1.0, beta_one, k):  # p = q, disjoint supports, ...
-        return 1.0
-    n = mid_ratio.numel()
-    lo, b = (1.0, p_low) if j == 0 else tuple(torch.stack([mid_ratio[j - 1], below_p[j - 1]]).tolist())
-    hi, a = (float(k), q_high) if j == n else tuple(torch.stack([mid_ratio[j], above_q[j]]).tolist())
     for _ in range(200):  # scalar bisection on the piece beta = a + b / rho, rho in [lo, hi]
         if hi - lo <= tol * hi:
             break
@@ -87,15 +132,62 @@ def optimal_rho(p: torch.Tensor, q: torch.Tensor, k: int, tol: float = 1e-14) ->
     return hi
 
 
+def optimal_rho(p: torch.Tensor, q: torch.Tensor, k: int, tol: float = 1e-14) -> float:
+    """rho* for k survivors (p, q: [V]); the returned value satisfies the K-SEQ condition (upper end).
+
+    The admissible set is [rho*, k] (the excess is non-decreasing in rho, see ``rho_pieces``).
+    """
+    if k == 1:
+        return 1.0
+    return solve_piece(rho_pieces(p[None], q[None], [k])[0].tolist(), k, p.shape[-1], tol)
+
+
 def kseq_residual(p: torch.Tensor, q: torch.Tensor, rho: float, k: int) -> torch.Tensor:
-    """norm(p - min(q, p/rho) * (1 - (1 - beta)^k) / beta): the law of the correction after k rejections."""
+    """norm(p - min(q, p/rho) * (1 - (1 - beta)^k) / beta): the law of the correction after k rejections.
+
+    Computed on the device (beta stays a tensor: no host read); rows with no residual mass fall back to p.
+    """
     accepted = torch.minimum(q, p / rho)
     if k == 1:
-        scale = 1.0  # (1 - (1 - beta)) / beta, written exactly so that K = 1 is bit-for-bit SD
-    else:
-        beta = float(accepted.sum(dtype=torch.float64))
-        scale = (1.0 - (1.0 - beta) ** k) / beta if beta > 0 else 0.0
+        return normalize((p - accepted).clamp_min(0), fallback=p)  # scale 1 exactly: bit-for-bit SD
+    beta = accepted.sum(-1, keepdim=True, dtype=torch.float64)
+    scale = torch.where(beta > 0, (1 - (1 - beta) ** k) / beta, 0.0).to(accepted.dtype)
     return normalize((p - accepted * scale).clamp_min(0), fallback=p)
+
+
+class _GroupRho:
+    """rho* of the survivor groups a SpecTr scan reaches, solved on the device in waves of depths.
+
+    A group = the drafts sharing their first t tokens (they share p and q at depth t); it is named by its
+    first draft. When the scan reaches a group not solved yet, every group of two or more drafts it can
+    reach in the next 1, 2, 4, ... depths (doubling per wave) is solved in one batch: one sort of [R, V]
+    and one host read per wave. Doubling wastes at most one wave's work beyond the depth where the scan
+    stops, and bounds the waves per call by log2(L) + 1.
+    """
+
+    def __init__(self, target_probs: torch.Tensor, draft_probs: torch.Tensor, rows: list[list[int]]) -> None:
+        self.target_probs, self.draft_probs, self.rows = target_probs, draft_probs, rows
+        self.pieces: dict[tuple[int, int], list[float]] = {}  # (depth, first draft of the group) -> piece
+        self.wave = 1
+
+    def __call__(self, t: int, survivors: list[int]) -> float:
+        if (t, survivors[0]) not in self.pieces:
+            self._solve_wave(t, survivors)
+        return solve_piece(self.pieces[t, survivors[0]], len(survivors), self.target_probs.shape[-1])
+
+    def _solve_wave(self, t: int, survivors: list[int]) -> None:
+        groups = []  # (depth, first draft, size) of every group of >= 2 drafts reachable in this wave
+        for depth in range(t, min(t + self.wave, len(self.rows[0]))):
+            by_prefix: dict[tuple[int, ...], list[int]] = {}
+            for s in survivors:
+                by_prefix.setdefault(tuple(self.rows[s][t:depth]), []).append(s)
+            groups += [(depth, members[0], len(members)) for members in by_prefix.values() if len(members) > 1]
+        self.wave *= 2
+        depths, firsts, sizes = zip(*groups)
+        device = self.target_probs.device
+        index = (torch.tensor(firsts, device=device), torch.tensor(depths, device=device))
+        pieces = rho_pieces(self.target_probs[index], self.draft_probs[index], sizes).tolist()
+        self.pieces.update({(depth, first): piece for depth, first, piece in zip(depths, firsts, pieces)})
 
 
 class SpecTr(Verifier):
@@ -129,23 +221,25 @@ class SpecTr(Verifier):
     def _sample(self, draft_tokens, draft_probs, target_probs, generator, state) -> VerifyResult:
         device = draft_probs.device
         tokens = draft_tokens.long().to(device)
-        rows = tokens.tolist()
         K, L = tokens.shape
-        survivors = list(range(K))
+        # One host read: every draft token, its ratio p/q and one uniform per test slot (draft, depth).
+        ratios = token_ratios(target_probs[:, :L], draft_probs, tokens)  # [K, L] float64
+        eta = uniform(K * L, generator, device=None if generator is not None else device).to(device)
+        host = torch.cat([tokens.double(), ratios, eta.view(K, L)]).tolist()
+        rows = [[int(x) for x in row] for row in host[:K]]
+        ratio, eta = host[K : 2 * K], host[2 * K :]
+        group_rho = _GroupRho(target_probs, draft_probs, rows)
+        survivors = list(range(K))  # the drafts carrying the emitted prefix, in draft order
         for t in range(L):
-            first = survivors[0]
-            p, q = target_probs[first, t], draft_probs[first, t]
             k = len(survivors)
-            rho = optimal_rho(p, q, k)
-            candidates = tokens[survivors, t]
-            ratios = token_ratios(p.expand(k, -1), q.expand(k, -1), candidates).tolist()
-            eta = uniform_list(k, generator, device)
-            accepted = (rows[s][t] for s, u, r in zip(survivors, eta, ratios) if u < min(1.0, r / rho))
-            chosen = next(accepted, None)  # the first survivor whose test passes
+            rho = group_rho(t, survivors) if k > 1 else 1.0
+            # The first survivor whose test passes (host arithmetic on the numbers read above).
+            chosen = next((s for s in survivors if eta[s][t] < min(1.0, ratio[s][t] / rho)), None)
             if chosen is None:
-                extra = sample(self.correction(p, q, rho, k), generator)
+                first = survivors[0]
+                extra = sample(self.correction(target_probs[first, t], draft_probs[first, t], rho, k), generator)
                 return VerifyResult(torch.cat([tokens[first, :t], extra.view(1)]), t, first, None)
-            survivors = [s for s in survivors if rows[s][t] == chosen]
+            survivors = [s for s in survivors if rows[s][t] == rows[chosen][t]]
         first = survivors[0]
         extra = sample(target_probs[first, L], generator)
         return VerifyResult(torch.cat([tokens[first], extra.view(1)]), L, first, None)
