@@ -40,8 +40,10 @@ P_VALUE = 1e-4
 class DraftLawControl(SelectionBlockVerification):
     """Negative control: BV on the selected path with the draft's own q instead of q_sel (f at c = 1)."""
 
-    def _weights(self, posterior, k):
-        return {1: 1.0}
+    def _weights(self, posterior, counts, K):
+        weights = torch.zeros(counts.shape[0], K, dtype=torch.float64, device=counts.device)
+        weights[:, 0] = 1.0  # every depth mixes f at count 1 only: q itself
+        return weights
 
 
 def expected_accepted(verifier, target, draft, K, L, context=()):
