@@ -9,7 +9,7 @@ Two stages per iteration:
    none is accepted take the survivor token of highest rank. Given c survivors the selected token has law
 
        f(v; rho, c) = Q(v) a(v) A_c + G(v)^c - G^-(v)^c,
-       A_c = sum_{j<c} beta^j = (1 - (1 - alpha)^c) / alpha,   beta = 1 - alpha = sum Q (1 - a),
+       A_c = (1 - (1 - alpha)^c) / alpha = sum_{j<c} beta^j,   beta = 1 - alpha = sum Q (1 - a),
        G = cumsum of Q (1 - a) in rank order,  G^- = G - Q (1 - a),
 
    and rho_c is the point of a log grid over [1, 50 max r] maximising sum_v min(f(v; rho, c), P(v)).
@@ -21,21 +21,23 @@ Two stages per iteration:
 Shapes: draft_tokens [K, L], draft_probs [K, L, V], target_probs [K, L+1, V] (see verify.base).
 Powers and cumulative sums are float64.
 
-Large vocabularies. The closed form holds for ANY acceptance function a(.) in [0, 1] and any total order,
-so only a fixed-size head is ranked: the ``head_size`` tokens of largest P + Q (torch.topk), less those
-with P + Q < ``tail_threshold``. Every other token (the tail) is accepted whenever drafted (a = 1): it
-adds nothing to G, needs no rank, and its f is Q A_c exactly. rho_c is chosen on the head, with f the
-rule's own law there. Any deterministic choice of the ranked set and of rho keeps the rule valid, because
-f is computed exactly for the choice made (docs/sbv.md, section 4). On toy vocabularies (V <= head_size,
-every probability >= 1e-4) every token is ranked and the rule is exactly METHODS.md's.
+Large vocabularies. The closed form holds for ANY acceptance function a(.) in [0, 1] and any total order.
+The rule ranks the tokens with P + Q >= ``tail_threshold``, at most ``rank_size`` of them (those of largest
+P + Q); every other token (the tail) is accepted whenever drafted (a = 1): it adds nothing to G, needs no
+rank, and its f is Q A_c exactly. rho_c is chosen on the ``head_size`` ranked tokens of largest P + Q, as
+if they were the whole vocabulary. Any deterministic choice of the ranked set and of rho keeps the rule
+valid, because f is computed exactly for the choice made (docs/sbv.md, section 4). On toy vocabularies
+(V <= head_size, every probability >= 1e-4) every token is ranked and the rule is exactly METHODS.md's.
 
-Cost on a GPU. Everything is vectorised over the candidates, the counts c = 2..K, the rho grid and the
-head: f for all counts and grid points is one [n, K-1, grid, head] expression (powers by cumulative
-products, no cancellation), the count likelihoods one [L, K, K, K, K] expression, and BV's stop
-probabilities one [L, V] pass. Python loops run over the L depths only. Three host reads per call: the
-draft tokens (which drafts share which prefix is bookkeeping on K x L integers), the selections (every
-prefix shared by >= 2 drafts, at every depth, is decided in one batch: each one's selection depends on its
-own uniforms only, so deciding those off the path changes nothing), and tau.
+Cost on a GPU (docs/sbv.md, section 5). Everything is vectorised over the candidates, the counts
+c = 2..K, the rho grid and the ranked tokens; Python loops run over the L depths only (the count
+posterior's chain of [K] x [K, K] products). The rule is evaluated in two batches: every prefix shared
+by >= 2 drafts (whose selections are all decided at once: each depends on its own uniforms only, so
+deciding those off the path changes nothing), then the path's other depths. BV's stop probabilities are
+bracketed from the tail's masses; the tail is summed over the vocabulary only at the depths where the
+bracket does not decide. Host reads: the draft tokens (which drafts share which prefix is bookkeeping on
+K x L integers), the selections, the decisions, and the exact decisions when needed; on the CPU one more
+per batch (the size of the ranked set, when it is below rank_size).
 """
 
 from __future__ import annotations
@@ -62,20 +64,21 @@ __all__ = [
 SELECTIONS = ("randomized", "greedy")
 DEFAULT_TAIL_THRESHOLD = 1e-6
 DEFAULT_GRID_SIZE = 64
-DEFAULT_HEAD_SIZE = 256
+DEFAULT_HEAD_SIZE = 256  # the tokens rho is chosen on
+DEFAULT_RANK_SIZE = 4096  # the most tokens ranked
 RHO_SPAN = 50.0  # the rho grid covers [1, RHO_SPAN * max r]
-_CACHE_MAX_VOCAB = 64  # memoise per-depth rules in the exact law only for toy vocabularies
+_CACHE_MAX_VOCAB = 64  # memoise per-prefix rules only for toy vocabularies
 _CACHE_MAX_ENTRIES = 100_000
 _F64 = torch.float64
 
 
-# ------------------------------------------------------------------------------------------------ the head
+# ------------------------------------------------------------------------------------------------ ranked tokens
 @dataclass
 class _Head:
-    """The ranked head of n rows (P, Q), in rank order: r = P/Q ascending, ties lower id first.
+    """Ranked tokens of n rows (P, Q) in rank order: r = P/Q ascending, ties lower id first.
 
-    Head tokens below the threshold carry p = q = 0 (rank key +inf, so they sort last): they belong to the
-    tail, like every token outside the head.
+    Slots below the threshold carry p = q = 0 (rank key +inf, so they sort last): they belong to the tail,
+    like every token that is not in the head.
     """
 
     ids: torch.Tensor  # [n, N] long, token ids
@@ -83,15 +86,16 @@ class _Head:
     p: torch.Tensor  # [n, N] float64, P / sum P (0 where not ranked)
     q: torch.Tensor  # [n, N] float64, Q / sum Q (0 where not ranked)
     r: torch.Tensor  # [n, N] float64, p / q ascending (+inf where q = 0)
-    psum: torch.Tensor  # [n] float64 row sums: rows are renormalised in float64, as they were sampled
+    psum: torch.Tensor  # [n] float64 row sums: rows are renormalised in float64, as they were sampled from
     qsum: torch.Tensor  # [n]
-    P_full: torch.Tensor  # [n, V] the rows as given (unnormalised, their own dtype)
-    Q_full: torch.Tensor  # [n, V]
 
-    def first(self, size: int) -> _Head:
-        """The first ``size`` tokens in rank order, as the whole head."""
-        return replace(self, ids=self.ids[:, :size], ranked=self.ranked[:, :size], p=self.p[:, :size],
-                       q=self.q[:, :size], r=self.r[:, :size])
+    def top(self, size: int) -> _Head:
+        """The ``size`` tokens of largest p + q (all if there are no more), still in rank order."""
+        if self.ids.shape[-1] <= size:
+            return self
+        keep = torch.topk(self.p + self.q, size, dim=-1, sorted=False).indices.sort(-1).values
+        return replace(self, ids=self.ids.gather(-1, keep), ranked=self.ranked.gather(-1, keep),
+                       p=self.p.gather(-1, keep), q=self.q.gather(-1, keep), r=self.r.gather(-1, keep))
 
 
 def _rank_key(P: torch.Tensor, Q: torch.Tensor) -> torch.Tensor:
@@ -99,27 +103,67 @@ def _rank_key(P: torch.Tensor, Q: torch.Tensor) -> torch.Tensor:
     return torch.nan_to_num(P / Q, nan=math.inf, posinf=math.inf)  # P/0 = inf; 0/0 = nan -> inf
 
 
+def _fresh(shape, dtype: torch.dtype, device: torch.device, name: str = "") -> torch.Tensor:
+    """A new uninitialised tensor (the default scratch space: see SelectionBlockVerification._scratch)."""
+    return torch.empty(shape, dtype=dtype, device=device)
+
+
+def _reaching_ids(reach: torch.Tensor, count: torch.Tensor, width: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(ids [n, width], valid [n, width]): the ids of the True entries of reach [n, V] (count [n] per row), in
+    ascending order, padded with id 0 marked invalid."""
+    n = reach.shape[0]
+    rows, cols = reach.nonzero(as_tuple=True)  # row-major: ascending ids within each row
+    slot = torch.arange(rows.shape[0], device=reach.device) - (count.cumsum(0) - count)[rows]
+    ids = torch.zeros((n, width), dtype=torch.long, device=reach.device)
+    ids[rows, slot] = cols
+    return ids, torch.arange(width, device=reach.device) < count[:, None]
+
+
 def _ranked_head(
-    P_rows: torch.Tensor, Q_rows: torch.Tensor, head_size: int | None, tail_threshold: float, normalise: bool = True
+    P_rows: torch.Tensor, Q_rows: torch.Tensor, size: int | None, tail_threshold: float, normalise: bool = True,
+    scratch=_fresh, shrink: bool | None = None,
 ) -> _Head:
-    """The head of each row ([n, V] rows, any float dtype): all tokens if V <= head_size (or head_size None)."""
+    """The ``size`` tokens of largest P + Q of each row ([n, V] rows, any float dtype), in rank order, those
+    below ``tail_threshold`` marked unranked; every token if V <= size (or size None).
+
+    ``scratch(shape, dtype, device, name)`` provides the [n, V] temporaries (the float64 copy of the rows
+    their sums need, P + Q and its threshold mask). ``shrink`` (default: on the CPU) finds the same set with
+    two host reads and no top-k when at most ``size`` tokens reach the threshold.
+    """
     n, V = P_rows.shape
-    psum, qsum = P_rows.sum(-1, dtype=_F64), Q_rows.sum(-1, dtype=_F64)  # no float64 copy of the rows
-    if head_size is None or V <= head_size:
-        ids = torch.arange(V, device=P_rows.device).expand(n, V)
-    else:  # ascending ids, so that the stable sort below breaks rank ties by the lower id
-        ids = torch.topk(P_rows + Q_rows, head_size, dim=-1, sorted=False).indices.sort(-1).values
+    device = P_rows.device
+    wide = scratch((n, V), _F64, device, "rows64")
+    psum, qsum = wide.copy_(P_rows).sum(-1), wide.copy_(Q_rows).sum(-1)  # float64 sums of the rows
+    ids, valid = None, None
+    if size is None or V <= size:
+        ids = torch.arange(V, device=device).expand(n, V)
+    else:
+        mass = torch.add(P_rows, Q_rows, out=scratch((n, V), P_rows.dtype, device, "mass"))
+        if shrink if shrink is not None else device.type == "cpu":
+            # A top-k costs its k on the CPU (15 ms for 12 rows at k = 4096): when at most ``size`` tokens reach
+            # the threshold, take exactly those (the same set: they are the largest), at the price of two host
+            # reads. A GPU takes the top-k, with no read.
+            reach = torch.ge(mass, tail_threshold, out=scratch((n, V), torch.bool, device, "reach"))
+            count = reach.sum(-1)
+            most = int(count.amax())
+            if most <= size:
+                ids, valid = _reaching_ids(reach, count, max(most, 1))
+        if ids is None:  # ascending ids, so that the stable sort below breaks rank ties by the lower id
+            ids = torch.topk(mass, size, dim=-1, sorted=False).indices.sort(-1).values
     P_head, Q_head = P_rows.gather(-1, ids), Q_rows.gather(-1, ids)
     ranked = (P_head + Q_head) >= tail_threshold  # in the rows' own dtype
+    if valid is not None:
+        ranked &= valid
     if normalise:
         p, q = P_head / psum[:, None] * ranked, Q_head / qsum[:, None] * ranked  # float64
     else:
         p, q = P_head.to(_F64) * ranked, Q_head.to(_F64) * ranked
     r, order = torch.sort(_rank_key(p, q), dim=-1, stable=True)
     return _Head(ids.gather(-1, order), ranked.gather(-1, order), p.gather(-1, order), q.gather(-1, order), r,
-                 psum, qsum, P_rows, Q_rows)
+                 psum, qsum)
 
 
+# ------------------------------------------------------------------------------------------------ choosing rho
 @functools.cache
 def _grid_steps(grid_size: int, device: torch.device) -> torch.Tensor:
     return torch.arange(grid_size, dtype=_F64, device=device) / (grid_size - 1)
@@ -131,50 +175,34 @@ def _log_grid(r: torch.Tensor, grid_size: int) -> torch.Tensor:
     return torch.exp(torch.log(RHO_SPAN * r_max)[:, None] * _grid_steps(grid_size, r.device))
 
 
-# ------------------------------------------------------------------------------------------------ closed form
-@dataclass
-class _GridTerms:
-    """f and its parts for every row, grid point and count c = 2..K (count axis: index c - 2)."""
+def _grid_laws(p: torch.Tensor, q: torch.Tensor, grid: torch.Tensor, K: int, missing: torch.Tensor) -> torch.Tensor:
+    """f(.; rho, c) [n, C, G, N] for p, q [n, N] in rank order at every grid point rho [n, G] and count c = 2..K.
 
-    accepted: torch.Tensor  # [n, G, N] Q a = min(Q, P/rho)
-    g_minus: torch.Tensor  # [n, G, N] G^-
-    reject: torch.Tensor  # [n, G] beta = sum Q (1 - a) = 1 - alpha
-    excess: torch.Tensor  # [n, C, G] A_c - 1 = beta + ... + beta^(c-1)
-    law: torch.Tensor  # [n, C, G, N] f(.; rho, c)
-
-
-def _grid_terms(
-    p: torch.Tensor, q: torch.Tensor, rho: torch.Tensor, K: int, missing: torch.Tensor | None = None
-) -> _GridTerms:
-    """f(.; rho, c) for p, q [n, N] in rank order, rho [n, G] (may be +inf), counts c = 2..K.
-
-    The tail (a = 1) enters only through beta: with rows normalised over the whole vocabulary,
-    beta = sum over the head of Q (1 - a) = 1 - alpha exactly. ``missing`` [n] adds a mass that is neither
-    in the head nor accepted (choose_rho's head-only objective). G^c - G^-^c = d G^(c-1) sum_{j<c} x^j with
-    d = Q (1 - a), x = G^-/G in [0, 1]: every term is positive, so there is no cancellation.
+    ``missing`` [n]: mass outside p, q that is never accepted (1 - sum q: the head taken as the vocabulary).
+    G^c - G^-^c = d G^(c-1) sum_{j<c} x^j with d = Q (1 - a), x = G^-/G in [0, 1]: the powers over the count
+    axis are cumulative products, every term is positive (no cancellation).
     """
     C = K - 1
-    accepted = torch.minimum(q[:, None, :], p[:, None, :] / rho[:, :, None])  # [n, G, N]; P/inf = 0
+    accepted = torch.minimum(q[:, None, :], p[:, None, :] / grid[:, :, None])  # [n, G, N]
     rejected = q[:, None, :] - accepted
     g = rejected.cumsum(-1)
-    g_minus = g - rejected
-    reject = g[..., -1] if missing is None else g[..., -1] + missing[:, None]
+    keep = g[..., -1] + missing[:, None]  # 1 - alpha
 
     def powers(t: torch.Tensor) -> torch.Tensor:  # [n, *rest] -> [n, C, *rest]: t^1 .. t^C
         return t.unsqueeze(1).expand(t.shape[0], C, *t.shape[1:]).cumprod(1)
 
-    excess = powers(reject).cumsum(1)  # [n, C, G]
-    ratio = torch.nan_to_num(g_minus / g, nan=0.0)  # 0/0 where g = 0 (there d = 0 too)
-    power_sums = powers(ratio).cumsum(1).add_(1.0)  # [n, C, G, N]: 1 + x + ... + x^(c-1)
-    law = accepted[:, None] * (1.0 + excess)[..., None] + rejected[:, None] * powers(g) * power_sums
-    return _GridTerms(accepted, g_minus, reject, excess, law)
+    excess = powers(keep).cumsum(1)  # A_c - 1 = (1 - alpha) + ... + (1 - alpha)^(c-1), [n, C, G]
+    ratio = torch.nan_to_num((g - rejected) / g, nan=0.0)  # x; 0/0 where g = 0 (there d = 0 too)
+    power_sums = powers(ratio).cumsum(1).add_(1.0)  # 1 + x + ... + x^(c-1)
+    return accepted[:, None] * (1.0 + excess)[..., None] + rejected[:, None] * powers(g) * power_sums
 
 
-def _best_grid_points(terms: _GridTerms, p: torch.Tensor) -> torch.Tensor:
+def _best_grid_points(laws: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
     """[n, C]: the grid index maximising sum_v min(f, P) per count (argmax: the first maximum, smallest rho)."""
-    return torch.minimum(terms.law, p[:, None, None, :]).sum(-1).argmax(-1)
+    return torch.minimum(laws, p[:, None, None, :]).sum(-1).argmax(-1)
 
 
+# ------------------------------------------------------------------------------------------------ the rule
 @dataclass
 class _Rules:
     """The selection rule at n prefixes (rows), for the counts c = 2..K (count axis: index c - 2).
@@ -182,85 +210,85 @@ class _Rules:
     A single survivor (c = 1) always selects its own token: f = Q, nothing to store.
     """
 
-    ids: torch.Tensor  # [n, N] head token ids in rank order
-    ranked: torch.Tensor  # [n, N] bool
+    ids: torch.Tensor  # [n, N] ranked token ids in rank order
+    ranked: torch.Tensor  # [n, N] bool (False: a tail token, or padding)
     p: torch.Tensor  # [n, N] float64 P (normalised, 0 where not ranked)
     q: torch.Tensor  # [n, N] float64 Q (normalised, 0 where not ranked)
     psum: torch.Tensor  # [n]
     qsum: torch.Tensor  # [n]
-    tail_p: torch.Tensor  # [n] the tail's mass under P (normalised; exactly 0 when every token is ranked)
-    tail_q: torch.Tensor  # [n] ... under Q
-    rho: torch.Tensor  # [n, C]
     reject: torch.Tensor  # [n, C] beta_c = 1 - alpha_c
     excess: torch.Tensor  # [n, C] A_c - 1
     accepted: torch.Tensor  # [n, C, N] Q a
     g_minus: torch.Tensor  # [n, C, N] G^-
-    law: torch.Tensor  # [n, C, N] f_c on the head
-    P_full: torch.Tensor  # [n, V] target rows as given (unnormalised)
-    Q_full: torch.Tensor  # [n, V] draft rows
+    law: torch.Tensor  # [n, C, N] f_c on the ranked tokens
 
     def take(self, index: torch.Tensor) -> _Rules:
         return _Rules(*(getattr(self, f.name).index_select(0, index) for f in fields(self)))
 
     @staticmethod
     def concat(parts: list[_Rules]) -> _Rules:
-        """Rows of several rules; heads of different sizes are padded with unranked slots (id 0, no effect)."""
+        """The rows of several rules; ranked sets of different sizes are padded with unranked slots."""
         size = max(part.ids.shape[-1] for part in parts)
 
         def padded(part: _Rules, name: str) -> torch.Tensor:
             t = getattr(part, name)
-            if name in _HEAD_FIELDS and t.shape[-1] < size:
-                t = torch.nn.functional.pad(t, (0, size - t.shape[-1]))  # zeros: id 0, unranked, no mass
+            if name in _TOKEN_FIELDS and t.shape[-1] < size:
+                t = torch.nn.functional.pad(t, (0, size - t.shape[-1]))  # id 0, unranked, no mass: no effect
             return t
 
         return _Rules(*(torch.cat([padded(part, f.name) for part in parts]) for f in fields(_Rules)))
 
 
-_HEAD_FIELDS = frozenset({"ids", "ranked", "p", "q", "accepted", "g_minus", "law"})  # [..., N]
+_TOKEN_FIELDS = frozenset({"ids", "ranked", "p", "q", "accepted", "g_minus", "law"})  # [..., N]
 
 
 def _head_fields(head: _Head) -> dict:
-    """The count-free fields of the rule: the head, the row sums and the tail's masses."""
-    has_tail = head.ranked.sum(-1) < head.P_full.shape[-1]
-    tail_p = torch.where(has_tail, (1.0 - head.p.sum(-1)).clamp_min(0.0), 0.0)
-    tail_q = torch.where(has_tail, (1.0 - head.q.sum(-1)).clamp_min(0.0), 0.0)
-    return dict(ids=head.ids, ranked=head.ranked, p=head.p, q=head.q, psum=head.psum, qsum=head.qsum,
-                tail_p=tail_p, tail_q=tail_q, P_full=head.P_full, Q_full=head.Q_full)
+    """The count-free fields of the rule: the ranked tokens and the row sums."""
+    return dict(ids=head.ids, ranked=head.ranked, p=head.p, q=head.q, psum=head.psum, qsum=head.qsum)
 
 
-def _pick(head: _Head, terms: _GridTerms, rho: torch.Tensor, index: torch.Tensor) -> _Rules:
-    """The rule at grid point index[:, c - 2] ([n, C]) for each count c."""
-    n, C = index.shape
-    N = head.q.shape[-1]
-    along_grid = index[:, :, None].expand(n, C, N)
-    return _Rules(
-        **_head_fields(head),
-        rho=rho.gather(1, index),
-        reject=terms.reject.gather(1, index),
-        excess=terms.excess.gather(2, index[:, :, None]).squeeze(2),
-        accepted=terms.accepted.gather(1, along_grid),
-        g_minus=terms.g_minus.gather(1, along_grid),
-        law=terms.law.gather(2, index[:, :, None, None].expand(n, C, 1, N)).squeeze(2),
-    )
+@functools.cache
+def _count_powers(K: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(counts c = 2..K [C, 1], exponents j = 1..K-1 [K-1], the mask j < c [C, K-1]), float64 constants."""
+    counts = torch.arange(2, K + 1, dtype=_F64, device=device)[:, None]
+    exponents = torch.arange(1, K, dtype=_F64, device=device)
+    return counts, exponents, (exponents < counts).to(_F64)
+
+
+def _rules_at(head: _Head, rho: torch.Tensor, K: int) -> _Rules:
+    """The rule on ``head`` with rho_c = rho[:, c - 2] ([n, C], may be +inf) at each count c = 2..K.
+
+    G^c - G^-^c = -G^c expm1(c log1p(-d/G)) (d = Q (1 - a) = G - G^-): relative accuracy, no cancellation.
+    A_c - 1 = beta + ... + beta^(c-1), beta = sum Q (1 - a) = 1 - alpha (the tail is never rejected).
+    """
+    counts, exponents, below = _count_powers(K, head.q.device)
+    accepted = torch.minimum(head.q[:, None, :], head.p[:, None, :] / rho[:, :, None])  # [n, C, N]; P/inf = 0
+    rejected = head.q[:, None, :] - accepted
+    g = rejected.cumsum(-1)
+    power_gap = torch.nan_to_num(-g.pow(counts) * torch.expm1(counts * torch.log1p(-rejected / g)), nan=0.0)
+    reject = g[..., -1]
+    excess = (reject[..., None].pow(exponents) * below).sum(-1)
+    return _Rules(**_head_fields(head), reject=reject, excess=excess, accepted=accepted,
+                  g_minus=g - rejected, law=accepted * (1.0 + excess)[..., None] + power_gap)  # 0/0 where G = 0
 
 
 def _single_draft_rules(head: _Head) -> _Rules:
     """K = 1: no count >= 2, f = Q."""
     n, N = head.q.shape
-    empty = head.q.new_zeros((n, 0))
-    empty_head = head.q.new_zeros((n, 0, N))
-    return _Rules(**_head_fields(head), rho=empty, reject=empty, excess=empty, accepted=empty_head,
-                  g_minus=empty_head, law=empty_head)
+    empty, empty_tokens = head.q.new_zeros((n, 0)), head.q.new_zeros((n, 0, N))
+    return _Rules(**_head_fields(head), reject=empty, excess=empty, accepted=empty_tokens,
+                  g_minus=empty_tokens, law=empty_tokens)
 
 
+# ------------------------------------------------------------------------------------------------ the scan
 def _first_true(mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(any, index of the first True) along the last dim (argmax: the first maximum; torch.max(dim) has slow
-    CPU paths on some small shapes, ~30 ms)."""
+    """(any, index of the first True) along the last dim (argmax returns the first maximum; torch.max(dim)
+    has slow CPU paths on some small shapes, ~30 ms)."""
     return mask.any(-1), mask.to(torch.uint8).argmax(-1)
 
 
 def _locate(rules: _Rules, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(position in rank order [n, T], ranked [n, T]) of tokens [n, T] in each row's head."""
+    """(position in rank order [n, T], ranked [n, T]) of tokens [n, T] among each row's ranked tokens."""
     hit = (rules.ids[:, None, :] == tokens[:, :, None]) & rules.ranked[:, None, :]
     ranked, position = _first_true(hit)
     return position, ranked
@@ -343,26 +371,26 @@ def _count_likelihoods(q: torch.Tensor, a: torch.Tensor, reject: torch.Tensor, g
 def _posterior_chain(lik: torch.Tensor) -> torch.Tensor:
     """[L, K]: the law of the survivor count (1..K) at each depth, from lik [L, K, K] at the selected tokens.
 
-    pi_0 = point mass at K; pi_{i+1} = pi_i lik_i, normalised (sum = q_sel_i(x_{i+1})). A 1e-308 floor on
-    count 1 only settles 0/0, which a selected token cannot produce (the old rule's {1: 1} fallback).
+    pi_0 = point mass at K; pi_{i+1} = pi_i lik_i, normalised (the sum is q_sel_i(x_{i+1})). A 1e-308 floor on
+    count 1 only settles 0/0, which a selected token cannot produce (then pi = point mass at 1).
     """
     L, K, _ = lik.shape
     floor = torch.zeros(K, dtype=_F64, device=lik.device)
     floor[0] = torch.finfo(_F64).tiny
     lik = lik + floor
+    lik = torch.cat([lik, lik.sum(-1, keepdim=True)], -1)  # [L, K, K + 1]: one product gives pi lik and its sum
     pi = torch.zeros(1, K, dtype=_F64, device=lik.device)
     pi[0, K - 1] = 1.0
     laws = [pi]
     for i in range(L - 1):
         unnormalised = torch.mm(laws[-1], lik[i])
-        laws.append(unnormalised / unnormalised.sum())
+        laws.append(unnormalised[:, :K] / unnormalised[:, K:])
     return torch.cat(laws)
 
 
-def _count_posterior(rules: _Rules, path: torch.Tensor) -> torch.Tensor:
-    """[L, K] posterior of the survivor count along the selected path (rules [L], path [L])."""
+def _count_posterior(rules: _Rules, q_at: torch.Tensor, path: torch.Tensor) -> torch.Tensor:
+    """[L, K] posterior of the survivor count along the selected path (rules [L], q_at = Q(x_{i+1}) [L])."""
     L, C, _ = rules.accepted.shape
-    q_at = rules.Q_full.gather(1, path[:, None]).squeeze(1) / rules.qsum  # Q(x_{i+1})
     position, ranked = _locate(rules, path[:, None])
     at = position[:, None, :].expand(L, C, 1)
     m = rules.accepted.gather(2, at).squeeze(2)
@@ -374,33 +402,24 @@ def _count_posterior(rules: _Rules, path: torch.Tensor) -> torch.Tensor:
     return _posterior_chain(lik)
 
 
-# ------------------------------------------------------------------------------------------------ laws, BV
+# ------------------------------------------------------------------------------------------------ q_sel and BV
 def _mixture(rules: _Rules, weights: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """q_sel = sum_c w_c f_c (weights [n, K]: a law over counts 1..K) as (values on the head [n, N], tail scale
-    A [n]): q_sel = A Q / sum Q off the head and on its unranked tokens.
+    """q_sel = sum_c w_c f_c (weights [n, K]: a law over counts 1..K) as (its values at the ranked tokens
+    [n, N], the tail scale A [n]): q_sel = A Q / sum Q on the tail.
 
     Written q + sum_{c>=2} w_c (f_c - q) (equal, as the weights sum to 1), so that q_sel is exactly Q
     where every f_c is (q = p, or a single survivor). The tail: A = 1 + sum_c w_c (A_c - 1).
     """
     w = weights[:, 1:]
-    tail_scale = 1.0 + (w * rules.excess).sum(-1)
-    mixed = rules.q + torch.einsum("nc,ncv->nv", w, rules.law - rules.q[:, None])
-    tail = rules.Q_full.gather(1, rules.ids) * (tail_scale / rules.qsum)[:, None]
-    return torch.where(rules.ranked, mixed, tail), tail_scale
+    head = rules.q + torch.einsum("nc,ncv->nv", w, rules.law - rules.q[:, None])
+    return head, 1.0 + (w * rules.excess).sum(-1)
 
 
-def _selected_rows(rules: _Rules, head: torch.Tensor, tail_scale: torch.Tensor, index: slice) -> torch.Tensor:
-    """q_sel on the whole vocabulary at rows ``index``, float64 [m, V]: the tail law, plus the head's own values
-    added as differences (a padded slot adds 0, whatever token it names)."""
-    rows = rules.Q_full[index] * (tail_scale / rules.qsum)[index][:, None]
-    ids = rules.ids[index]
-    return rows.scatter_add_(1, ids, head[index] - rows.gather(1, ids))
-
-
-def _residual_rows(rules, head, tail_scale, w, index: slice) -> torch.Tensor:
-    """(w P - q_sel)+ at rows ``index`` (P normalised), float64 [m, V]: the correction's law, unnormalised."""
-    scale = (w[:-1] / rules.psum)[index]
-    return (rules.P_full[index] * scale[:, None] - _selected_rows(rules, head, tail_scale, index)).clamp_min(0.0)
+def _selected_law_rows(Q_rows, ids, ranked, head, q_scale) -> torch.Tensor:
+    """q_sel on the whole vocabulary, float64 [m, V]: q_scale Q on the tail, plus each ranked token's own
+    value added as a difference (padding and unranked slots add 0). Q_rows [m, V], q_scale [m] = A / sum Q."""
+    rows = Q_rows * q_scale[:, None]
+    return rows.scatter_add_(1, ids, (head - rows.gather(1, ids)) * ranked)
 
 
 def _running_ratio(ratio: torch.Tensor) -> torch.Tensor:
@@ -409,58 +428,80 @@ def _running_ratio(ratio: torch.Tensor) -> torch.Tensor:
     return torch.cat([torch.ones_like(s[:1]), torch.exp(s - torch.cummax(s.clamp_min(0.0), 0).values)])
 
 
-def _bv_terms(rules: _Rules, head: torch.Tensor, tail_scale: torch.Tensor, path: torch.Tensor):
-    """BV on the selected path (rules and q_sel = (head, tail_scale) at its L depths).
+def _tail_share(P_rows, Q_rows, ids, ranked, p_scale, q_scale) -> torch.Tensor:
+    """The tail's exact share of Z = sum (p_scale P - q_sel)+ ([m]; rows [m, V], scales [m]): one pass.
 
-    Returns (w [L+1], Z on the ranked head [L], the tail's share of Z bracketed: low [L], high [L]).
-    Z_i = sum (w_i P - q_sel)+ (P normalised); on the tail q_sel = A Q, so its share lies between
-    (w_i P_tail - A_i Q_tail)+ and w_i P_tail (masses from the head's sums: no pass over the vocabulary).
+    c sum (P - rho Q)+ over every token (c = p_scale, rho = q_scale / c: no denormal products however small
+    w gets), less the same sum over the ranked tokens (round-off ~1e-16 absolute).
     """
-    L = path.shape[0]
-    tokens = path[:, None]
-    position, ranked = _locate(rules, tokens)
-    scale = (tail_scale / rules.qsum)[:, None]  # q_sel = scale Q off the ranked tokens
-    q_at = torch.where(ranked, head.gather(1, position), rules.Q_full.gather(1, tokens) * scale).squeeze(1)
-    p_at = rules.P_full.gather(1, tokens).squeeze(1) / rules.psum
-    w = _running_ratio(torch.nan_to_num(p_at / q_at, nan=0.0, posinf=0.0))  # q_sel(x) = 0: w = 0
-    z_head = ((w[:L, None] * rules.p - head).clamp_min(0.0) * rules.ranked).sum(-1)
-    high = w[:L] * rules.tail_p
-    return w, z_head, (high - tail_scale * rules.tail_q).clamp_min(0.0), high
-
-
-def _tail_share(rules: _Rules, tail_scale: torch.Tensor, w: torch.Tensor, index) -> torch.Tensor:
-    """The tail's exact share of Z at rows ``index`` (a slice or a list), [m]: one pass over the vocabulary.
-
-    c sum (P - rho Q)+ over every token (c = w / sum P, rho = A sum P / (w sum Q): no denormal products
-    however small w gets), less the same sum over the ranked head (round-off ~1e-16 absolute).
-    """
-    p_scale = (w[:-1] / rules.psum)[index][:, None]  # w P / sum P
-    rho = ((tail_scale / rules.qsum)[index][:, None] / p_scale).clamp_max(1e300)  # w = 0: Z = 0 whatever rho
-    excess = rules.Q_full[index] * rho  # float64 [m, V], the one temporary (then P - rho Q, in place)
-    everywhere = torch.sub(rules.P_full[index], excess, out=excess).relu_().sum(-1)
-    ids = rules.ids[index]
-    P_head, Q_head = rules.P_full[index].gather(1, ids), rules.Q_full[index].gather(1, ids)
-    on_head = (torch.addcmul(P_head.to(_F64), Q_head.to(_F64), rho, value=-1.0).clamp_min(0.0)
-               * rules.ranked[index]).sum(-1)
-    return (p_scale.squeeze(1) * (everywhere - on_head)).clamp_min(0.0)
-
-
-@dataclass
-class _PathTerms:
-    """Everything BV needs along a selected path of L depths."""
-
-    rules: _Rules  # [L]
-    head: torch.Tensor  # [L, N] q_sel on the head
-    tail_scale: torch.Tensor  # [L] q_sel = A Q / sum Q on the tail
-    w: torch.Tensor  # [L + 1]
-    z_head: torch.Tensor  # [L] Z on the ranked head
-    low: torch.Tensor  # [L] the tail's share of Z is in [low, high]
-    high: torch.Tensor  # [L]
+    c = p_scale[:, None]
+    rho = (q_scale[:, None] / c).clamp_max(1e300)  # w = 0: c = 0 and the share is 0 whatever rho
+    excess = Q_rows * rho  # float64 [m, V], the one temporary (then P - rho Q in place)
+    everywhere = torch.sub(P_rows, excess, out=excess).relu_().sum(-1)
+    P_head, Q_head = P_rows.gather(1, ids).to(_F64), Q_rows.gather(1, ids).to(_F64)
+    on_ranked = (torch.addcmul(P_head, Q_head, rho, value=-1.0).clamp_min(0.0) * ranked).sum(-1)
+    return (c.squeeze(1) * (everywhere - on_ranked)).clamp_min(0.0)
 
 
 def _stop_probability(z: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     """h = Z / (Z + 1 - w), 1 if 0/0 (Z = 0 and w = 1)."""
     return torch.nan_to_num(z / (z + (1.0 - w)), nan=1.0)
+
+
+@dataclass
+class _PathTerms:
+    """q_sel and BV's terms along a selected path of L depths."""
+
+    rules: _Rules  # [L]
+    P_rows: torch.Tensor  # [L, V] target rows along the path (as given)
+    Q_rows: torch.Tensor  # [L, V] draft rows
+    head: torch.Tensor  # [L, N] q_sel at the ranked tokens
+    q_scale: torch.Tensor  # [L] q_sel = q_scale Q on the tail (A / sum Q)
+    w: torch.Tensor  # [L + 1] BV's running ratio
+    p_scale: torch.Tensor  # [L] w / sum P
+    z_head: torch.Tensor  # [L] Z_i over the ranked tokens
+    low: torch.Tensor  # [L] the tail's share of Z_i lies in [low, high]
+    high: torch.Tensor  # [L]
+    tail_p: torch.Tensor  # [L] the tail's mass under P
+
+    def exact_z(self, index) -> torch.Tensor:
+        """Z at depths ``index`` (a list or a slice), with the tail summed over the vocabulary."""
+        share = _tail_share(self.P_rows[index], self.Q_rows[index], self.rules.ids[index], self.rules.ranked[index],
+                            self.p_scale[index], self.q_scale[index])
+        return self.z_head[index] + share
+
+    def residual(self, index: slice) -> torch.Tensor:
+        """(w P - q_sel)+ (P normalised) at depths ``index``, float64 [m, V]: the correction's law, unnormalised."""
+        rules = self.rules
+        q_sel = _selected_law_rows(self.Q_rows[index], rules.ids[index], rules.ranked[index], self.head[index],
+                                   self.q_scale[index])
+        return (self.P_rows[index] * self.p_scale[index][:, None] - q_sel).clamp_min(0.0)
+
+
+def _path_terms(rules: _Rules, P_rows, Q_rows, path: torch.Tensor, weights_of) -> _PathTerms:
+    """q_sel and BV's terms on ``path`` [L] (rules and rows along it); ``weights_of(q_at)`` gives the law over
+    counts [L, K] that q_sel mixes at each depth.
+
+    Z_i = sum (w_i P - q_sel)+ (P normalised) is computed over the ranked tokens; on the tail q_sel = A Q, so
+    the tail's share lies between (w_i P_tail - A_i Q_tail)+ and w_i P_tail (no pass over the vocabulary).
+    """
+    L = path.shape[0]
+    tokens = path[:, None]
+    Q_at = Q_rows.gather(1, tokens).squeeze(1)
+    head, tail_scale = _mixture(rules, weights_of(Q_at / rules.qsum))
+    q_scale = tail_scale / rules.qsum
+    position, ranked = _locate(rules, tokens)
+    q_sel_at = torch.where(ranked.squeeze(1), head.gather(1, position).squeeze(1), Q_at * q_scale)
+    p_at = P_rows.gather(1, tokens).squeeze(1) / rules.psum
+    w = _running_ratio(torch.nan_to_num(p_at / q_sel_at, nan=0.0, posinf=0.0))  # q_sel(x) = 0: w = 0
+    z_head = ((w[:L, None] * rules.p - head).clamp_min(0.0) * rules.ranked).sum(-1)
+    # the tail's masses (exactly 0 when every token is ranked)
+    has_tail = rules.ranked.sum(-1) < P_rows.shape[-1]
+    tail_p = torch.where(has_tail, (1.0 - rules.p.sum(-1)).clamp_min(0.0), 0.0)
+    tail_q = torch.where(has_tail, (1.0 - rules.q.sum(-1)).clamp_min(0.0), 0.0)
+    high = w[:L] * tail_p
+    return _PathTerms(rules, P_rows, Q_rows, head, q_scale, w, w[:L] / rules.psum, z_head,
+                      (high - tail_scale * tail_q).clamp_min(0.0), high, tail_p)
 
 
 def _inverse_cdf(row: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
@@ -474,9 +515,10 @@ def _inverse_cdf(row: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     return torch.minimum(token, torch.searchsorted(cumulative, total))
 
 
+# ------------------------------------------------------------------------------------------------ bookkeeping
 def _rows(probs: torch.Tensor, rows: list[int], depths: list[int]) -> torch.Tensor:
-    """probs[rows[j], depths[j]], [n, V]: a view (no copy of n x V) when one draft covers consecutive depths, the
-    usual case (drafts that agree all read row 0's rows; a lone survivor reads its own)."""
+    """probs[rows[j], depths[j]], [n, V]: a view (no copy of n x V) when one draft covers consecutive depths,
+    the usual case (drafts that agree all read row 0's rows; a lone survivor reads its own)."""
     if len(set(rows)) == 1 and depths == list(range(depths[0], depths[0] + len(depths))):
         return probs[rows[0], depths[0] : depths[0] + len(depths)]
     return probs[rows, depths]
@@ -497,8 +539,8 @@ class DepthRule:
     """The rule at one depth for one pair P = p(.|z), Q = q(.|z) ([V]), with ``rho`` = {count: rho_c} given.
 
     A readable per-row view of the closed forms the verifier evaluates in batches (tests, other rules).
-    ``head_size`` None ranks every token with P + Q >= tail_threshold; the verifier also caps the ranked set
-    at its own head_size. Counts missing from ``rho`` use rho = +inf (the greedy selection).
+    ``head_size`` None ranks every token with P + Q >= tail_threshold (the verifier caps the ranked set at
+    its rank_size). Counts missing from ``rho`` use rho = +inf (the greedy selection).
     """
 
     def __init__(self, P, Q, tail_threshold: float = DEFAULT_TAIL_THRESHOLD, rho: dict | None = None,
@@ -515,8 +557,7 @@ class DepthRule:
         if K < 2:
             return _single_draft_rules(self._head)
         rho = torch.tensor([[self.rho.get(c, math.inf) for c in range(2, K + 1)]], dtype=_F64, device=self.P.device)
-        terms = _grid_terms(self._head.p, self._head.q, rho, K)
-        return _pick(self._head, terms, rho, torch.arange(K - 1, device=self.P.device)[None])
+        return _rules_at(self._head, rho, K)
 
     def full(self, weights: dict[int, float]) -> torch.Tensor:
         """q_sel = sum_c w_c f_c on the whole vocabulary, float64 [V] (weights: a law over counts, normalised)."""
@@ -526,7 +567,7 @@ class DepthRule:
             w[0, c - 1] = value
         rules = self._rules(K)
         head, tail_scale = _mixture(rules, w / w.sum())
-        return _selected_rows(rules, head, tail_scale, slice(0, 1))[0]
+        return _selected_law_rows(self.Q[None], rules.ids, rules.ranked, head, tail_scale / rules.qsum)[0]
 
     def law(self, c: int) -> torch.Tensor:
         """f(.; rho_c, c) on the whole vocabulary, float64 [V]."""
@@ -576,9 +617,9 @@ def choose_rho(
     if P.shape[-1] == 0:
         return {c: 1.0 for c in counts}
     head = _ranked_head(P[None], Q[None], head_size, 0.0, normalise=False)
-    rho = _log_grid(head.r, grid_size)
-    terms = _grid_terms(head.p, head.q, rho, max(counts), missing=1.0 - head.q.sum(-1))
-    values = rho.gather(1, _best_grid_points(terms, head.p))[0].tolist()
+    grid = _log_grid(head.r, grid_size)
+    laws = _grid_laws(head.p, head.q, grid, max(counts), missing=1.0 - head.q.sum(-1))
+    values = grid.gather(1, _best_grid_points(laws, head.p))[0].tolist()
     return {c: values[c - 2] for c in counts}
 
 
@@ -594,16 +635,16 @@ def count_likelihood(q_v: float, a_v: float, alpha: float, g_minus_v: float, c: 
     return [0.0] + lik[0, c - 1].tolist()
 
 
-# ------------------------------------------------------------------------------------------------ the rule
+# ------------------------------------------------------------------------------------------------ the verifier
 class SelectionBlockVerification(Verifier):
     """SBV: select one path through the K drafts with a known law, then BV on it (lossless).
 
     Options: ``count_posterior`` (default True: q_sel mixes f over the posterior of the survivor count;
     False: f at the observed count), ``selection`` ("randomized" = METHODS.md; "greedy" = always the
     highest-ratio survivor token, i.e. greedy multi-path BV), ``grid_size`` (points of the rho grid),
-    ``head_size`` (the ranked set: at most this many tokens, those of largest P + Q; rho is chosen on it),
-    ``tail_threshold`` (head tokens with P + Q below it are not ranked either). Tokens that are not ranked
-    are accepted whenever drafted; see the module docstring.
+    ``head_size`` (rho is chosen on the ranked tokens of largest P + Q, at most this many),
+    ``tail_threshold`` and ``rank_size`` (the ranked tokens: P + Q >= tail_threshold, at most rank_size of
+    them, those of largest P + Q; the others are accepted whenever drafted). See the module docstring.
     """
 
     name = "sbv"
@@ -619,38 +660,41 @@ class SelectionBlockVerification(Verifier):
         grid_size: int = DEFAULT_GRID_SIZE,
         head_size: int = DEFAULT_HEAD_SIZE,
         tail_threshold: float = DEFAULT_TAIL_THRESHOLD,
+        rank_size: int = DEFAULT_RANK_SIZE,
         **options,
     ) -> None:
         super().__init__(check_inputs=check_inputs, **options)
         if selection not in SELECTIONS:
             raise ValueError(f"sbv: selection must be one of {SELECTIONS}, got {selection!r}")
-        if grid_size < 2 or head_size < 1 or not tail_threshold >= 0:
+        if grid_size < 2 or head_size < 1 or rank_size < 1 or not tail_threshold >= 0:
             raise ValueError(
-                "sbv: need grid_size >= 2, head_size >= 1 and tail_threshold >= 0; "
-                f"got {grid_size}, {head_size}, {tail_threshold}"
+                "sbv: need grid_size >= 2, head_size >= 1, rank_size >= 1 and tail_threshold >= 0; "
+                f"got {grid_size}, {head_size}, {rank_size}, {tail_threshold}"
             )
         self.count_posterior = bool(count_posterior)
         self.selection = selection
         self.grid_size = int(grid_size)
         self.head_size = int(head_size)
         self.tail_threshold = float(tail_threshold)
-        self._cache: dict[str, dict] = {}  # the exact law's memo tables
+        self.rank_size = int(rank_size)
+        self._cache: dict[str, dict] = {}  # memo tables (toy vocabularies)
+        self._buffers: dict[str, torch.Tensor] = {}  # scratch space kept between calls
         self._serials = itertools.count()  # names each memoised rule (never reused)
 
-    # ---------------------------------------------------------------- the rule at n prefixes, shared by both paths
+    # ---------------------------------------------------------------- the rule, shared by sampler and law
     def _rules(self, P_rows: torch.Tensor, Q_rows: torch.Tensor, K: int) -> _Rules:
         """The rule at n prefixes with target / draft rows P_rows, Q_rows [n, V].
 
         On toy vocabularies each row's rule is memoised (n = 1), so the sampler and the exact law use the
         very same numbers and the many tiny calls of the Monte-Carlo tests stay cheap.
         """
-        if P_rows.shape[-1] <= _CACHE_MAX_VOCAB:
-            parts = [self._rule_at(P, Q, K) for P, Q in zip(P_rows, Q_rows)]
-            if len(parts) == 1:
-                return parts[0][1]
-            key = tuple(serial for serial, _ in parts)
-            return self._memo("stacks", key, lambda: _Rules.concat([rule for _, rule in parts]))
-        return self._compute_rules(P_rows, Q_rows, K)
+        if P_rows.shape[-1] > _CACHE_MAX_VOCAB:
+            return self._compute_rules(P_rows, Q_rows, K)
+        parts = [self._rule_at(P, Q, K) for P, Q in zip(P_rows, Q_rows)]
+        if len(parts) == 1:
+            return parts[0][1]
+        return self._memo("stacks", tuple(serial for serial, _ in parts),
+                          lambda: _Rules.concat([rule for _, rule in parts]))
 
     def _rule_at(self, P: torch.Tensor, Q: torch.Tensor, K: int) -> tuple[int, _Rules]:
         """(serial, the rule at one prefix), memoised by (P, Q, K) on toy vocabularies."""
@@ -659,21 +703,36 @@ class SelectionBlockVerification(Verifier):
             return compute()
         return self._memo("rules", (P.cpu().numpy().tobytes(), Q.cpu().numpy().tobytes(), K), compute)
 
+    def _scratch(self, shape, dtype: torch.dtype, device: torch.device, name: str) -> torch.Tensor:
+        """A buffer kept between calls for the [n, V] temporaries: on the CPU a fresh tensor of megabytes costs
+        a page fault per 4 KiB on every call (more than the arithmetic on it)."""
+        numel = math.prod(shape)
+        buffer = self._buffers.get(name)
+        if buffer is None or buffer.numel() < numel or buffer.dtype != dtype or buffer.device != device:
+            buffer = self._buffers[name] = torch.empty(numel, dtype=dtype, device=device)
+        return buffer[:numel].view(shape)
+
     def _compute_rules(self, P_rows: torch.Tensor, Q_rows: torch.Tensor, K: int) -> _Rules:
-        head = _ranked_head(P_rows, Q_rows, self.head_size, self.tail_threshold)
+        ranked = _ranked_head(P_rows, Q_rows, self.rank_size, self.tail_threshold, scratch=self._scratch)
         if K == 1:
-            return _single_draft_rules(head)
-        if P_rows.device.type == "cpu":
-            # On the CPU the grid costs its size: keep only the head's tokens of finite rank (q > 0), the only
-            # ones that can be rejected or drafted. The rest have q = 0 (their f and tail law are both 0) or are
-            # not ranked (tail either way), so the rule is unchanged; one host read, none on a GPU.
-            head = head.first(max(1, int(torch.isfinite(head.r).sum(-1).amax())))
+            return _single_draft_rules(ranked)
         if self.selection == "greedy":
-            rho = torch.full((P_rows.shape[0], 1), math.inf, dtype=_F64, device=P_rows.device)
-        else:
-            rho = _log_grid(head.r, self.grid_size)
-        terms = _grid_terms(head.p, head.q, rho, K)
-        return _pick(head, terms, rho, _best_grid_points(terms, head.p))
+            rho = torch.full((P_rows.shape[0], K - 1), math.inf, dtype=_F64, device=P_rows.device)
+        else:  # choose_rho on the head_size ranked tokens of largest P + Q, as if they were the vocabulary
+            head = ranked.top(self.head_size)
+            grid = _log_grid(head.r, self.grid_size)
+            laws = _grid_laws(head.p, head.q, grid, K, missing=1.0 - head.q.sum(-1))
+            rho = grid.gather(1, _best_grid_points(laws, head.p))
+        return _rules_at(ranked, rho, K)
+
+    def _memo(self, table: str, key, compute):
+        """Memoise ``compute()`` under ``key`` in one of the memo tables (toy vocabularies only)."""
+        memo = self._cache.setdefault(table, {})
+        if key not in memo:
+            if len(memo) >= _CACHE_MAX_ENTRIES:
+                memo.clear()
+            memo[key] = compute()
+        return memo[key]
 
     def _weights(self, posterior: torch.Tensor | None, counts: torch.Tensor, K: int) -> torch.Tensor:
         """[L, K]: the law over counts 1..K that q_sel mixes at each depth (the posterior, or the observed count)."""
@@ -681,26 +740,31 @@ class SelectionBlockVerification(Verifier):
             return posterior
         return (counts[:, None] == torch.arange(1, K + 1, device=counts.device)).to(_F64)
 
-    def _path_terms(self, rules: _Rules, path: torch.Tensor, counts: torch.Tensor, K: int) -> _PathTerms:
-        """q_sel and BV's terms along the selected path (rules [L], tokens path [L], observed counts [L])."""
-        posterior = _count_posterior(rules, path) if self.count_posterior and K > 1 else None
-        head, tail_scale = _mixture(rules, self._weights(posterior, counts, K))
-        return _PathTerms(rules, head, tail_scale, *_bv_terms(rules, head, tail_scale, path))
+    def _path_terms(self, rules, P_rows, Q_rows, path: list[int], counts: list[int], K: int) -> _PathTerms:
+        """q_sel and BV's terms along the selected path (rules and rows [L], observed counts [L])."""
+        device = Q_rows.device
+        path_tensor, counts_tensor = torch.tensor(path, device=device), torch.tensor(counts, device=device)
+
+        def weights_of(q_at: torch.Tensor) -> torch.Tensor:
+            posterior = _count_posterior(rules, q_at, path_tensor) if self.count_posterior and K > 1 else None
+            return self._weights(posterior, counts_tensor, K)
+
+        return _path_terms(rules, P_rows, Q_rows, path_tensor, weights_of)
 
     def _toy_path_terms(self, target_probs, draft_probs, rows, path, counts, K) -> _PathTerms:
         """_path_terms on a toy vocabulary, memoised by (rules, path, counts): shared by sampler and exact law."""
-        trail = [self._rule_at(target_probs[rows[i], i], draft_probs[rows[i], i], K) for i in range(len(path))]
+        L = len(path)
+        trail = [self._rule_at(target_probs[rows[i], i], draft_probs[rows[i], i], K) for i in range(L)]
         key = (tuple(serial for serial, _ in trail), tuple(path), tuple(counts))
-        device = draft_probs.device
         return self._memo("paths", key, lambda: self._path_terms(
-            _Rules.concat([rule for _, rule in trail]), torch.tensor(path, device=device),
-            torch.tensor(counts, device=device), K))
+            _Rules.concat([rule for _, rule in trail]), target_probs[rows[:L], list(range(L))],
+            draft_probs[rows[:L], list(range(L))], path, counts, K))
 
     # ---------------------------------------------------------------- sampler
     def _sample(self, draft_tokens, draft_probs, target_probs, generator, state) -> VerifyResult:
         K, L = draft_tokens.shape
         device = draft_probs.device
-        tokens = draft_tokens.tolist()  # host read 1: which drafts share which prefix
+        tokens = draft_tokens.tolist()  # host read: which drafts share which prefix
         leaders = _prefix_leaders(tokens)
         sizes = [Counter(level) for level in leaders]
         groups = [(i, row) for i in range(L) for row, size in sorted(sizes[i].items()) if size >= 2]
@@ -719,19 +783,19 @@ class SelectionBlockVerification(Verifier):
             count_index = torch.tensor([sizes[i][row] - 2 for i, row in groups], device=device)
             candidates = draft_tokens.T[depth].long()  # [n, K]
             chosen = _select(shared, candidates, member, count_index, u[: n * K].view(n, K))
-            next_row = dict(zip(groups, chosen.tolist()))  # host read 2
+            next_row = dict(zip(groups, chosen.tolist()))  # host read: the selections
         rows = [0]
         for i in range(L):
             rows.append(next_row.get((i, rows[i]), rows[i]))  # a lone survivor keeps its own token
         path = [tokens[rows[i + 1]][i] for i in range(L)]
         counts = [sizes[i][rows[i]] for i in range(L)]
 
-        # Stage 2: the rule at the depths of the path that no other draft shares (counts only shrink along
-        # the path, so these are the depths from ``split`` on), then q_sel and BV's terms.
-        path_tensor = torch.tensor(path, device=device)
+        # Stage 2: the rule at the path's depths that no other draft shares (counts only shrink along the
+        # path: these are the depths from ``split`` on), then q_sel and BV's terms.
         if draft_probs.shape[-1] <= _CACHE_MAX_VOCAB:
             terms = self._toy_path_terms(target_probs, draft_probs, rows, path, counts, K)
         else:
+            P_rows, Q_rows = _rows(target_probs, rows[:L], list(range(L))), _rows(draft_probs, rows[:L], list(range(L)))
             position = {group: index for index, group in enumerate(groups)}
             shared_depths = [position[(i, rows[i])] for i in range(L) if (i, rows[i]) in position]
             split = len(shared_depths)
@@ -740,50 +804,38 @@ class SelectionBlockVerification(Verifier):
                 parts.append(shared if shared_depths == list(range(n)) else
                              shared.take(torch.tensor(shared_depths, device=device)))
             if split < L:
-                alone = list(range(split, L))
-                parts.append(self._rules(_rows(target_probs, rows[split:L], alone),
-                                         _rows(draft_probs, rows[split:L], alone), K))
+                parts.append(self._rules(P_rows[split:], Q_rows[split:], K))
             rules = parts[0] if len(parts) == 1 else _Rules.concat(parts)
-            terms = self._path_terms(rules, path_tensor, torch.tensor(counts, device=device), K)
-        rules, head, tail_scale, w, z_head = terms.rules, terms.head, terms.tail_scale, terms.w, terms.z_head
+            terms = self._path_terms(rules, P_rows, Q_rows, path, counts, K)
 
         # tau = the largest i with eta_{i-1} <= h_i (h_0 = 1; h_L = w_L). h increases with Z: the bracket on
         # the tail's share decides most depths; the tail is summed exactly only where it does not.
-        eta = u[n * K : n * K + L]
+        w, z_head, eta = terms.w, terms.z_head, u[n * K : n * K + L]
         h_low = torch.cat([_stop_probability(z_head + terms.low, w[:L])[1:], w[L:]])
         h_high = torch.cat([_stop_probability(z_head + terms.high, w[:L])[1:], w[L:]])
-        sure, possible = torch.stack([eta <= h_low, eta <= h_high]).tolist()  # host read 3
+        sure, possible = torch.stack([eta <= h_low, eta <= h_high]).tolist()  # host read: the decisions
         tau = max([i + 1 for i in range(L) if sure[i]], default=0)
         open_depths = [i + 1 for i in range(tau, L) if possible[i] and not sure[i]]
-        if open_depths:  # host read 4: the exact decision where eta fell inside the bracket
-            exact = z_head[open_depths] + _tail_share(rules, tail_scale, w, open_depths)
-            success = (eta[[i - 1 for i in open_depths]] <= _stop_probability(exact, w[open_depths])).tolist()
+        if open_depths:  # host read: the exact decisions where eta fell inside the bracket
+            h = _stop_probability(terms.exact_z(open_depths), w[open_depths])
+            success = (eta[[i - 1 for i in open_depths]] <= h).tolist()
             tau = max([i for i, ok in zip(open_depths, success) if ok], default=tau)
         if tau == L:
             row = target_probs[rows[L], L]  # the bonus
         else:  # the correction; p itself if the residual has no mass
-            residual = _residual_rows(rules, head, tail_scale, w, slice(tau, tau + 1))[0]
-            row = torch.where(residual.sum() > 0, residual, rules.P_full[tau])
+            residual = terms.residual(slice(tau, tau + 1))[0]
+            row = torch.where(residual.sum() > 0, residual, terms.P_rows[tau])
         extra = _inverse_cdf(row, u[-1:])
-        out = torch.cat([path_tensor[:tau], extra])
+        out = torch.cat([torch.tensor(path[:tau], dtype=torch.long, device=device), extra])
         return VerifyResult(tokens=out, num_accepted=tau, draft_index=rows[L], state=None)
 
     # ---------------------------------------------------------------- exact law
-    def _memo(self, table: str, key, compute):
-        """Memoise ``compute()`` under ``key`` in one of the exact law's tables (toy vocabularies only)."""
-        memo = self._cache.setdefault(table, {})
-        if key not in memo:
-            if len(memo) >= _CACHE_MAX_ENTRIES:
-                memo.clear()
-            memo[key] = compute()
-        return memo[key]
-
     def _law(self, draft_tokens, draft_probs, target_probs, state) -> list[Outcome]:
         """Enumerate the selection's events depth by depth; at each selected path add BV's law on it.
 
-        Every number comes from the functions the sampler calls (the per-depth rule with n = 1 instead of a
-        batch). A toy vocabulary revisits the same prefixes across draft tuples: the rule at each (P, Q),
-        the events at each (rule, candidates) and the block law at each (rules, path, counts) are memoised.
+        Every number comes from the functions the sampler calls (the rule at one prefix at a time instead of
+        a batch). A toy vocabulary revisits the same prefixes across draft tuples: the rule at each (P, Q),
+        the events at each (rule, candidates) and BV's law at each (rules, path, counts) are memoised.
         """
         K, L = draft_tokens.shape
         tokens = draft_tokens.tolist()
@@ -811,8 +863,7 @@ class SelectionBlockVerification(Verifier):
                 rows = [row for _, _, row, _ in trail] + [survivors[0]]
                 compute = lambda: self._block_law(target_probs, draft_probs, path, trail, rows, K)  # noqa: E731
                 key = (tuple(serial for serial, _, _, _ in trail), tuple(path),
-                       tuple(count for _, _, _, count in trail),
-                       target_probs[rows[L], L].cpu().numpy().tobytes())
+                       tuple(count for _, _, _, count in trail), target_probs[rows[L], L].cpu().numpy().tobytes())
                 for outcome, p in (self._memo("blocks", key, compute) if toy else compute()):
                     law[outcome] = law.get(outcome, 0.0) + prob * p
                 return
@@ -838,16 +889,16 @@ class SelectionBlockVerification(Verifier):
         if draft_probs.shape[-1] <= _CACHE_MAX_VOCAB:
             terms = self._toy_path_terms(target_probs, draft_probs, rows, path, counts, K)
         else:
-            device = draft_probs.device
-            rules = _Rules.concat([rule for _, rule, _, _ in trail])
-            terms = self._path_terms(rules, torch.tensor(path, device=device), torch.tensor(counts, device=device), K)
-        rules, head, tail_scale, w, z = terms.rules, terms.head, terms.tail_scale, terms.w, terms.z_head
-        if bool((rules.tail_p > 0).any()):
-            z = z + _tail_share(rules, tail_scale, w, slice(0, L))
+            depths = list(range(L))
+            terms = self._path_terms(_Rules.concat([rule for _, rule, _, _ in trail]), target_probs[rows[:L], depths],
+                                     draft_probs[rows[:L], depths], path, counts, K)
+        w = terms.w
+        z = terms.exact_z(slice(0, L)) if bool((terms.tail_p > 0).any()) else terms.z_head
         stop = torch.cat([_stop_probability(z, w[:L])[1:], w[L:]])
-        residual = _residual_rows(rules, head, tail_scale, w, slice(0, L))
+        residual = terms.residual(slice(0, L))
         mass = residual.sum(-1, keepdim=True)
-        outcome_laws = torch.where(mass > 0, residual / mass.clamp_min(1e-300), rules.P_full / rules.psum[:, None])
+        outcome_laws = torch.where(mass > 0, residual / mass.clamp_min(1e-300),
+                                   terms.P_rows.to(_F64) / terms.rules.psum[:, None])
         bonus = target_probs[rows[L], L].to(_F64)
         outcome_laws = torch.cat([outcome_laws, (bonus / bonus.sum())[None]]).tolist()
         h = [1.0] + stop.tolist()  # h_0 = 1: the scan always has depth 0 to fall back on
