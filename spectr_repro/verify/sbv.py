@@ -36,8 +36,8 @@ by >= 2 drafts (whose selections are all decided at once: each depends on its ow
 deciding those off the path changes nothing), then the path's other depths. BV's stop probabilities are
 bracketed from the tail's masses; the tail is summed over the vocabulary only at the depths where the
 bracket does not decide. Host reads: the draft tokens (which drafts share which prefix is bookkeeping on
-K x L integers), the selections, the decisions, and the exact decisions when needed; on the CPU one more
-per batch (the size of the ranked set, when it is below rank_size).
+K x L integers), the selections, the decisions, and the exact decisions when needed; on the CPU up to two
+more per batch (the ranked set read off the threshold when it fits in rank_size: no top-k).
 """
 
 from __future__ import annotations
