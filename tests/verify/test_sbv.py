@@ -17,6 +17,7 @@ import torch
 
 from spectr_repro.lawcheck import chi_square_test, total_variation
 from spectr_repro.toy import (
+    ToyLM,
     block_tensors,
     draft_tuples,
     exact_decoded_law,
@@ -28,10 +29,14 @@ from spectr_repro.verify import VERIFIERS, get_verifier
 from spectr_repro.verify.sbv import (
     DepthRule,
     SelectionBlockVerification,
+    _ranked_head,
+    _rules_at,
     choose_rho,
     count_likelihood,
     selection_law,
 )
+
+from .conftest import law_dict
 
 EXACT_TV = 1e-9
 P_VALUE = 1e-4
@@ -40,8 +45,10 @@ P_VALUE = 1e-4
 class DraftLawControl(SelectionBlockVerification):
     """Negative control: BV on the selected path with the draft's own q instead of q_sel (f at c = 1)."""
 
-    def _weights(self, posterior, k):
-        return {1: 1.0}
+    def _weights(self, posterior, counts, K):
+        weights = torch.zeros(counts.shape[0], K, dtype=torch.float64, device=counts.device)
+        weights[:, 0] = 1.0  # every depth mixes f at count 1 only: q itself
+        return weights
 
 
 def expected_accepted(verifier, target, draft, K, L, context=()):
@@ -329,6 +336,99 @@ def test_sampler_negative_control_is_rejected():
     counts = sample_decoded(DraftLawControl(), target, draft, K=2, L=2, n=3, num_samples=3000, seed=0)
     check = chi_square_test(counts, target_law(target, 3))
     assert check.p_value < P_VALUE, check
+
+
+# ---------------------------------------------------------------------------------------------- large vocabularies
+class PaddedLM(ToyLM):
+    """``base`` followed by ``pad`` tokens of probability 0: a toy law on a vocabulary past the toy size (V > 64),
+    so that SBV takes its large-vocabulary path (batched rules, no memo, the tail's bracket and exact pass)."""
+
+    def __init__(self, base: ToyLM, pad: int) -> None:
+        super().__init__(base.vocab_size + pad, seed=-1)
+        self.base, self.pad = base, pad
+
+    def _draw(self, context):
+        return torch.cat([self.base.probs(context), torch.zeros(self.pad, dtype=torch.float64)])
+
+
+def padded_pair(seed: int = 1, pad: int = 97):
+    target, draft = toy_pair(3, seed)
+    return PaddedLM(target, pad), PaddedLM(draft, pad)
+
+
+# rank_size = head_size = 2 of the 3 real tokens: one token is in the tail on every row.
+CAPPED = {"rank_size": 2, "head_size": 2}
+
+
+@pytest.mark.parametrize("options", [CAPPED, pytest.param({**CAPPED, "count_posterior": False}, marks=pytest.mark.slow),
+                                     pytest.param({}, marks=pytest.mark.slow)])
+def test_large_vocabulary_path_is_lossless(options):
+    """V = 100 (> the toy memo size): the batched rules, the ranked-set cap and the tail are exact (TV ~1e-16)."""
+    target, draft = padded_pair()
+    law = exact_decoded_law(get_verifier("sbv", **options), target, draft, K=2, L=2, n=2)
+    assert total_variation(law, target_law(target, 2)) < EXACT_TV
+
+
+def test_large_vocabulary_sampler_follows_its_law():
+    """The sampler's large-vocabulary path (two batches of rules, prefixes shared at every depth, the tail's
+    bracket) against its exact law: chi-square p > 1e-4 at 600 draws. Control: the same draws against the law
+    with every token ranked (TV 0.29 from ours on these drafts) must give p < 1e-4."""
+    target, draft = padded_pair()
+    tokens = torch.tensor([[0, 1, 2], [0, 1, 0], [0, 2, 1]])  # all share token 0; two share (0, 1) to depth 3
+    draft_probs, target_probs = block_tensors(target, draft, (), tokens)
+    verifier, generator = get_verifier("sbv", **CAPPED), torch.Generator().manual_seed(3)
+    counts: dict = {}
+    for _ in range(600):
+        out = tuple(verifier(tokens, draft_probs, target_probs, generator=generator).tokens.tolist())
+        counts[out] = counts.get(out, 0) + 1
+    check = chi_square_test(counts, law_dict(verifier.law(tokens, draft_probs, target_probs)))
+    assert check.p_value > P_VALUE, check
+    control = chi_square_test(counts, law_dict(get_verifier("sbv").law(tokens, draft_probs, target_probs)))
+    assert control.p_value < P_VALUE, control
+
+
+def peaked_rows(n: int, V: int, seed: int):
+    """n LM-like (target, draft) row pairs over V tokens: most tokens far below the 1e-6 threshold."""
+    generator = torch.Generator().manual_seed(seed)
+    logits = torch.randn(n, V, generator=generator) * 6
+    P = torch.softmax(logits / 0.5, -1)
+    Q = torch.softmax((logits + torch.randn(n, V, generator=generator)) / 0.5, -1)
+    return P, Q
+
+
+def token_laws(rules, row: int) -> dict[int, list[float]]:
+    """{ranked token id: [f_c(token) for c = 2..K]} of one row of a rule."""
+    slots = rules.ranked[row].nonzero().squeeze(-1).tolist()
+    return {int(rules.ids[row, j]): rules.law[row, :, j].tolist() for j in slots}
+
+
+def assert_same_laws(ours: dict, reference: dict) -> None:
+    assert ours.keys() == reference.keys()
+    assert max(abs(a - b) for t in ours for a, b in zip(ours[t], reference[t])) < 1e-15
+
+
+def test_cpu_shortcut_ranks_the_same_tokens():
+    """On the CPU the ranked set is read off the threshold (no top-k) when it fits: the same tokens, the same
+    rule as the top-k a GPU takes."""
+    P, Q = peaked_rows(4, 3000, seed=0)
+    shortcut = _ranked_head(P, Q, 256, 1e-6, shrink=True)
+    topk = _ranked_head(P, Q, 256, 1e-6, shrink=False)
+    assert shortcut.ids.shape[-1] < topk.ids.shape[-1] == 256  # the shortcut was taken
+    rho = torch.tensor([[1.5, 3.0]] * 4, dtype=torch.float64)
+    ours, reference = _rules_at(shortcut, rho, 3), _rules_at(topk, rho, 3)
+    for row in range(4):
+        assert_same_laws(token_laws(ours, row), token_laws(reference, row))
+
+
+def test_rules_do_not_depend_on_the_batch():
+    """The rule at a prefix is the same whether it is computed in a batch (the sampler) or alone (the exact law):
+    the same rho (else f would differ by far more than 1e-15) and every ranked token's f."""
+    P, Q = peaked_rows(5, 400, seed=1)
+    verifier = SelectionBlockVerification(head_size=16)
+    batch = verifier._compute_rules(P, Q, 4)
+    for row in range(5):
+        alone = verifier._compute_rules(P[row : row + 1], Q[row : row + 1], 4)
+        assert_same_laws(token_laws(batch, row), token_laws(alone, 0))
 
 
 def test_sampler_on_a_large_vocabulary():
