@@ -18,9 +18,10 @@ No state is carried to the next iteration. Not lossless for K ≥ 2 (see tests/v
 Deliberate differences from the release (none changes the rule in exact arithmetic):
   * the products P, Q and every per-prefix scalar are float64, and the vocabulary-wide terms are
     formed from p, q with coefficients (Q, P, eps)/max(Q, P, eps) ≤ 1 in the input dtype (float32 in
-    the engine, float64 in the exact tests), so nothing underflows and eps keeps its value (the release
-    works in the model dtype, float16 by default, where the products underflow and eps = 1e-20 rounds
-    to 0); tests/verify/test_dtype_consistency.py checks the float32 law against the float64 one;
+    the engine, float64 in the exact tests), so nothing underflows and 1 − (1 − Q)^K keeps its digits
+    (the release holds its rows in the model dtype, float16 by default, and computes the products and h
+    in float32: see ``arithmetic`` below); tests/verify/test_dtype_consistency.py checks the float32 law
+    against the float64 one;
   * the sampler computes a draft's prefix tests only when the scan runs them (not for prefixes already
     rejected, nor for a draft whose full block passes); the uniforms are drawn exactly as released;
   * a correction residual with no mass (the release would crash in torch.multinomial) falls back to p;
