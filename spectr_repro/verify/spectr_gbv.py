@@ -18,8 +18,8 @@ No state is carried to the next iteration. Not lossless for K ≥ 2 (see tests/v
 Deliberate differences from the release (none changes the rule in exact arithmetic):
   * the products P, Q and every per-prefix scalar are float64, and the vocabulary-wide terms are
     formed from p, q with coefficients (Q, P, eps)/max(Q, P, eps) ≤ 1 in the input dtype (float32 in
-    the engine, float64 in the exact tests), so nothing underflows and 1 − (1 − Q)^K keeps its digits
-    (the release holds its rows in the model dtype, float16 by default, and computes the products and h
+    the engine, float64 in the exact tests), so nothing underflows (1 − (1 − Q)^K still cancels, but
+    only below Q ~ 1e-16 instead of float32's 3e-8; the release holds its rows in the model dtype, float16 by default, and computes the products and h
     in float32: see ``arithmetic`` below); tests/verify/test_dtype_consistency.py checks the float32 law
     against the float64 one;
   * the sampler computes a draft's prefix tests only when the scan runs them (not for prefixes already
