@@ -19,9 +19,9 @@ Deliberate differences from the release (none changes the rule in exact arithmet
   * the products P, Q and every per-prefix scalar are float64, and the vocabulary-wide terms are
     formed from p, q with coefficients (Q, P, eps)/max(Q, P, eps) ≤ 1 in the input dtype (float32 in
     the engine, float64 in the exact tests), so nothing underflows (1 − (1 − Q)^K still cancels, but
-    only below Q ~ 1e-16 instead of float32's 3e-8; the release holds its rows in the model dtype, float16 by default, and computes the products and h
-    in float32: see ``arithmetic`` below); tests/verify/test_dtype_consistency.py checks the float32 law
-    against the float64 one;
+    only below Q ~ 1e-16 instead of float32's 3e-8; the release holds its rows in the model dtype,
+    float16 by default, and computes the products and h in float32: see ``arithmetic`` below);
+    tests/verify/test_dtype_consistency.py checks the float32 law against the float64 one;
   * the sampler computes a draft's prefix tests only when the scan runs them (not for prefixes already
     rejected, nor for a draft whose full block passes); the uniforms are drawn exactly as released;
   * a correction residual with no mass (the release would crash in torch.multinomial) falls back to p;
