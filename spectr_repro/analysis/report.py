@@ -350,6 +350,7 @@ def audit_section(path: Path, out_dir: Path) -> str:
         "K",
         "options",
         "exact_tv",
+        "exact_tv_vs_default",
         "p_value",
         "mc_tv",
         "verdict",
@@ -359,7 +360,7 @@ def audit_section(path: Path, out_dir: Path) -> str:
     ]
     table = pd.DataFrame(rows)
     table = table[[c for c in columns if c in table]].copy()
-    for column in ("exact_tv", "mc_tv"):
+    for column in ("exact_tv", "exact_tv_vs_default", "mc_tv"):
         if column in table:
             table[column] = table[column].map(lambda v: "" if v is None or pd.isna(v) else f"{v:.2e}")
     if "p_value" in table:
@@ -385,7 +386,43 @@ def audit_section(path: Path, out_dir: Path) -> str:
                 claimed = f" (claimed lossless: {_unique_text(rule_rows['claimed_lossless'])})"
             lines.append(f"- **{METHOD_LABELS.get(rule, rule)}**{claimed}: {verdicts}")
         lines.append("")
+    if "exact_tv_vs_default" in table:
+        lines += ["`exact_tv_vs_default`: an option variant's exact TV to the same rule with default options (for "
+                  "spectr_gbv `arithmetic=release_*`: how far the release's half-precision rows and float32 "
+                  "arithmetic move the law from the float64 replica's).", ""]
+    lines += peer_lines(audit.get("peers") if isinstance(audit, dict) else None)
     return "\n".join(lines)
+
+
+def peer_lines(peers) -> list[str]:
+    """The peer rows of the audit (transformers' assisted generation): one line of table per setting."""
+    if not peers:
+        return []
+    rows = []
+    for peer in peers:
+        first = peer.get("first_iteration") or {}
+        squared = first.get("draft_at_T_squared") or {}
+        rows.append({
+            "peer": f"{peer.get('peer', '?')} ({peer.get('setting', '?')})",
+            "samples": peer.get("num_samples"),
+            "p_value": f"{peer.get('p_value', float('nan')):.3g}",
+            "mc_tv": f"{peer.get('mc_tv', float('nan')):.3f}",
+            "detectable_tv (90 % power)": f"{peer.get('detectable_tv', float('nan')):.3f}",
+            "first iteration mean tau (SD exact, draft at T / T^2)": (
+                f"{first['mean_tau']:.3f} ({first['exact_mean_tau']:.3f} / {squared.get('exact_mean_tau', 0):.3f})"
+                if first else ""),
+            "verdict": peer.get("verdict", ""),
+            "flags": "; ".join(map(str, peer.get("flags", []))),
+        })
+    return [
+        "Peers (`spectr_repro.theory.peers`, details in AUDIT.md): the decoded law of the first tokens of "
+        "transformers' assisted generation on a tiny Llama pair against the target's exact law; any bias of at "
+        "least `detectable_tv` would be detected with 90 % power; the first iteration's accepted length against "
+        "SD's exact expectation with the draft at temperature T and at T^2.",
+        "",
+        _markdown(pd.DataFrame(rows).astype(str)),
+        "",
+    ]
 
 
 def _options_cell(options) -> str:

@@ -9,6 +9,10 @@ context (spectr_repro.toy):
   (does the sampler look lossless?) and against the rule's own exact law (does the sampler implement the
   law we audited? this must pass for every rule, lossless or not), plus the empirical TV.
 
+Option variants also get ``exact_tv_vs_default``: the exact TV between their decoded law and that of the same
+rule with default options (e.g. how far the release's half-precision arithmetic moves spectr_gbv's law from the
+float64 replica's).
+
 Verdict: "lossless" iff the exact TV < EXACT_TV_THRESHOLD = 1e-9 on every toy (round-off is ~1e-16, the
 smallest bias any audited rule shows is > 1e-4, so the threshold separates them by orders of magnitude).
 A Monte-Carlo p-value below P_VALUE_THRESHOLD = 1e-4 is flagged: against the target it is a detected bias,
@@ -30,10 +34,12 @@ from spectr_repro.verify import VERIFIERS, Verifier, get_verifier
 EXACT_TV_THRESHOLD = 1e-9
 P_VALUE_THRESHOLD = 1e-4
 
-# Option variants audited besides each rule's defaults: the releases' and ablations' switches.
+# Option variants audited besides each rule's defaults: the releases' and ablations' switches (spectr_gbv's
+# arithmetic: the release's own float32 arithmetic on rows rounded to float16 / bfloat16 / float32).
 EXTRA_VARIANTS: dict[str, list[dict[str, Any]]] = {
     "gbv": [{"carry_over": False}],
-    "spectr_gbv": [{"carry_over": True}],
+    "spectr_gbv": [{"carry_over": True}, {"arithmetic": "release_fp16"}, {"arithmetic": "release_bf16"},
+                   {"arithmetic": "release_fp32"}],
     "sbv": [{"count_posterior": False}, {"selection": "greedy"}],
 }
 
@@ -73,6 +79,7 @@ class AuditRow:
     num_samples: int
     seconds: float
     toys: list[dict] = field(default_factory=list)
+    exact_tv_vs_default: float | None = None  # option variants: max over toys of TV to the default options' law
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -100,22 +107,31 @@ def audit_verifier(
     rule: str | None = None,
     options: dict | None = None,
     claimed_lossless: bool | None = None,
+    exact_laws: Sequence[dict] | None = None,
+    reference_laws: Sequence[dict] | None = None,
 ) -> AuditRow:
-    """Audit one verifier instance (registered or not, e.g. a deliberately broken one in a test)."""
+    """Audit one verifier instance (registered or not, e.g. a deliberately broken one in a test).
+
+    exact_laws: the verifier's exact decoded laws per toy when already computed (see ``exact_laws``);
+    reference_laws: laws per toy to report the TV to (``exact_tv_vs_default``).
+    """
     if not toys:
         raise ValueError("need at least one toy")
     start = time.perf_counter()
+    if exact_laws is None:
+        exact_laws = decoded_laws(verifier, K, toys, n_tokens)
     toy_rows = []
     mc = None
-    for index, toy in enumerate(toys):
+    for index, (toy, exact) in enumerate(zip(toys, exact_laws, strict=True)):
         target, draft = toy.pair()
         truth = target_law(target, n_tokens)
-        exact = exact_decoded_law(verifier, target, draft, K, toy.L, n_tokens)
         toy_row = {
             "toy": toy.label(),
             "exact_tv": total_variation(exact, truth),
             "exact_mass": sum(exact.values()),
         }
+        if reference_laws is not None:
+            toy_row["exact_tv_vs_default"] = total_variation(exact, reference_laws[index])
         if index == 0 and num_samples > 0:
             counts = sample_decoded(verifier, target, draft, K, toy.L, n_tokens, num_samples, seed)
             vs_target = chi_square_test(counts, truth)
@@ -155,7 +171,18 @@ def audit_verifier(
         num_samples=num_samples,
         seconds=time.perf_counter() - start,
         toys=toy_rows,
+        exact_tv_vs_default=(max(row["exact_tv_vs_default"] for row in toy_rows)
+                             if reference_laws is not None else None),
     )
+
+
+def decoded_laws(verifier: Verifier, K: int, toys: Sequence[ToySpec], n_tokens: int) -> list[dict]:
+    """The verifier's exact law of the first ``n_tokens`` decoded tokens on each toy."""
+    out = []
+    for toy in toys:
+        target, draft = toy.pair()
+        out.append(exact_decoded_law(verifier, target, draft, K, toy.L, n_tokens))
+    return out
 
 
 def run_audit(
@@ -172,12 +199,19 @@ def run_audit(
     if num_samples is None:
         num_samples = 1500 if quick else 5000
     rows = []
+    default_laws: dict[tuple[str, int], list[dict]] = {}  # (rule, K) -> exact laws with default options
     for name, options in variants(rules):
         spec = VERIFIERS[name]
         for K in Ks:
             if spec.single_draft and K != 1:
                 continue
             verifier = get_verifier(name, **options)
+            start = time.perf_counter()
+            laws = decoded_laws(verifier, K, toys, n_tokens)
+            if not options:
+                default_laws[name, K] = laws
+            elif (name, K) not in default_laws:
+                default_laws[name, K] = decoded_laws(get_verifier(name), K, toys, n_tokens)
             row = audit_verifier(
                 verifier,
                 K,
@@ -188,7 +222,10 @@ def run_audit(
                 rule=name,
                 options=options,
                 claimed_lossless=spec.claimed_lossless,
+                exact_laws=laws,
+                reference_laws=default_laws[name, K] if options else None,
             )
+            row.seconds = time.perf_counter() - start  # the exact laws included
             rows.append(row)
             if progress is not None:
                 progress(row)

@@ -18,13 +18,33 @@ No state is carried to the next iteration. Not lossless for K ≥ 2 (see tests/v
 Deliberate differences from the release (none changes the rule in exact arithmetic):
   * the products P, Q and every per-prefix scalar are float64, and the vocabulary-wide terms are
     formed from p, q with coefficients (Q, P, eps)/max(Q, P, eps) ≤ 1 in the input dtype (float32 in
-    the engine, float64 in the exact tests), so nothing underflows and eps keeps its value (the release
-    works in the model dtype, float16 by default, where the products underflow and eps = 1e-20 rounds
-    to 0); tests/verify/test_dtype_consistency.py checks the float32 law against the float64 one;
+    the engine, float64 in the exact tests), so nothing underflows (1 − (1 − Q)^K still cancels, but
+    only below Q ~ 1e-16 instead of float32's 3e-8; the release holds its rows in the model dtype,
+    float16 by default, and computes the products and h in float32: see ``arithmetic`` below);
+    tests/verify/test_dtype_consistency.py checks the float32 law against the float64 one;
   * the sampler computes a draft's prefix tests only when the scan runs them (not for prefixes already
     rejected, nor for a draft whose full block passes); the uniforms are drawn exactly as released;
   * a correction residual with no mass (the release would crash in torch.multinomial) falls back to p;
   * uniforms come from the caller's generator.
+
+``arithmetic`` (default ``"float64"``, the replica above) selects the release's own arithmetic instead:
+``"release_fp16"`` / ``"release_bf16"`` / ``"release_fp32"`` run the rule as the release computes it with
+``--dtype float16`` (its default) / ``bfloat16`` / ``float32``. Reading of src/engine.py, kvcache.py, util.py:
+the probability rows are the model-dtype softmax (``prob_history``), but the running products m_s, m_b start
+as ``torch.ones(1)`` and eps, one as ``torch.tensor(...)``: float32 tensors with a dimension, so by torch's
+promotion every product, ratio, power, sum and h is computed in float32 from the half values (eps = 1e-20
+is a normal float32 number and keeps its value; nothing is computed in half precision). So the option
+rounds the rows it is given to the model dtype (inputs stay float32 by contract: the engine's rows, rounded
+as the release's softmax output would be) and then repeats the release's float32 operations in its order:
+products token by token from 1, ratio = (Q·q)/(P·p + eps), φ(x) = torch.pow(1 − x, K), the sums over the
+vocabulary, h = num/(den + eps), the residual (P·p)·(1 − min(Q·q/(P·p + eps), 1)^K) normalised, and the
+bonus from the rounded target row (torch.multinomial normalises it). What float32 does to the rule: with
+Q < 2^-25 (≈ 3e-8), 1 − Q rounds to 1, so 1 − (1 − Q)^K = 0 and the full-block test divides by eps alone
+(h = P·(…)/1e-20: the block is accepted whenever P·(…) > 1e-20); for Q up to ~1e-5 the cancellation errs by
+≥ 1 %. Not modelled (outside the rule's arithmetic): the logits/T division in half precision before the
+release's softmax, its float32 uniforms (2^-24 granularity), the GPU's order of summation over the
+vocabulary, and drafts drawn from the rounded draft rows (ours come from the float32 rows the engine drew
+them from). No carry-over (the release has none).
 
 ``carry_over=True`` (not in the release) threads the carry-over target of
 ``spectr_repro.verify.carry_over`` with the residual of power K (the release's correction form), so the
@@ -49,6 +69,10 @@ from spectr_repro.verify.common import normalize, sample, uniform
 
 EPS = 1e-20  # the release's guard on every division
 
+# arithmetic option -> dtype the release holds its probability rows in (None: the float64 replica).
+ARITHMETICS = {"float64": None, "release_fp16": torch.float16, "release_bf16": torch.bfloat16,
+               "release_fp32": torch.float32}
+
 
 class SpecTrGBV(Verifier):
     name = "spectr_gbv"
@@ -56,9 +80,16 @@ class SpecTrGBV(Verifier):
     claimed_lossless = True
     single_draft = False
 
-    def __init__(self, carry_over: bool = False, check_inputs: bool = True) -> None:
+    def __init__(self, carry_over: bool = False, arithmetic: str = "float64", check_inputs: bool = True) -> None:
         super().__init__(check_inputs=check_inputs)
         self.carry_over = bool(carry_over)
+        if arithmetic not in ARITHMETICS:
+            raise ValueError(f"spectr_gbv: arithmetic must be one of {', '.join(ARITHMETICS)}, got {arithmetic!r}")
+        if carry_over and arithmetic != "float64":
+            raise ValueError(f"spectr_gbv: arithmetic={arithmetic!r} reproduces the release, which has no "
+                             "carry-over; use carry_over=False with it")
+        self.arithmetic = arithmetic
+        self.row_dtype = ARITHMETICS[arithmetic]  # None: the float64 replica
 
     # --- the rule -------------------------------------------------------------------------------------
 
@@ -70,14 +101,17 @@ class SpecTrGBV(Verifier):
         K, L = draft_tokens.shape
         frames = resolve_frames(state, L, self.name, self.carry_over)
         effective = effective_targets(draft_tokens, draft_probs, target_probs, frames)
+        if self.row_dtype is not None:
+            return effective, _release_products(effective.token_target), _release_products(effective.token_draft)
         ones = torch.ones(K, 1, dtype=torch.float64, device=effective.token_target.device)
         P = torch.cat([ones, torch.cumprod(effective.token_target, 1)], 1)
         Q = torch.cat([ones, torch.cumprod(effective.token_draft, 1)], 1)
         return effective, P, Q
 
-    @staticmethod
-    def _full_block_h(P, Q, K: int) -> torch.Tensor:
+    def _full_block_h(self, P, Q, K: int) -> torch.Tensor:
         """h of each draft's full block [K] (float64): P·(1 − φ(min(1, Q/P))) / (1 − φ(Q))."""
+        if self.row_dtype is not None:
+            return _release_full_block_h(P[:, -1], Q[:, -1], K)
         P_L, Q_L = P[:, -1], Q[:, -1]
         c_full = torch.clamp(Q_L / (P_L + EPS), max=1)
         return P_L * (1 - (1 - c_full) ** K) / (1 - (1 - Q_L) ** K + EPS)
@@ -93,6 +127,8 @@ class SpecTrGBV(Verifier):
         coefficient that rounds to 0 in float32 (< 1e−45 times the largest) changes c_v only where it
         is < 1e−25 or p_v is negligible. 1 − c_v is formed as max(0, (b·p_v + e − a·q_v)/(b·p_v + e)).
         """
+        if self.row_dtype is not None:
+            return _release_prefix_h(target_rows, draft_rows, P, Q, K)
         scale = torch.stack([Q, P, torch.full_like(P, EPS)]).amax(0)
         a, b, e = ((x / scale).to(target_rows.dtype).unsqueeze(-1) for x in (Q, P, torch.full_like(P, EPS)))
         n, V = target_rows.shape
@@ -136,12 +172,13 @@ class SpecTrGBV(Verifier):
             table.append(inner + [h_last[j]])
         return table
 
-    @staticmethod
-    def _correction_weights(target_rows, draft_rows, P, Q, K: int):
+    def _correction_weights(self, target_rows, draft_rows, P, Q, K: int):
         """Unnormalised correction [..., V]: P·p·(1 − min(1, Q·q/(P·p + eps))^K) / max(Q, P, eps).
 
         The power on the min, as released. Same rescaling as ``_prefix_h``: the rows stay in their dtype.
         """
+        if self.row_dtype is not None:
+            return _release_correction_weights(target_rows, draft_rows, P, Q, K)
         scale = torch.stack([Q, P, torch.full_like(P, EPS)]).amax(0)
         dtype = target_rows.dtype
         a, b, e = ((x / scale).to(dtype).unsqueeze(-1) for x in (Q, P, torch.full_like(P, EPS)))
@@ -149,10 +186,18 @@ class SpecTrGBV(Verifier):
         c = torch.mul(draft_rows, a).div_(P_v + e).clamp_(max=1)
         return P_v.addcmul_(P_v, integer_power(c, K), value=-1)  # P_v·(1 − c^K)
 
-    @classmethod
-    def _correction_law(cls, target_rows, draft_rows, P, Q, K: int):
+    def _correction_law(self, target_rows, draft_rows, P, Q, K: int):
         """Correction law(s) [..., V] from rows [..., V] and the selected draft's P, Q [...]."""
-        return normalize(cls._correction_weights(target_rows, draft_rows, P, Q, K), fallback=target_rows)
+        weights = self._correction_weights(target_rows, draft_rows, P, Q, K)
+        if self.row_dtype is not None:  # sampling from float32 weights draws from their exact normalisation
+            weights, target_rows = weights.double(), target_rows.double()
+        return normalize(weights, fallback=target_rows)
+
+    def _rows_for_arithmetic(self, draft_probs, target_probs):
+        """The rows the rule computes with: as given (float64 replica), or rounded to the release's dtype."""
+        if self.row_dtype is None:
+            return draft_probs, target_probs
+        return _release_rows(draft_probs, self.row_dtype), _release_rows(target_probs, self.row_dtype)
 
     def _state_after(self, effective, draft_probs, target_probs, P, Q, selected, tau, last_token, K, L):
         if not self.carry_over:
@@ -166,6 +211,7 @@ class SpecTrGBV(Verifier):
 
     def _sample(self, draft_tokens, draft_probs, target_probs, generator, state) -> VerifyResult:
         K, L = draft_tokens.shape
+        draft_probs, target_probs = self._rows_for_arithmetic(draft_probs, target_probs)
         effective, P, Q = self._block(draft_tokens, draft_probs, target_probs, state)
         h_last = self._full_block_h(P, Q, K).tolist()
         drafts = draft_tokens.tolist()
@@ -243,12 +289,16 @@ class SpecTrGBV(Verifier):
 
     def _law(self, draft_tokens, draft_probs, target_probs, state) -> list[Outcome]:
         K, L = draft_tokens.shape
+        draft_probs, target_probs = self._rows_for_arithmetic(draft_probs, target_probs)
         effective, P, Q = self._block(draft_tokens, draft_probs, target_probs, state)
         drafts = [[int(t) for t in row] for row in draft_tokens.tolist()]
         # Every possible last-token law at once: corrections after τ < L tokens, bonus after L.
         target = effective.probs
         corrections = self._correction_law(target[:, :L], draft_probs, P[:, :L], Q[:, :L], K)
-        last_laws = torch.cat([corrections, target[:, L:].to(corrections.dtype)], 1).double().tolist()
+        bonus = target[:, L:].to(corrections.dtype)
+        if self.row_dtype is not None:  # the rounded row, as torch.multinomial normalises it
+            bonus = normalize(bonus.double())
+        last_laws = torch.cat([corrections, bonus.to(corrections.dtype)], 1).double().tolist()
         merged: dict = {}
         h_table = self._h_table(effective, draft_probs, P, Q, K, L)
         for (tau, selected), weight in self._scan_law(drafts, h_table, K, L).items():
@@ -263,3 +313,67 @@ class SpecTrGBV(Verifier):
                 key = (tokens, new_state)
                 merged[key] = merged.get(key, 0.0) + weight * p_last
         return [Outcome(p, tokens, st) for (tokens, st), p in merged.items()]
+
+
+# --- the release's arithmetic (arithmetic="release_*"): float32 operations in the release's order --------
+
+
+def _release_rows(probs: torch.Tensor, row_dtype: torch.dtype) -> torch.Tensor:
+    """Rows rounded to ``row_dtype`` and held in float32 (exact: every half value is a float32), a new tensor.
+
+    float32 is the dtype torch promotes the release's half rows to when it multiplies them by its float32
+    m_s, m_b. The rounded rows are not renormalised: the release uses them as its softmax left them.
+    """
+    return probs.to(row_dtype).to(torch.float32, copy=True)
+
+
+def _release_products(token_probs: torch.Tensor) -> torch.Tensor:
+    """[K, L] probabilities of the drafted tokens -> [K, L+1] float32 running products, column i: first i tokens.
+
+    m = 1, then m = m·prob token by token (the release's loop; a float32 product of up to L factors).
+    """
+    token_probs = token_probs.to(torch.float32)
+    K, L = token_probs.shape
+    products = torch.ones(K, L + 1, dtype=torch.float32, device=token_probs.device)
+    for i in range(L):  # sequential, as released (a float32 cumprod need not multiply in this order)
+        products[:, i + 1] = products[:, i] * token_probs[:, i]
+    return products
+
+
+def _release_constants(K: int, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(one, eps, k) as the release makes them: float32 1.0 and 1e-20, and K as an integer tensor."""
+    one = torch.tensor(1.0, dtype=torch.float32, device=device)
+    eps = torch.tensor(EPS, dtype=torch.float32, device=device)
+    return one, eps, torch.tensor(K, device=device)
+
+
+def _release_full_block_h(P_L: torch.Tensor, Q_L: torch.Tensor, K: int) -> torch.Tensor:
+    """[K] float32: (m_b·(1 − φ(min(m_s/(m_b + eps), 1)))) / (1 − φ(m_s) + eps), φ(x) = (1 − x)^K."""
+    one, eps, k = _release_constants(K, P_L.device)
+    ratio = torch.minimum(Q_L / (P_L + eps), one)
+    return (P_L * (1 - torch.pow(one - ratio, k))) / (1 - torch.pow(one - Q_L, k) + eps)
+
+
+def _release_prefix_h(target_rows, draft_rows, P, Q, K: int) -> torch.Tensor:
+    """h of n prefixes [n] float32 from float32 rows [n, V] (p, q after each prefix) and products P, Q [n].
+
+    numerator = Σ_v (m_b·p_v)·φ(min_v) − m_b·φ(min(m_s/(m_b + eps), 1)), min_v = min((m_s·q_v)/(m_b·p_v + eps), 1);
+    denominator = 1 − φ(m_s) − Σ_v (m_b·p_v)·(1 − φ(min_v)); h = numerator / (denominator + eps).
+    """
+    one, eps, k = _release_constants(K, target_rows.device)
+    m_b, m_s = P.to(torch.float32).unsqueeze(-1), Q.to(torch.float32).unsqueeze(-1)
+    weighted = m_b * target_rows  # [n, V]
+    min_ratio = torch.minimum((m_s * draft_rows) / (m_b * target_rows + eps), one)
+    phi = torch.pow(one - min_ratio, k)
+    raw_ratio = torch.minimum(m_s / (m_b + eps), one).squeeze(-1)
+    numerator = torch.sum(weighted * phi, -1) - m_b.squeeze(-1) * torch.pow(one - raw_ratio, k)
+    denominator = one - torch.pow(one - m_s.squeeze(-1), k) - torch.sum(weighted * (one - phi), -1)
+    return numerator / (denominator + eps)
+
+
+def _release_correction_weights(target_rows, draft_rows, P, Q, K: int) -> torch.Tensor:
+    """Unnormalised correction [..., V] float32: (m_b·p)·(1 − min((m_s·q)/(m_b·p + eps), 1)^K)."""
+    one, eps, k = _release_constants(K, target_rows.device)
+    m_b, m_s = P.to(torch.float32).unsqueeze(-1), Q.to(torch.float32).unsqueeze(-1)
+    ratio = (m_s * draft_rows) / (m_b * target_rows + eps)
+    return m_b * target_rows * (one - torch.pow(torch.minimum(ratio, one), k))

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from spectr_repro.lawcheck import chi_square_test, total_variation
-from spectr_repro.toy import draft_tuples, exact_decoded_law, sample_decoded, target_law, toy_pair
+from spectr_repro.toy import block_tensors, draft_tuples, exact_decoded_law, sample_decoded, target_law, toy_pair
 from spectr_repro.verify import VERIFIERS, get_verifier
 
 from .conftest import (
@@ -22,6 +22,7 @@ from .conftest import (
     iteration_inputs,
     iteration_law,
     law_dict,
+    sampler_check,
 )
 
 # The named toy: toy_pair(vocab_size=3, seed=1) (target Dirichlet(1) per context, draft = half target,
@@ -98,7 +99,8 @@ def reference_iteration_law(p_rows, q_rows, drafts, K, L, V):
                 tau, selected = L, j
                 break
         if tau == L:
-            last = p_rows[selected][L]
+            total = sum(p_rows[selected][L])  # torch.multinomial normalises (rows rounded to half do not sum to 1)
+            last = [w / total for w in p_rows[selected][L]]
         else:
             p_row, q_row = p_rows[selected][tau], q_rows[selected][tau]
             last = [P_final * p_row[v] * (1 - min(Q_final * q_row[v] / (P_final * p_row[v] + EPS), 1.0) ** K)
@@ -111,15 +113,24 @@ def reference_iteration_law(p_rows, q_rows, drafts, K, L, V):
     return law
 
 
-def reference_averaged_law(target, draft, K, L):
-    """The transcription's one-iteration law from the empty context, averaged over all draft tuples."""
+def reference_averaged_law(target, draft, K, L, row_dtype=None):
+    """The transcription's one-iteration law from the empty context, averaged over all draft tuples.
+
+    ``row_dtype`` (the release's arithmetic): rows rounded to it and held as numpy float32 scalars, so that
+    the transcription runs in float32 as the release does (numpy keeps float32 with Python scalars).
+    """
     V, law = target.vocab_size, {}
+
+    def row(lm, context):
+        probs = lm.probs(context)
+        return probs.tolist() if row_dtype is None else list(probs.to(row_dtype).float().numpy())
+
     for prob, tokens in draft_tuples(draft, (), K, L):
         drafts = tokens.tolist()
-        p_rows = [[target.probs(tuple(row[:i])).tolist() for i in range(L + 1)] for row in drafts]
-        q_rows = [[draft.probs(tuple(row[:i])).tolist() for i in range(L)] for row in drafts]
+        p_rows = [[row(target, tuple(r[:i])) for i in range(L + 1)] for r in drafts]
+        q_rows = [[row(draft, tuple(r[:i])) for i in range(L)] for r in drafts]
         for key, p in reference_iteration_law(p_rows, q_rows, drafts, K, L, V).items():
-            law[key] = law.get(key, 0.0) + prob * p
+            law[key] = law.get(key, 0.0) + prob * float(p)
     return law
 
 
@@ -222,3 +233,73 @@ def test_draft_equal_target():
     verifier = get_verifier("spectr_gbv")
     assert cut_short_probability(verifier, target, 1, 2) < 1e-12
     assert within_band(cut_short_probability(verifier, target, 2, 2), 0.190)
+
+
+# --- the release's arithmetic (arithmetic="release_*") -----------------------------------------------
+
+RELEASE_DTYPES = {"release_fp16": torch.float16, "release_bf16": torch.bfloat16, "release_fp32": torch.float32}
+
+
+@pytest.mark.parametrize("arithmetic", list(RELEASE_DTYPES))
+def test_release_arithmetic_matches_a_float32_transcription(arithmetic):
+    """The vectorised release path = the literal transcription run on rounded rows in float32 scalars
+    (float32 summation order and pow differ by ulps: 1e-6 on the law). The rounding itself moves the law
+    measurably (bfloat16: ~1e-3, float16: ~1e-4, float32: ~1e-8), so rows that were not rounded fail."""
+    K, L = 2, 2
+    target, draft = toy_pair(**NAMED_TOY)
+    rule = iteration_law(get_verifier("spectr_gbv", arithmetic=arithmetic), target, draft, K, L)
+    reference = reference_averaged_law(target, draft, K, L, row_dtype=RELEASE_DTYPES[arithmetic])
+    assert total_variation(rule, reference) < 1e-6
+    replica = iteration_law(get_verifier("spectr_gbv"), target, draft, K, L)
+    gap = total_variation(rule, replica)
+    assert {"release_bf16": 3e-4 < gap < 1e-2, "release_fp16": 1e-5 < gap < 1e-3,
+            "release_fp32": gap < 1e-6}[arithmetic], gap
+
+
+def tiny_product_block(P_ratio: float):
+    """K = 1, L = 2, V = 3: the drafted tokens have q = 1e-4 each (Q = 1e-8 < 2^-25, where 1 − Q rounds
+    to 1 in float32) and p = 1e-4, P_ratio·1e-4 (P = P_ratio·1e-8)."""
+    q_row = torch.tensor([1e-4, 0.5, 0.5 - 1e-4], dtype=torch.float64)
+    draft_probs = torch.stack([q_row, q_row]).unsqueeze(0)
+    p_second = torch.tensor([P_ratio * 1e-4, 0.3, 0.7 - P_ratio * 1e-4], dtype=torch.float64)
+    target_probs = torch.stack([torch.tensor([1e-4, 0.6, 0.4 - 1e-4], dtype=torch.float64), p_second,
+                                torch.tensor([0.2, 0.3, 0.5], dtype=torch.float64)]).unsqueeze(0)
+    return torch.zeros(1, 2, dtype=torch.long), draft_probs, target_probs
+
+
+def full_block_probability(verifier, block) -> float:
+    return sum(o.probability for o in verifier.law(*block) if len(o.tokens) == 3)
+
+
+@pytest.mark.parametrize("arithmetic", list(RELEASE_DTYPES))
+def test_release_float32_accepts_improbable_blocks(arithmetic):
+    """What float32 does to the rule: with Q < 2^-25 the full-block test 1 − (1 − Q)^K = 0 divides by
+    eps alone, so the block passes surely. Exactly (float64 replica) it passes with min(P, Q)/Q = 0.5."""
+    block = tiny_product_block(0.5)
+    assert abs(full_block_probability(get_verifier("spectr_gbv"), block) - 0.5) < 1e-6
+    assert full_block_probability(get_verifier("spectr_gbv", arithmetic=arithmetic), block) == 1.0
+
+
+def test_release_arithmetic_sampler_matches_its_law():
+    """2000 iterations of the release-arithmetic sampler (bfloat16 rows, K = 2, L = 2) on fixed drafts:
+    chi-square against its own exact law at the suite's threshold."""
+    target, draft = toy_pair(**NAMED_TOY)
+    verifier = get_verifier("spectr_gbv", arithmetic="release_bf16")
+    tokens = torch.tensor([[0, 1], [0, 2]])
+    draft_probs, target_probs = block_tensors(target, draft, (), tokens)
+    check = sampler_check(verifier, tokens, draft_probs.float(), target_probs.float(), 2000, seed=3)
+    assert check.p_value > ALPHA, check
+
+
+def test_release_arithmetic_options():
+    assert get_verifier("spectr_gbv").arithmetic == "float64"
+    with pytest.raises(ValueError, match="arithmetic must be one of"):
+        get_verifier("spectr_gbv", arithmetic="fp16")
+    with pytest.raises(ValueError, match="no carry-over"):
+        get_verifier("spectr_gbv", arithmetic="release_fp16", carry_over=True)
+    tokens, q, p = contract_inputs(2)
+    before = (q.clone(), p.clone())
+    result = get_verifier("spectr_gbv", arithmetic="release_fp16")(tokens, q, p,
+                                                                   generator=torch.Generator().manual_seed(0))
+    assert result.state is None and len(result.tokens) == result.num_accepted + 1
+    assert torch.equal(q, before[0]) and torch.equal(p, before[1])  # inputs are rounded in a copy
