@@ -40,14 +40,15 @@ class PromptRecord:
     new_tokens: int = _column()
     target_calls: int = _column()
     block_efficiency: float = _column()  # new_tokens / target_calls
-    wall_time_s: float = _column()
-    ar_wall_time_s: float | None = _column()  # the AR baseline's wall time on the same prompt
+    wall_time_s: float | None = _column()  # None: decoded in a batch of prompts (BE only, never timed)
+    ar_wall_time_s: float | None = _column()  # the AR baseline's wall time on the same prompt (None if untimed)
     completion: str = _column()  # decoded text, cut at the first stop string
     reference: str | None = _column()  # the dataset's reference answer (math) or task id
     accepted_lengths: list[int] = _column(table=False)  # tau of each iteration
     block_lengths: list[int] = _column(table=False)  # drafted length of each block (the last may be shorter)
     dataset: str = _column()
     model_pair: str = _column()
+    batch_prompts: int = _column()  # prompts decoded together with this one (1: alone and timed)
 
 
 @dataclass
@@ -71,10 +72,10 @@ class CellSummary:
     target_calls: int
     block_efficiency: float  # pooled: tokens / target_calls
     block_efficiency_std: float  # standard deviation of the per-prompt block efficiencies
-    wall_time_s: float  # sum of the prompts' wall times
+    wall_time_s: float  # sum of the timed prompts' wall times (each decoded alone)
     ar_wall_time_s: float  # sum of the AR baseline's wall times on the same prompts
-    speedup: float  # ar_wall_time_s / wall_time_s
-    tokens_per_s: float
+    speedup: float  # ar_wall_time_s / wall_time_s (timed prompts only; NaN when none was timed)
+    tokens_per_s: float  # over the timed prompts
     acceptance_by_position: list[float | None]  # P(position i accepted | reached), i = 1..L
     time_split: dict[str, float]  # seconds per engine section (prefill, draft, target, verify, total)
     ar_cell_id: str
@@ -89,6 +90,12 @@ class CellSummary:
     contention: dict[str, Any]  # other runners computing on this machine while timed, load average, CPUs
     speedup_caveats: list[str]  # why this speed-up is not comparable ([] = comparable); includes the AR's
     model_revisions: dict[str, Any] | None  # hub checkpoints: role -> {hub_id, revision, commit}; None offline
+    # Batched block efficiency (hardware.batch_prompts > 1, runner.batched): prompts past the first
+    # timed_prompts were decoded batch_prompts at a time; their wall time is batched_wall_time_s (a
+    # throughput of BE samples, never a speed-up: speed-ups come from the timed prompts only).
+    batch_prompts: int = 1
+    timed_prompts: int | None = None  # prompts decoded alone and timed (None: read from the records)
+    batched_wall_time_s: float = 0.0
     schema_version: int = SCHEMA_VERSION
 
 
@@ -141,27 +148,40 @@ class RecordTotals:
     prompt_ids: tuple[str, ...]
     tokens: int
     target_calls: int
-    wall_time_s: float
-    ar_wall_time_s: float
+    wall_time_s: float  # timed records only
+    ar_wall_time_s: float  # timed records only
+    timed_prompts: int = 0
+    timed_tokens: int = 0
 
     @property
     def block_efficiency(self) -> float:
         return self.tokens / self.target_calls if self.target_calls else 0.0
 
 
+def is_timed(record: Mapping[str, Any]) -> bool:
+    """Decoded alone and timed (a batched prompt's wall_time_s is None)."""
+    return record.get("wall_time_s") is not None
+
+
 def record_totals(records: Sequence[Mapping[str, Any]]) -> RecordTotals:
+    timed = [r for r in records if is_timed(r)]
     return RecordTotals(
         num_prompts=len(records),
         prompt_ids=tuple(str(r["prompt_id"]) for r in records),
         tokens=sum(int(r["new_tokens"]) for r in records),
         target_calls=sum(int(r["target_calls"]) for r in records),
-        wall_time_s=sum(float(r["wall_time_s"]) for r in records),
-        ar_wall_time_s=sum(float(r["ar_wall_time_s"] or 0.0) for r in records),
+        wall_time_s=sum(float(r["wall_time_s"]) for r in timed),
+        ar_wall_time_s=sum(float(r["ar_wall_time_s"] or 0.0) for r in timed),
+        timed_prompts=len(timed),
+        timed_tokens=sum(int(r["new_tokens"]) for r in timed),
     )
 
 
 def pooled_metrics(records: Sequence[Mapping[str, Any]]) -> dict[str, float]:
-    """The summary's pooled numbers from its records (one definition for the runner and the checks)."""
+    """The summary's pooled numbers from its records (one definition for the runner and the checks).
+
+    Tokens, target calls and block efficiency pool every record; wall times, speed-up and tokens/s
+    pool the timed records only (batched prompts have no wall time of their own)."""
     totals = record_totals(records)
     per_prompt = [float(r["block_efficiency"]) for r in records]
     wall = totals.wall_time_s
@@ -174,7 +194,8 @@ def pooled_metrics(records: Sequence[Mapping[str, Any]]) -> dict[str, float]:
         "wall_time_s": wall,
         "ar_wall_time_s": totals.ar_wall_time_s,
         "speedup": totals.ar_wall_time_s / wall if wall > 0 else math.nan,
-        "tokens_per_s": totals.tokens / wall if wall > 0 else math.nan,
+        "tokens_per_s": totals.timed_tokens / wall if wall > 0 else math.nan,
+        "timed_prompts": totals.timed_prompts,
     }
 
 
@@ -254,6 +275,6 @@ def iter_records(lines: Iterable[str], where: str) -> Iterable[dict[str, Any]]:
 
 __all__ = [
     "REQUIRED_SUMMARY_KEYS", "SCHEMA_VERSION", "CellSummary", "PromptRecord", "RecordTotals", "SchemaError",
-    "as_json", "field_names", "flatten_numbers", "iter_records", "pooled_metrics", "record_from_json",
+    "as_json", "field_names", "flatten_numbers", "is_timed", "iter_records", "pooled_metrics", "record_from_json",
     "record_totals", "records_digest", "summary_disagreements", "summary_from_json", "table_columns",
 ]

@@ -39,6 +39,20 @@ def test_pooled_metrics_pool_tokens_and_times():
     assert record_totals(records).prompt_ids == ("a", "b")
 
 
+def test_batched_records_count_for_block_efficiency_but_never_for_time():
+    """A batched prompt (wall_time_s None) adds tokens and calls, not time: speed-up and tokens/s come from
+    the prompts decoded alone."""
+    records = [_record("a", 10, 2, 1.0, 3.0), _record("b", 6, 3, None, None), _record("c", 9, 3, None, None)]
+    metrics = pooled_metrics(records)
+    assert metrics["block_efficiency"] == 25 / 8
+    assert metrics["wall_time_s"] == 1.0 and metrics["ar_wall_time_s"] == 3.0
+    assert metrics["speedup"] == 3.0 and metrics["tokens_per_s"] == 10.0
+    assert metrics["timed_prompts"] == 1 and metrics["num_prompts"] == 3
+    untimed = pooled_metrics(records[1:])
+    assert untimed["timed_prompts"] == 0 and untimed["wall_time_s"] == 0.0
+    assert untimed["speedup"] != untimed["speedup"]  # NaN: no speed-up without a timed prompt
+
+
 def test_a_summary_missing_a_required_key_names_the_file(tmp_path):
     with pytest.raises(SchemaError, match="x/summary.json: summary lacks required keys \\['K'\\]"):
         summary_from_json({"method": "sd", "dataset": "d", "model_pair": "p", "L": 1, "temperature": 0.0},

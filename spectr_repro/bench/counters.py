@@ -10,14 +10,17 @@ something is one kernel launch (~5-10 us of launch overhead on a GPU, whatever t
 every read of a device value by the host (``.item()``, ``float(t)``, ``bool(t)``, ``.tolist()``,
 ``nonzero``, boolean-mask indexing, ``torch.equal``, ``.cpu()``) waits for every queued kernel: a full
 synchronisation. Both are counted by operator dispatch (``TorchDispatchMode``) and, for the reads
-that never reach the dispatcher (``tolist``, ``numpy``), by ``TorchFunctionMode``.
+that never reach the dispatcher (``tolist``, ``numpy``; ``item``, ``int``, ``float``, ``bool`` and
+``__index__`` of a tensor made under ``torch.inference_mode``, whose scalar read skips the Python
+dispatcher), by ``TorchFunctionMode``. A scalar read is counted once either way.
 
 Counting rules (deterministic, so budgets can be tests):
 - ``ops``: aten operators that are not views (``select``, ``slice``, ``view``, ``expand``, ...
   launch nothing) and not pure metadata (``detach``, ``alias``, ``lift_fresh``).
 - ``host_reads``: ``_local_scalar_dense`` (item, float, int, bool of a tensor), ``nonzero``,
-  ``equal``, ``masked_select``, ``unique``-like ops and ``repeat_interleave`` without ``output_size``
-  (their output size is data-dependent), indexing with a boolean mask, and the function-level
+  ``equal``, ``masked_select``, ``unique``-like ops and ``repeat_interleave`` by a tensor of repeats
+  without ``output_size`` (their output size is data-dependent; an integer repeat count is not),
+  indexing with a boolean mask, and the function-level
   ``tolist``, ``numpy``, ``cpu`` and ``to("cpu")``: on the CPU these are free, on a GPU each one
   is a synchronisation, which is the point of counting them here.
 """
@@ -42,6 +45,9 @@ _DATA_DEPENDENT_SIZE = frozenset({"aten::repeat_interleave"})  # unless output_s
 # Operators that launch nothing besides views.
 _METADATA_OPS = frozenset({"aten::detach", "aten::alias", "aten::lift_fresh", "aten::_to_copy_meta"})
 _HOST_READ_METHODS = frozenset({"tolist", "numpy"})
+# Scalar reads: counted at the function level (seen in inference mode too), once, not again by dispatch.
+_SCALAR_READ_METHODS = frozenset({"item", "__int__", "__float__", "__bool__", "__index__", "__complex__"})
+_SCALAR_DISPATCH_OPS = frozenset({"aten::_local_scalar_dense", "aten::is_nonzero"})
 
 
 @dataclass
@@ -60,16 +66,20 @@ class OpCounts:
 
 
 class _DispatchCounter(TorchDispatchMode):
-    def __init__(self, counts: OpCounts) -> None:
+    def __init__(self, counts: OpCounts, scalar_reads: list[int]) -> None:
         super().__init__()
         self.counts = counts
+        self.scalar_reads = scalar_reads  # [depth]: > 0 inside a scalar read already counted
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         name = func._schema.name
-        if name in _SYNC_OPS:
+        if name in _SCALAR_DISPATCH_OPS and self.scalar_reads[0]:
+            pass  # counted by _FunctionCounter
+        elif name in _SYNC_OPS:
             self._read(name)
-        elif name in _DATA_DEPENDENT_SIZE and kwargs.get("output_size") is None:
+        elif (name in _DATA_DEPENDENT_SIZE and func._overloadname != "self_int"  # int repeats: size known
+              and kwargs.get("output_size") is None):
             self._read(name)
         elif name == "aten::index" and _has_boolean_index(args):
             self._read("boolean mask index")
@@ -84,13 +94,23 @@ class _DispatchCounter(TorchDispatchMode):
 
 
 class _FunctionCounter(TorchFunctionMode):
-    def __init__(self, counts: OpCounts) -> None:
+    def __init__(self, counts: OpCounts, scalar_reads: list[int]) -> None:
         super().__init__()
         self.counts = counts
+        self.scalar_reads = scalar_reads
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         name = getattr(func, "__name__", "")
+        if name in _SCALAR_READ_METHODS and args and isinstance(args[0], torch.Tensor):
+            if not self.scalar_reads[0]:
+                self.counts.host_reads += 1
+                self.counts.reads_by_kind[name] += 1
+            self.scalar_reads[0] += 1
+            try:
+                return func(*args, **kwargs)
+            finally:
+                self.scalar_reads[0] -= 1
         if name in _HOST_READ_METHODS or name == "cpu" or (name == "to" and _to_cpu(args, kwargs)):
             self.counts.host_reads += 1
             self.counts.reads_by_kind[name] += 1
@@ -113,7 +133,8 @@ def _to_cpu(args, kwargs) -> bool:
 def count_ops() -> Iterator[OpCounts]:
     """Count ops and host reads of everything run inside the block (the counts fill in live)."""
     counts = OpCounts()
-    with _FunctionCounter(counts), _DispatchCounter(counts):
+    scalar_reads = [0]
+    with _FunctionCounter(counts, scalar_reads), _DispatchCounter(counts, scalar_reads):
         yield counts
 
 

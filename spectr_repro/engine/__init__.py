@@ -5,13 +5,19 @@
                    max_new_tokens=128, seed=0, eos_token_ids=(eos,))
     out.new_tokens, out.target_calls, out.block_efficiency, out.stats
 
+    out = generate_batch(target, draft, [ids_0, ids_1, ...], method="sbv", K=3, L=6, temperature=0.4,
+                         max_new_tokens=64, seeds=[0, 1, ...])   # B prompts at once, batch-1 law per prompt
+    out.outputs[b].new_tokens, out.outputs[b].block_efficiency
+
 Modules: ``loop`` (the iteration), ``drafting`` (K drafts as K batch rows), ``cache`` (crop and
-row selection on transformers' Cache API), ``forward`` (forwards, shared vocabulary), ``timing``.
+row selection on transformers' Cache API), ``forward`` (forwards, shared vocabulary), ``timing``,
+``batched`` and ``batch_cache`` (B prompts at once, for block-efficiency runs).
 """
 
+from spectr_repro.engine.batched import BatchOutput, generate_batch
 from spectr_repro.engine.forward import shared_vocab_size
 from spectr_repro.engine.loop import TIME_SECTIONS, GenerationOutput, acceptance_by_position, generate
 from spectr_repro.engine.timing import SectionTimer
 
-__all__ = ["TIME_SECTIONS", "GenerationOutput", "SectionTimer", "acceptance_by_position", "generate",
-           "shared_vocab_size"]
+__all__ = ["TIME_SECTIONS", "BatchOutput", "GenerationOutput", "SectionTimer", "acceptance_by_position", "generate",
+           "generate_batch", "shared_vocab_size"]

@@ -35,8 +35,8 @@ def repeat_rows(cache: Cache, repeats: int) -> None:
 
 def keep_row(cache: Cache, row: int, num_rows: int, device: torch.device) -> None:
     """[num_rows, ...] -> [1, ...]: keep batch row ``row`` (a no-op when there is one row)."""
-    if num_rows > 1:
-        cache.batch_select_indices(torch.tensor([row], device=device))
+    if num_rows > 1:  # index built on the host and sent without a blocking copy (which would sync a GPU)
+        cache.batch_select_indices(torch.tensor([row]).to(device, non_blocking=True))
 
 
 __all__ = ["cache_length", "crop_to", "keep_row", "repeat_rows"]

@@ -30,11 +30,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from transformers import DynamicCache
 
-from spectr_repro.engine.cache import crop_to, keep_row, repeat_rows
 from spectr_repro.engine.drafting import draft_block, first_draft_probs
-from spectr_repro.engine.forward import forward_chunked, resolve_vocab_size
+from spectr_repro.engine.forward import resolve_vocab_size
+from spectr_repro.engine.rows import make_rows
 from spectr_repro.engine.timing import SectionTimer
 from spectr_repro.sampling import probs_from_logits, sample
 from spectr_repro.verify import VERIFIERS, Verifier, get_verifier
@@ -91,6 +90,7 @@ def generate(
     verifier_options: dict[str, Any] | None = None,
     vocab_size: int | None = None,
     prefill_chunk: int | None = None,
+    compile: bool | dict = False,
 ) -> GenerationOutput:
     """Decode up to ``max_new_tokens`` tokens after ``input_ids`` (1-D or [1, T]).
 
@@ -102,6 +102,9 @@ def generate(
     vocab_size: the shared tokenizer's length; default the smaller output head.
     prefill_chunk: feed the prompt in chunks of this many tokens (None: one call); see
         ``forward.forward_chunked`` for why a CPU wants this.
+    compile: run target and draft with static caches under ``torch.compile`` (``hardware.compile``;
+        True: torch.compile's defaults, CUDA graphs on CUDA; a dict: torch.compile's arguments), the
+        same for AR and every method; see ``engine.rows``. Default False: eager, dynamic caches.
     Tokens are sampled with a torch.Generator on the target's device seeded with ``seed``.
 
     A lossless rule that carries no state into the last block drafts it only as long as the
@@ -128,15 +131,18 @@ def generate(
     prompt = _prompt_tensor(input_ids, device, [target] if verifier is None else [target, draft])
     vocab_size = resolve_vocab_size(target, None if verifier is None else draft, vocab_size)
     generator = torch.Generator(device=device).manual_seed(seed)
-    timer = SectionTimer(device, TIME_SECTIONS)
+    # Sections on CUDA: events, read once at the end (no synchronisation per section); the total is
+    # wall clock between two synchronisations. AR and every method are timed the same way.
+    timer = SectionTimer(device, TIME_SECTIONS, events=True)
+    timer.sync()
     start = time.perf_counter()
     with torch.inference_mode():
         if verifier is None:
             out = _generate_ar(target, prompt, temperature, max_new_tokens, eos, should_stop,
-                               vocab_size, generator, timer, prefill_chunk)
+                               vocab_size, generator, timer, prefill_chunk, compile)
         else:
             out = _generate_speculative(target, draft, prompt, verifier, K, L, temperature, max_new_tokens,
-                                        eos, should_stop, vocab_size, generator, timer, prefill_chunk)
+                                        eos, should_stop, vocab_size, generator, timer, prefill_chunk, compile)
     timer.sync()
     timer.seconds["total"] = time.perf_counter() - start
     out.stats["time_s"] = dict(timer.seconds)
@@ -144,16 +150,16 @@ def generate(
 
 
 def _generate_ar(target, prompt, temperature, max_new_tokens, eos, should_stop, vocab_size, generator, timer,
-                 prefill_chunk):
-    cache = DynamicCache()
+                 prefill_chunk, compile):
+    rows = make_rows(target, "target", vocab_size, prefill_chunk, compile, 1, prompt.numel() + max_new_tokens + 2)
     new_tokens: list[int] = []
-    pending = prompt  # the first call feeds the whole prompt and yields the first token
     calls = 0
+    pending = prompt  # the first call feeds the whole prompt and yields the first token
     while len(new_tokens) < max_new_tokens:
         with timer("target" if calls else "prefill"):
-            logits = forward_chunked(target, pending.unsqueeze(0), cache, vocab_size, 1, prefill_chunk)
-            pending = sample(probs_from_logits(logits[0, -1], temperature), generator).reshape(1)
-            token = int(pending)
+            logits = rows.feed_shared(pending) if not calls else rows.feed_rows(pending.view(1, 1), 1)[0, -1]
+            pending = sample(probs_from_logits(logits, temperature), generator).reshape(1)
+            token = int(pending)  # the iteration's one host read: EOS and stop strings are host decisions
         calls += 1
         new_tokens.append(token)
         if token in eos or (should_stop is not None and should_stop(new_tokens)):
@@ -164,9 +170,10 @@ def _generate_ar(target, prompt, temperature, max_new_tokens, eos, should_stop, 
 
 
 def _generate_speculative(target, draft, prompt, verifier, K, L, temperature, max_new_tokens, eos,
-                          should_stop, vocab_size, generator, timer, prefill_chunk):
-    device = prompt.device
-    target_cache, draft_cache = DynamicCache(), DynamicCache()
+                          should_stop, vocab_size, generator, timer, prefill_chunk, compile):
+    max_length = prompt.numel() + max_new_tokens + L + 2
+    target_rows = make_rows(target, "target", vocab_size, prefill_chunk, compile, K, max_length)
+    draft_rows = make_rows(draft, "draft", vocab_size, prefill_chunk, compile, K, max_length)
     committed = prompt.clone()  # prompt + emitted tokens, on the device (slices feed the models)
     num_committed = committed.numel()
     new_tokens: list[int] = []
@@ -176,29 +183,21 @@ def _generate_speculative(target, draft, prompt, verifier, K, L, temperature, ma
     calls = 0
     while len(new_tokens) < max_new_tokens:
         first = calls == 0
-        block = L
-        if verifier.lossless and state is None:
-            block = max(1, min(L, max_new_tokens - len(new_tokens) - 1))
+        block = _block_length(verifier, state, L, max_new_tokens - len(new_tokens))
         with timer("prefill" if first else "draft"):
-            first_probs = first_draft_probs(draft, draft_cache, committed[draft_cache.get_seq_length():],
-                                            temperature, vocab_size, prefill_chunk)
+            first_probs = first_draft_probs(draft_rows, committed[draft_rows.length:], temperature)
         with timer("draft"):
-            draft_tokens, draft_probs = draft_block(draft, draft_cache, first_probs, K, block, temperature,
-                                                    vocab_size, generator)
+            draft_tokens, draft_probs = draft_block(draft_rows, first_probs, K, block, temperature, generator)
         with timer("prefill" if first else "target"):
-            target_probs = _score_drafts(target, target_cache, committed, draft_tokens, temperature, vocab_size,
-                                         prefill_chunk)
+            target_probs = _score_drafts(target_rows, committed, draft_tokens, L, temperature)
         calls += 1
         with timer("verify"):
             result = verifier(draft_tokens, draft_probs, target_probs, generator=generator, state=state)
-            emitted = result.tokens.tolist()
+            emitted = _read_outcomes([result], draft_tokens[None], [block], K, verifier)[0]  # the one host read
         state = result.state
-        tau, row = result.num_accepted, result.draft_index
+        tau, row = len(emitted) - 1, int(result.draft_index)
         accepted_lengths.append(tau)
         block_lengths.append(block)
-        if len(emitted) != tau + 1 or not 0 <= row < K or not 0 <= tau <= block:
-            raise RuntimeError(f"{verifier!r} returned {len(emitted)} tokens, num_accepted={tau}, "
-                               f"draft_index={row} for K={K}, L={block}")
 
         done = False
         for token in emitted:
@@ -209,18 +208,14 @@ def _generate_speculative(target, draft, prompt, verifier, K, L, temperature, ma
         if done or (should_stop is not None and should_stop(new_tokens)):
             break
 
-        # Keep the chosen draft's row and crop both caches to the committed text minus the last
-        # emitted token (the draft cache may lack x_L too, when the whole block was accepted).
+        # Keep the chosen draft's row and cut both caches to the committed text minus the last
+        # emitted token (the draft cache may lack x_L too, when the whole block was accepted; a
+        # static draft cache also gives back the token before, so that it always re-feeds two).
         with timer("target"):
-            keep_row(target_cache, row, K, device)
-            crop_to(target_cache, num_committed + tau)
+            target_rows.keep(row, num_committed + tau)
         with timer("draft"):
-            keep_row(draft_cache, row, K, device)
-            crop_to(draft_cache, min(num_committed + tau, draft_cache.get_seq_length()))
-        accepted = draft_tokens[row, :tau]
-        if tau and not torch.equal(accepted, result.tokens[:tau].to(accepted.device)):
-            raise RuntimeError(f"{verifier!r}: accepted tokens are not a prefix of draft {row}")
-        committed = torch.cat([committed, result.tokens.to(device)])
+            draft_rows.keep(row, num_committed + tau + 1 - draft_rows.pending_width)
+        committed = torch.cat([committed, result.tokens.to(committed.device)])
         num_committed += tau + 1
 
     stats = {
@@ -232,24 +227,62 @@ def _generate_speculative(target, draft, prompt, verifier, K, L, temperature, ma
     return GenerationOutput(new_tokens, calls, _block_efficiency(new_tokens, calls), stats)
 
 
-def _score_drafts(target, cache, committed, draft_tokens, temperature, vocab_size, prefill_chunk):
-    """target_probs [K, L+1, V] of the K rows [last committed token, draft row]; the cache then has K rows.
+def _score_drafts(rows, committed, draft_tokens, L, temperature):
+    """target_probs [K, block+1, V] of the K rows [last committed token, draft row]; the cache then has K rows.
 
     The committed tokens the target has not seen (the last emitted one; the whole prompt on the
-    first iteration) are fed once: in the single row itself at K = 1, at batch size 1 before the
-    cache is repeated at K > 1.
+    first iteration) are fed once: in the single row itself at K = 1 (eager), as shared text before
+    the rows diverge otherwise. A compiled (static) target always scores L+1 columns: a shorter last
+    block is padded by repeating its last token, and the padding's probabilities are dropped.
     """
-    K, L = draft_tokens.shape
-    pending = committed[cache.get_seq_length():]
-    if K == 1:
-        rows = torch.cat([pending, draft_tokens[0]]).unsqueeze(0)  # [1, P+L]
+    K, block = draft_tokens.shape
+    pending = committed[rows.length:]
+    if K == 1 and not rows.compiled:
+        tokens = torch.cat([pending, draft_tokens[0]]).unsqueeze(0)  # [1, P+L]
     else:
         if pending.numel() > 1:
-            forward_chunked(target, pending[:-1].unsqueeze(0), cache, vocab_size, 1, prefill_chunk)
-        rows = torch.cat([pending[-1:].expand(K, 1), draft_tokens], dim=1)  # [K, L+1]
-        repeat_rows(cache, K)
-    logits = forward_chunked(target, rows, cache, vocab_size, L + 1, prefill_chunk)  # [K, L+1, V]
-    return probs_from_logits(logits, temperature)
+            rows.feed_shared(pending[:-1])
+        tokens = torch.cat([pending[-1:].expand(K, 1), draft_tokens], dim=1)  # [K, L+1]
+        rows.expand(K)
+    width = block + 1
+    if rows.compiled and block < L:
+        tokens = torch.cat([tokens, tokens[:, -1:].expand(K, L - block)], dim=1)
+    logits = rows.feed_rows(tokens, keep_last=tokens.shape[1] if rows.compiled else width)  # [K, >= width, V]
+    return probs_from_logits(logits[:, :width], temperature)
+
+
+def _read_outcomes(results, draft_tokens: torch.Tensor, blocks: Sequence[int], K: int, verifier: Verifier
+                   ) -> list[list[int]]:
+    """The emitted tokens of each verifier result, read to the host in ONE transfer together with the
+    draft prefix each result claims to accept, which must match (the verifier contract).
+
+    draft_tokens: [R, K, >= block] (R = len(results); batch 1: R = 1).
+    """
+    pieces, sizes = [], []
+    for i, (result, block) in enumerate(zip(results, blocks)):
+        tau, chosen = int(result.num_accepted), int(result.draft_index)
+        if not 0 <= chosen < K or not 0 <= tau <= block or result.tokens.numel() != tau + 1:
+            raise RuntimeError(f"{verifier!r} returned {result.tokens.numel()} tokens, num_accepted={tau}, "
+                               f"draft_index={chosen} for K={K}, L={block}")
+        pieces += [result.tokens.to(draft_tokens.device), draft_tokens[i, chosen, :tau]]
+        sizes.append(tau)
+    flat = torch.cat(pieces).tolist()
+    emitted, offset = [], 0
+    for tau in sizes:
+        tokens, prefix = flat[offset:offset + tau + 1], flat[offset + tau + 1:offset + 2 * tau + 1]
+        if tokens[:tau] != prefix:
+            raise RuntimeError(f"{verifier!r}: accepted tokens are not a prefix of the chosen draft")
+        emitted.append(tokens)
+        offset += 2 * tau + 1
+    return emitted
+
+
+def _block_length(verifier: Verifier, state: Any, L: int, remaining: int) -> int:
+    """Draft length of the next block: L, or for a lossless rule carrying no state only as long as the
+    ``remaining`` tokens need (every iteration adds one token of its own after the drafted ones)."""
+    if verifier.lossless and state is None:
+        return max(1, min(L, remaining - 1))
+    return L
 
 
 def _block_efficiency(new_tokens: list[int], calls: int) -> float:

@@ -22,7 +22,7 @@ from tqdm.auto import tqdm
 from spectr_repro import tracking
 from spectr_repro.environment import environment
 from spectr_repro.records import CellSummary, PromptRecord, as_json, pooled_metrics, records_digest
-from spectr_repro.runner import claims, store
+from spectr_repro.runner import batched, claims, store
 from spectr_repro.runner.config import conf_dir, needs_single_draft, single_draft_message
 
 WARMUP_TOKENS = 8
@@ -342,11 +342,23 @@ class Session:
                             temperature=temperature, max_new_tokens=max_new_tokens, seed=seed,
                             eos_token_ids=pair.eos_token_ids, should_stop=should_stop,
                             verifier_options=options or None, vocab_size=pair.vocab_size,
-                            prefill_chunk=cfg.hardware.get("prefill_chunk"))
+                            prefill_chunk=cfg.hardware.get("prefill_chunk"),
+                            compile=bool(cfg.hardware.get("compile", False)))
 
         prompts = [encode_prompt(pair.tokenizer, example)[0].tolist() for example in examples]
         # Warm-up (kernels, allocator, lazy init) so the first timed prompt is not charged for it.
         decode(prompts[0][-WARMUP_PROMPT_TOKENS:], min(WARMUP_TOKENS, cfg.max_new_tokens), seed=cfg.seed + 10**9)
+
+        def seed_of(index):
+            return cfg.seed * 100_003 + index
+
+        def stop_of(index):
+            return stop_checker(pair.tokenizer, tuple(getattr(examples[index], "stop_strings", ()) or ()))
+
+        # Batched block efficiency (hardware.batch_prompts > 1, runner.batched): all but the timed prompts.
+        split = batched.split_prompts(cfg.hardware, len(prompts))
+        batched_outputs, batched_wall = batched.decode_batches(pair, cfg, method, options, prompts, split, seed_of,
+                                                               stop_of, self.progress)
 
         timer = SectionTimer(pair.device)
         watch = claims.ContentionWatch(self.runner, plan.directory.parent)
@@ -358,11 +370,14 @@ class Session:
         for index, (example, input_ids) in enumerate(bar):
             stop_strings = tuple(getattr(example, "stop_strings", ()) or ())
             key = f"wall_{index}"
-            with timer(key):
-                out = decode(input_ids, cfg.max_new_tokens, seed=cfg.seed * 100_003 + index,
-                             should_stop=stop_checker(pair.tokenizer, stop_strings))
-            wall = timer.seconds.pop(key)
-            watch.sample()
+            if index in batched_outputs:
+                out, wall = batched_outputs[index], None  # decoded in a batch: BE only, never timed
+            else:
+                with timer(key):
+                    out = decode(input_ids, cfg.max_new_tokens, seed=seed_of(index),
+                                 should_stop=stop_checker(pair.tokenizer, stop_strings))
+                wall = timer.seconds.pop(key)
+                watch.sample()
             tokens += len(out.new_tokens)
             calls += out.target_calls
             accepted = list(out.stats.get("accepted_lengths", []))
@@ -385,17 +400,21 @@ class Session:
                 target_calls=out.target_calls,
                 block_efficiency=out.block_efficiency,
                 wall_time_s=wall,
-                ar_wall_time_s=wall if method == "ar" else ar_times.get(prompt_id),
+                ar_wall_time_s=None if wall is None else wall if method == "ar" else ar_times.get(prompt_id),
                 completion=truncate_at_stop(text, stop_strings),
                 reference=getattr(example, "reference", None),
                 accepted_lengths=accepted,
                 block_lengths=blocks,
                 dataset=cfg.choices.dataset,
                 model_pair=cfg.choices.model_pair,
+                batch_prompts=out.stats.get("batch_prompts", 1),
             ))
             bar.set_postfix(BE=f"{tokens / calls:.2f}" if calls else "-")
         bar.close()
 
+        missing = [r.prompt_id for r in records if r.wall_time_s is not None and r.ar_wall_time_s is None]
+        if missing:
+            raise RuntimeError(f"AR baseline {plan.ar_cell_id} has no record for prompts {missing[:5]}")
         rows = [as_json(r) for r in records]
         contention = watch.result()
         caveats = timing_caveats(bool(pair.offloaded), contention)
@@ -427,6 +446,8 @@ class Session:
             contention=contention,
             speedup_caveats=caveats,
             model_revisions=pair.revisions,
+            batch_prompts=split.batch_prompts,
+            batched_wall_time_s=batched_wall,
         )
         summary = as_json(summary)
         try:

@@ -52,6 +52,7 @@ def test_moves_to_a_device_object_are_not_reads():
     with count_ops() as counts:
         x.to(x.device)
         torch.repeat_interleave(torch.tensor([0, 1]), torch.tensor([1, 2]), output_size=3)
+        x.repeat_interleave(3)  # an integer count: the output size is known (expand + copy on every device)
     assert counts.host_reads == 0
 
 
@@ -63,3 +64,23 @@ def test_counts_add_up():
         x.tolist()
     total = first + second
     assert total.as_dict() == {"ops": first.ops + second.ops, "host_reads": 2}
+
+
+def test_scalar_reads_are_counted_once_in_inference_mode_too():
+    """The engine runs under inference_mode, where ``item``/``int``/``float``/``bool`` skip the Python
+    dispatcher: they are counted at the function level, and never twice outside inference mode."""
+    reads = [
+        lambda x: x[0].item(),
+        lambda x: float(x[0]),
+        lambda x: int(x.argmax()),
+        lambda x: int(x.argmax().reshape(1)),
+        lambda x: bool((x > 0.5).any()),
+        lambda x: [0] * 6 and list(range(6))[x.argmax()],  # __index__
+    ]
+    for inference in (False, True):
+        with torch.inference_mode(inference):
+            x = torch.rand(6)
+            for read in reads:
+                with count_ops() as counts:
+                    read(x)
+                assert counts.host_reads == 1, (inference, dict(counts.reads_by_kind))
