@@ -165,3 +165,165 @@ def optimal_expected_accepted(target: ToyLM, draft: ToyLM, K: int, L: int, conte
         value=float(-result.fun), law=law, num_draft_sets=num_sets, num_variables=A_eq.shape[1],
         num_constraints=A_eq.shape[0], seconds=time.perf_counter() - start, message=str(result.message),
     )
+
+
+# ------------------------------------------------------------------------------------------------------------
+# The same limit from a much smaller LP over the nodes of the draft tree (docs/sbvf.md, "The limit as a node LP").
+#
+# A rule used as is outputs A + one token, A = its accepted prefix. Let nu(a) = P(A extends a) (= R(a) of the
+# validity recursion). Validity is M(a x) = nu(a) p(x|a) - nu(a x) >= 0 (and M = nu p at depth L: the bonus),
+# and E[tau] = sum_{1 <= |a| <= L} nu(a). A law of A can be produced from the drafts iff it is a selection of
+# the random set T of prefixes of the K drafts, which by Hall's / Artstein's theorem means mu(F) <= P(T meets F)
+# for every set F of nodes; it suffices to take F up-closed, F = the subtrees of an antichain B, where it reads
+# nu(B) <= 1 - (1 - Q(B))^K (Q = the draft's joint probability). Hence
+#     maximise sum nu  s.t.  nu(x) <= p(x), nu(a x) <= p(x|a) nu(a), nu(B) <= 1 - (1 - Q(B))^K for antichains B,
+# an LP with one variable per node. The antichain constraints are generated as cuts. Separation is exact: the
+# most violated B maximises nu(B) - lambda Q(B) at lambda = g'(Q(B)) (g(s) = 1 - (1 - s)^K is concave), so it
+# is among the maximisers of the parametric tree DP max_B sum_{a in B} (nu(a) - lambda Q(a)) over lambda in
+# [0, K], whose breakpoints are enumerated exactly (Eisner-Severance).
+
+
+@dataclass(frozen=True)
+class NodeLPResult:
+    value: float  # optimal E[tau] over all valid rules used as is (equals optimal_expected_accepted's)
+    nu: dict[tuple[int, ...], float] = field(repr=False)  # nu(a) = P(accepted prefix extends a) of an optimum
+    law: dict[tuple[int, ...], float] = field(repr=False)  # its M(o): M(a x) = nu(a) p(x|a) - nu(a x)
+    num_nodes: int
+    num_cuts: int  # antichain constraints generated
+    seconds: float
+    message: str
+
+
+class _NodeTree:
+    """Nodes of depth 1..L coded base V per depth; conditionals p(.|a) for |a| <= L, joint draft masses Q(a)."""
+
+    def __init__(self, target: ToyLM, draft: ToyLM, L: int, context: tuple[int, ...]) -> None:
+        V = target.vocab_size
+        self.V, self.L = V, L
+        decode = lambda n, code: tuple((code // V ** (n - 1 - j)) % V for j in range(n))  # noqa: E731
+        self.decode = decode
+        self.p = [np.stack([target.probs(context + decode(n, c)).numpy() for c in range(V ** n)]) for n in range(L + 1)]
+        q = [np.stack([draft.probs(context + decode(n, c)).numpy() for c in range(V ** n)]) for n in range(L)]
+        self.Q = [np.ones(1)]
+        for n in range(L):
+            self.Q.append((self.Q[-1][:, None] * q[n]).reshape(-1))
+        self.offset = np.cumsum([0] + [V ** n for n in range(1, L + 1)])  # variable index of depth n starts here
+        self.num_nodes = int(self.offset[-1])
+
+    def depth_slices(self, values: np.ndarray) -> list[np.ndarray]:
+        return [values[self.offset[n - 1]:self.offset[n]] for n in range(1, self.L + 1)]
+
+    def best_antichain(self, weight: np.ndarray) -> tuple[float, np.ndarray]:
+        """max over antichains B (nodes of depth 1..L, possibly empty) of sum_B weight, and B as a 0/1 vector."""
+        per_depth = self.depth_slices(weight)
+        best = [None] * (self.L + 1)
+        take = [None] * (self.L + 1)
+        best[self.L] = per_depth[self.L - 1]
+        take[self.L] = np.ones_like(best[self.L], dtype=bool)
+        for n in range(self.L - 1, 0, -1):
+            below = np.maximum(best[n + 1], 0.0).reshape(-1, self.V).sum(-1)
+            take[n] = per_depth[n - 1] >= below
+            best[n] = np.where(take[n], per_depth[n - 1], below)
+        chosen = np.zeros(self.num_nodes, dtype=bool)
+        active = best[1] > 0  # subtrees worth entering at depth 1
+        for n in range(1, self.L + 1):
+            here = active & take[n]
+            chosen[self.offset[n - 1]:self.offset[n]] = here
+            if n < self.L:
+                active = np.repeat(active & ~take[n], self.V) & (best[n + 1] > 0)
+        return float(np.maximum(best[1], 0.0).sum()), chosen
+
+
+def optimal_expected_accepted_nodes(target: ToyLM, draft: ToyLM, K: int, L: int, context: Sequence[int] = (),
+                                    tolerance: float = 1e-11, max_rounds: int = 1000) -> NodeLPResult:
+    """The LP limit of ``optimal_expected_accepted`` from the node formulation (see the comment above).
+
+    One variable per node of depth 1..L (V + ... + V^L), the antichain constraints added as cuts until none is
+    violated by more than ``tolerance``. V=4, L=3, K=3 takes seconds (the draft-set LP: minutes).
+    """
+    if K < 1 or L < 1:
+        raise ValueError(f"need K >= 1 and L >= 1, got K={K}, L={L}")
+    start = time.perf_counter()
+    tree = _NodeTree(target, draft, L, tuple(context))
+    V, n = tree.V, tree.num_nodes
+    Q_all = np.concatenate(tree.Q[1:])
+    capacity = lambda s: 1.0 - (1.0 - min(s, 1.0)) ** K  # noqa: E731
+    # nu(a x) - p(x|a) nu(a) <= 0 (depth 1: nu(x) <= p(x)), one row per node.
+    rows, cols, vals, rhs = [np.arange(n)], [np.arange(n)], [np.ones(n)], [np.zeros(n)]
+    rhs[0][: V] = tree.p[0][0]
+    for depth in range(2, L + 1):
+        child = np.arange(tree.offset[depth - 1], tree.offset[depth])
+        parent = tree.offset[depth - 2] + (child - tree.offset[depth - 1]) // V
+        rows.append(child)
+        cols.append(parent)
+        vals.append(-tree.p[depth - 1].reshape(-1))
+    tree_rows = (np.concatenate(rows), np.concatenate(cols), np.concatenate(vals))
+    tree_rhs = np.concatenate(rhs)
+    cuts: list[np.ndarray] = [np.eye(1, n, i, dtype=bool)[0] for i in range(n)]  # singletons
+    seen = {c.tobytes() for c in cuts}
+    message = ""
+    for _ in range(max_rounds):
+        cut_matrix = sparse.csr_matrix(np.stack(cuts).astype(float))
+        A = sparse.vstack([sparse.csr_matrix((tree_rows[2], (tree_rows[0], tree_rows[1])), shape=(n, n)), cut_matrix])
+        b = np.concatenate([tree_rhs, [capacity(float(Q_all[c].sum())) for c in cuts]])
+        result = linprog(-np.ones(n), A_ub=A, b_ub=b, bounds=(0, None), method="highs",
+                         options={"primal_feasibility_tolerance": 1e-10, "dual_feasibility_tolerance": 1e-10})
+        if result.status != 0:
+            raise RuntimeError(f"node LP (V={V}, L={L}, K={K}) not solved: {result.message}")
+        nu = result.x
+        new = []
+        for chosen in _antichain_candidates(tree, nu, Q_all, K):
+            violation = nu[chosen].sum() - capacity(float(Q_all[chosen].sum()))
+            if violation > tolerance and chosen.tobytes() not in seen:
+                seen.add(chosen.tobytes())
+                new.append(chosen)
+        if not new:
+            message = str(result.message)
+            break
+        cuts.extend(new)
+    else:
+        raise RuntimeError(f"node LP (V={V}, L={L}, K={K}): no convergence in {max_rounds} rounds")
+    nu_map = {(): 1.0}
+    law: dict[tuple[int, ...], float] = {}
+    for depth in range(1, L + 1):
+        for code in range(V ** depth):
+            nu_map[tree.decode(depth, code)] = float(nu[tree.offset[depth - 1] + code])
+    for depth in range(0, L + 1):
+        for code in range(V ** depth):
+            a = tree.decode(depth, code)
+            for x in range(V):
+                mass = nu_map[a] * float(tree.p[depth][code, x]) - (nu_map[a + (x,)] if depth < L else 0.0)
+                if mass > 0:
+                    law[a + (x,)] = mass
+    return NodeLPResult(value=float(nu.sum()), nu=nu_map, law=law, num_nodes=n, num_cuts=len(cuts) - n,
+                        seconds=time.perf_counter() - start, message=message)
+
+
+def _antichain_candidates(tree: _NodeTree, nu: np.ndarray, Q_all: np.ndarray, K: int) -> list[np.ndarray]:
+    """The maximisers of sum_B (nu - lambda Q) over antichains B at every breakpoint piece of lambda in [0, K]:
+    among them is the antichain maximising nu(B) - (1 - (1 - Q(B))^K) (exact separation)."""
+    found: dict[bytes, np.ndarray] = {}
+
+    def solve(lam: float) -> np.ndarray:
+        _, chosen = tree.best_antichain(nu - lam * Q_all)
+        found.setdefault(chosen.tobytes(), chosen)
+        return chosen
+
+    def line(chosen: np.ndarray) -> tuple[float, float]:
+        return float(nu[chosen].sum()), float(Q_all[chosen].sum())  # value nu(B) - lambda Q(B)
+
+    def refine(lo: float, hi: float, b_lo: np.ndarray, b_hi: np.ndarray, depth: int = 0) -> None:
+        (n1, q1), (n2, q2) = line(b_lo), line(b_hi)
+        if depth > 60 or abs(q1 - q2) < 1e-15:
+            return
+        lam = (n1 - n2) / (q1 - q2)  # where the two lines cross
+        if not lo < lam < hi:
+            return
+        b_mid = solve(lam)
+        n3, q3 = line(b_mid)
+        if n3 - lam * q3 > n1 - lam * q1 + 1e-13:  # a third piece lies above the crossing
+            refine(lo, lam, b_lo, b_mid, depth + 1)
+            refine(lam, hi, b_mid, b_hi, depth + 1)
+
+    refine(0.0, float(K), solve(0.0), solve(float(K)))
+    return list(found.values())

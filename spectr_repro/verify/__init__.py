@@ -61,6 +61,9 @@ VERIFIERS: dict[str, VerifierSpec] = {
                      "recursive block verification over K drafts (ours, lossless)"),
         VerifierSpec("sbv", "spectr_repro.verify.sbv:SelectionBlockVerification", "SBV", True, True, False,
                      "selection block verification: BV on a randomly selected path (ours, lossless)"),
+        VerifierSpec("sbvf", "spectr_repro.verify.sbvf:SelectionBlockVerificationFallback", "SBV-F", True, True,
+                     False, "SBV with fallback: where BV rejects the selected path, the drafts that left it there "
+                     "are tried against the residual (ours, lossless, never below SBV)"),
     ]
 }
 

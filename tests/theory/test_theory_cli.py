@@ -11,9 +11,8 @@ def test_theory_quick_writes_table_figure_and_claims(tmp_path):
     out = tmp_path / "theory"
     assert main_theory(["--quick", "--out", str(out)]) == 0
     df = pd.read_csv(out / "theory.csv")
-    assert {"sd", "spectr", "bv", "rbv", "sbv", "spectr_gbv", "gbv", "lp_optimum", "paper_bound"} <= set(
-        df.quantity
-    )
+    assert {"sd", "spectr", "bv", "rbv", "sbv", "sbvf", "spectr_gbv", "gbv", "lp_optimum", "lp_optimum_draft_sets",
+            "paper_bound"} <= set(df.quantity)
     assert (out / "theory.png").stat().st_size > 1000
     text = (out / "THEORY.md").read_text()
     for claim in (
@@ -21,6 +20,9 @@ def test_theory_quick_writes_table_figure_and_claims(tmp_path):
         "non-decreasing in K",
         "-> L as K -> infinity",
         "upper limit for valid rules",
+        "The node LP and the draft-set LP give the same limit (sanity) | holds",
+        "sbv: share of the spectr→LP gap closed",
+        "sbvf: share of the spectr→LP gap closed",
     ):
         assert claim in text
     # Consistency of the table: LP >= every rule valid as is, at every K.

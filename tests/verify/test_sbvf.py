@@ -1,0 +1,293 @@
+"""SBV-F (selection block verification with fallback): exact validity, reductions (K = 1 is BV, no fallback is
+SBV), never below SBV, the candidates' laws, sampler = law, Monte Carlo with negative controls.
+
+Exact checks enumerate every draft tuple and integrate the rule's randomness: a lossless rule matches the target
+law to float64 round-off, so the threshold is TV < 1e-9 (observed ~1e-16). The fallback's mistakes are small
+(wrong candidate laws move the law by 1e-5 to 1e-3 on these toys), far above 1e-9 and far below what Monte Carlo
+can see: the exact tests carry the proof, Monte Carlo checks that the sampler runs the audited law.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import pytest
+import torch
+
+from spectr_repro.lawcheck import chi_square_test, total_variation
+from spectr_repro.theory.validity import check_validity
+from spectr_repro.toy import block_tensors, draft_tuples, exact_decoded_law, sample_decoded, target_law, toy_pair
+from spectr_repro.verify import get_verifier
+from spectr_repro.verify.sbv import choose_rho, count_likelihood, selection_law
+from spectr_repro.verify.sbvf import (
+    BELOW,
+    FREE,
+    REJECTED,
+    SelectionBlockVerificationFallback,
+    candidate_law,
+    candidate_laws,
+    choose_rhos,
+    selection_laws,
+)
+
+from .conftest import (
+    ALPHA,
+    EXACT_TV,
+    POWER_ALPHA,
+    assert_contract,
+    assert_draft_equal_target_accepts_all,
+    assert_greedy_is_argmax,
+    iteration_inputs,
+    iteration_law,
+    law_dict,
+    sampler_check,
+)
+
+
+class FreshCandidatesControl(SelectionBlockVerificationFallback):
+    """Negative control: treats the candidates as fresh draws from q at depth tau+1 (ignores what the scan saw)."""
+
+    @staticmethod
+    def _candidate_laws(Q, accepted, rank, token, statuses):
+        return Q.expand(len(statuses), -1)
+
+
+class PlainTargetControl(SelectionBlockVerificationFallback):
+    """Negative control: the candidates are verified against p instead of the residual r (a gross error)."""
+
+    @staticmethod
+    def _fallback_target(residual, P):
+        return P
+
+
+def _mean_accepted_given_drafts(verifier, tokens, dp, tp) -> float:
+    return sum(o.probability * (len(o.tokens) - 1) for o in verifier.law(tokens, dp, tp))
+
+
+# ---------------------------------------------------------------------------------------------- validity
+@pytest.mark.parametrize(
+    "vocab, L, K, seed",
+    [(3, 2, 1, 0), (4, 2, 1, 1)]  # K = 1
+    + [(3, 2, 2, 0), (3, 2, 2, 1), (3, 2, 2, 2), (2, 3, 2, 3), (4, 2, 2, 4)]  # K = 2
+    + [(3, 1, 3, 5), (4, 1, 3, 6), (2, 2, 3, 7)],  # K = 3 (V = 3, L = 2 below, slow)
+)
+def test_exact_decoded_law_is_the_target_law(vocab, L, K, seed):
+    target, draft = toy_pair(vocab, seed)
+    law = exact_decoded_law(get_verifier("sbvf"), target, draft, K=K, L=L, n=3)
+    assert total_variation(law, target_law(target, 3)) < EXACT_TV
+
+
+@pytest.mark.parametrize("vocab, L, K, seed", [(3, 2, 2, 1), (2, 3, 3, 2), (4, 2, 2, 3)])
+def test_iteration_law_passes_the_validity_condition(vocab, L, K, seed):
+    """R >= 0 everywhere and R = 0 at length L+1 (METHODS.md), on the law of one iteration."""
+    target, draft = toy_pair(vocab, seed)
+    report = check_validity(iteration_law(get_verifier("sbvf"), target, draft, K, L), target, L)
+    assert report.valid, report.reason
+    assert report.min_residual > -1e-12 and report.max_terminal_residual < 1e-12
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", [0, 1])
+def test_exact_validity_three_drafts_two_positions(seed):
+    target, draft = toy_pair(3, seed)
+    law = exact_decoded_law(get_verifier("sbvf"), target, draft, K=3, L=2, n=3)
+    assert total_variation(law, target_law(target, 3)) < EXACT_TV
+
+
+@pytest.mark.parametrize("control", [FreshCandidatesControl, PlainTargetControl])
+def test_negative_controls_are_not_lossless_exactly(control):
+    """The exact test has power: a wrong candidate law or a wrong target in the fallback is caught."""
+    target, draft = toy_pair(3, 1)
+    law = exact_decoded_law(control(), target, draft, K=2, L=2, n=3)
+    assert total_variation(law, target_law(target, 3)) > 1e-4  # measured 4.8e-4 (fresh) and 0.017 (plain target)
+
+
+def test_draft_with_zero_probabilities_is_handled():
+    """A one-hot draft has q = 0 on most tokens (ratio p/q undefined there): no NaN, still lossless."""
+    target, _ = toy_pair(3, 6)
+    draft = toy_pair(3, 7)[0].greedy()
+    law = exact_decoded_law(get_verifier("sbvf"), target, draft, K=2, L=2, n=2)
+    assert all(math.isfinite(p) for p in law.values())
+    assert total_variation(law, target_law(target, 2)) < EXACT_TV
+
+
+# ---------------------------------------------------------------------------------------------- reductions
+@pytest.mark.parametrize("vocab, L, seed", [(3, 2, 0), (4, 2, 1), (3, 3, 2)])
+def test_single_draft_is_block_verification(vocab, L, seed):
+    target, draft = toy_pair(vocab, seed)
+    ours, bv = get_verifier("sbvf"), get_verifier("bv")
+    for _, tokens, dp, tp in iteration_inputs(target, draft, 1, L):
+        assert total_variation(law_dict(ours.law(tokens, dp, tp)), law_dict(bv.law(tokens, dp, tp))) < 1e-12
+
+
+@pytest.mark.parametrize("vocab, L, K, seed", [(3, 2, 2, 0), (2, 3, 2, 1), (3, 1, 3, 2), (2, 2, 3, 3)])
+def test_without_fallback_it_is_sbv_and_with_it_never_below(vocab, L, K, seed):
+    """fallback=False gives SBV's law draft tuple by draft tuple; with the fallback, the expected accepted
+    length given the drafts is never below SBV's (the fallback only replaces SBV's last token)."""
+    target, draft = toy_pair(vocab, seed)
+    sbv, plain, ours = get_verifier("sbv"), get_verifier("sbvf", fallback=False), get_verifier("sbvf")
+    gain = 0.0
+    for prob, tokens, dp, tp in iteration_inputs(target, draft, K, L):
+        reference = law_dict(sbv.law(tokens, dp, tp))
+        assert total_variation(law_dict(plain.law(tokens, dp, tp)), reference) < 1e-12
+        ours_length = _mean_accepted_given_drafts(ours, tokens, dp, tp)
+        sbv_length = _mean_accepted_given_drafts(sbv, tokens, dp, tp)
+        assert ours_length >= sbv_length - 1e-12
+        gain += prob * (ours_length - sbv_length)
+    assert gain > 1e-4, gain  # the fallback does help: measured 0.0008, 0.0067, 0.0002, 0.0081 on these toys
+
+
+def test_draft_equal_to_target_accepts_every_block(toys):
+    assert_draft_equal_target_accepts_all(get_verifier("sbvf"), toys[0], K=3)
+
+
+def test_one_hot_distributions_emit_the_target_argmax(toys):
+    assert_greedy_is_argmax(get_verifier("sbvf"), toys[1], K=2)
+
+
+# ---------------------------------------------------------------------------------------------- closed forms
+def _random_rows(V: int, seed: int, zero: int | None = None):
+    generator = torch.Generator().manual_seed(seed)
+    P = torch.rand(V, generator=generator, dtype=torch.float64) ** 2
+    Q = torch.rand(V, generator=generator, dtype=torch.float64) ** 2
+    if zero is not None:
+        Q[zero] = 0.0  # a token the draft never proposes: ratio +inf, f = 0
+    return P / P.sum(), Q / Q.sum()
+
+
+@pytest.mark.parametrize("V, seed", [(4, 0), (5, 1), (300, 2)])
+def test_rho_choice_and_laws_match_sbv(V, seed):
+    """choose_rhos = sbv.choose_rho for every count (also past head_size), and f_c = sbv.selection_law."""
+    P, Q = _random_rows(V, seed, zero=1)
+    K = 4
+    ours = choose_rhos(P, Q, K)
+    reference = choose_rho(P, Q, list(range(2, K + 1)))
+    for c in range(2, K + 1):
+        assert ours[c].item() == pytest.approx(reference[c], rel=1e-12)
+    laws = selection_laws(P, Q, K)
+    for c in range(1, K + 1):
+        expected = selection_law(P, Q, reference.get(c, 1.0), c, tail_threshold=0.0)
+        assert torch.allclose(laws.law[c], expected, atol=1e-14, rtol=0)
+        assert abs(float(laws.law[c].sum()) - 1) < 1e-12
+
+
+def _enumerated_candidates(P, Q, rho, k):
+    """By enumeration of k i.i.d. draws and the scan: for each selected v, scan outcome and draw position of a
+    non-carrier, the law of that draw's token. Returns {(v, accepted_at, position): {token: prob}}."""
+    V = P.shape[0]
+    accept = [min(1.0, float(P[x]) / (rho * float(Q[x]))) if Q[x] > 0 else 0.0 for x in range(V)]
+    ratio = [(float(P[x]) / float(Q[x]) if Q[x] > 0 else math.inf, x) for x in range(V)]
+    out: dict = {}
+    for draws in itertools.product(range(V), repeat=k):
+        prob = math.prod(float(Q[x]) for x in draws)
+        if prob == 0:
+            continue
+        none = 1.0
+        events = []
+        for position, x in enumerate(draws):
+            events.append((x, none * accept[x], position))
+            none *= 1.0 - accept[x]
+        events.append((max(draws, key=lambda x: ratio[x]), none, -1))
+        for v, p_event, accepted_at in events:
+            for position, x in enumerate(draws):
+                if x != v and p_event > 0:
+                    cell = out.setdefault((v, accepted_at, position), {})
+                    cell[x] = cell.get(x, 0.0) + prob * p_event
+    return out
+
+
+@pytest.mark.parametrize("k", [2, 3])
+def test_candidate_laws_match_enumeration(k):
+    """Given the selected token and the scan's outcome, a non-carrier's token has the closed-form law g."""
+    P, Q = _random_rows(4, 10 + k)
+    K = 3
+    laws = selection_laws(P, Q, K)
+    rho = float(laws.rho[k])
+    for (v, accepted_at, position), cell in _enumerated_candidates(P, Q, rho, k).items():
+        status = BELOW if accepted_at < 0 else (REJECTED if position < accepted_at else FREE)
+        total = sum(cell.values())
+        expected = candidate_law(laws, k, v, status)
+        together = candidate_laws(laws.Q, laws.accepted[k], laws.rank, v, [FREE, REJECTED, BELOW, status])
+        assert torch.allclose(together[3], expected, atol=1e-15, rtol=0)
+        for x in range(4):
+            assert abs(cell.get(x, 0.0) / total - float(expected[x])) < 1e-12, (v, accepted_at, position, x)
+
+
+def test_count_posterior_uses_sbv_likelihood():
+    """The selection laws feed sbv.count_likelihood with (a_c(v), alpha_c, G_c^-(v)): its entries sum to f_c(v)."""
+    P, Q = _random_rows(5, 3)
+    K = 3
+    laws = selection_laws(P, Q, K)
+    for c in range(2, K + 1):
+        for v in range(5):
+            a_v = float(laws.accepted[c, v] / laws.Q[v])
+            likelihood = count_likelihood(float(laws.Q[v]), a_v, float(laws.alpha[c]), float(laws.g_minus[c, v]), c)
+            assert sum(likelihood) == pytest.approx(float(laws.law[c, v]), abs=1e-13)
+
+
+# ---------------------------------------------------------------------------------------------- sampler
+def _sampler_inputs():
+    """Two drafts that part at the first token; the second carries a token q rarely proposes but p likes, so
+    where BV rejects the first draft's token the fallback often accepts the second draft (laws of SBV and SBV-F
+    differ by TV 0.17 here, against at most 0.005 on the toys)."""
+    def rows(*values):
+        t = torch.tensor(values, dtype=torch.float64)
+        return t / t.sum(-1, keepdim=True)
+
+    q_root, p_root = rows(0.84, 0.03, 0.13), rows(0.55, 0.38, 0.07)
+    q = torch.stack([torch.stack([q_root, rows(0.11, 0.57, 0.32)]), torch.stack([q_root, rows(0.22, 0.04, 0.74)])])
+    p = torch.stack([torch.stack([p_root, rows(0.67, 0.15, 0.18), rows(0.69, 0.03, 0.28)]),
+                     torch.stack([p_root, rows(0.81, 0.17, 0.02), rows(0.07, 0.88, 0.05)])])
+    return torch.tensor([[0, 1], [1, 2]]), q, p
+
+
+def test_sampler_matches_its_exact_law():
+    tokens, dp, tp = _sampler_inputs()
+    check = sampler_check(get_verifier("sbvf"), tokens, dp, tp, 4000, seed=3)
+    assert check.p_value > ALPHA, check
+
+
+def test_sampler_check_has_power():
+    """Negative control: SBV's sampler (no fallback) checked against SBV-F's law on the same inputs."""
+    tokens, dp, tp = _sampler_inputs()
+    ours = law_dict(get_verifier("sbvf").law(tokens, dp, tp))
+    assert total_variation(ours, law_dict(get_verifier("sbv").law(tokens, dp, tp))) > 0.1
+    generator = torch.Generator().manual_seed(3)
+    sbv = get_verifier("sbv")
+    counts: dict = {}
+    for _ in range(4000):
+        out = tuple(sbv(tokens, dp, tp, generator=generator).tokens.tolist())
+        counts[out] = counts.get(out, 0) + 1
+    assert chi_square_test(counts, ours).p_value < POWER_ALPHA
+
+
+def test_monte_carlo_joint_law_matches_target():
+    """The real sampler over several iterations: the first 3 decoded tokens follow the target (chi-square)."""
+    target, draft = toy_pair(3, 0, draft_noise=0.8)
+    counts = sample_decoded(get_verifier("sbvf"), target, draft, K=3, L=2, n=3, num_samples=2000, seed=0)
+    check = chi_square_test(counts, target_law(target, 3))
+    assert check.p_value > ALPHA and check.tv < 3 * check.expected_tv, check
+
+
+# ---------------------------------------------------------------------------------------------- contract
+@pytest.mark.parametrize("K", [1, 3])
+def test_contract(K):
+    assert_contract("sbvf", K=K)
+
+
+def test_bad_options_are_refused():
+    with pytest.raises(ValueError, match="grid_size"):
+        get_verifier("sbvf", grid_size=1)
+    with pytest.raises(TypeError):
+        get_verifier("sbvf", selection="greedy")
+
+
+def test_float32_inputs_give_the_float64_law():
+    target, draft = toy_pair(3, 2)
+    verifier = get_verifier("sbvf")
+    for _, tokens in draft_tuples(draft, (), 2, 2)[:20]:
+        dp, tp = block_tensors(target, draft, (), tokens)
+        law64 = law_dict(verifier.law(tokens, dp, tp))
+        law32 = law_dict(verifier.law(tokens, dp.float(), tp.float()))
+        assert total_variation(law64, law32) < 1e-5
