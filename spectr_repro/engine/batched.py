@@ -149,7 +149,7 @@ def generate_batch(
     eos = frozenset(int(t) for t in eos_token_ids)
     rows = []
     for index, (ids, budget, seed, stop) in enumerate(zip(prompts, budgets, seeds, stops)):
-        prompt = _prompt_tensor(ids, device)
+        prompt = _prompt_tensor(ids, device, [target] if verifier is None else [target, draft])
         rows.append(_Prompt(index, prompt, budget, torch.Generator(device=device).manual_seed(int(seed)), stop,
                             committed=prompt.tolist()))
     timer = SectionTimer(device, TIME_SECTIONS, events=True)  # as engine.loop: CUDA events, one sync at the end

@@ -359,7 +359,7 @@ def _prompt_tensor(input_ids, device: torch.device, models: Sequence[torch.nn.Mo
     if prompt.dtype == torch.bool or prompt.is_floating_point() or prompt.is_complex():
         raise ValueError(f"input_ids must be integer token ids, got dtype {prompt.dtype}")
     rows = min(model.get_input_embeddings().num_embeddings for model in models)
-    low, high = int(prompt.min()), int(prompt.max())
+    low, high = torch.stack(torch.aminmax(prompt)).tolist()  # one read per prompt, before decoding
     if low < 0 or high >= rows:
         raise ValueError(f"input_ids must be in [0, {rows}) (the models' embedding rows), got ids from {low} to {high}")
     return prompt.long().to(device)

@@ -58,6 +58,7 @@ __all__ = [
     "SelectionBlockVerification",
     "choose_rho",
     "count_likelihood",
+    "count_likelihood_host",
     "selection_law",
 ]
 
@@ -633,6 +634,30 @@ def count_likelihood(q_v: float, a_v: float, alpha: float, g_minus_v: float, c: 
     row = lambda x: torch.full((1, c), float(x), dtype=_F64)  # noqa: E731 - the same value at every count
     lik = _count_likelihoods(torch.tensor([float(q_v)], dtype=_F64), row(a_v), row(1.0 - alpha), row(g_minus_v))
     return [0.0] + lik[0, c - 1].tolist()
+
+
+def count_likelihood_host(q_v: float, a_v: float, alpha: float, g_minus_v: float, c: int) -> list[float]:
+    """count_likelihood in Python floats, term by term (no tensor op: for callers that already hold these
+    scalars on the host, e.g. sbvf's fallback, where each tensor op would be a kernel launch)."""
+    out = [0.0] * (c + 1)
+    reject_v = q_v * (1.0 - a_v)  # P(a draw is v and rejected)
+    reject = 1.0 - alpha
+    s_v = reject_v / reject if reject > 0 else 0.0
+    accept_v = q_v * a_v
+    if accept_v > 0:
+        for j in range(1, c + 1):
+            weight = reject ** (j - 1) * accept_v
+            if weight == 0:
+                continue
+            before = [math.comb(j - 1, t) * s_v**t * (1 - s_v) ** (j - 1 - t) for t in range(j)]
+            after = [math.comb(c - j, t) * q_v**t * (1 - q_v) ** (c - j - t) for t in range(c - j + 1)]
+            for t1, b1 in enumerate(before):
+                for t2, b2 in enumerate(after):
+                    out[1 + t1 + t2] += weight * b1 * b2
+    if reject_v > 0:
+        for m in range(1, c + 1):
+            out[m] += math.comb(c, m) * reject_v**m * g_minus_v ** (c - m)
+    return out
 
 
 # ------------------------------------------------------------------------------------------------ the verifier

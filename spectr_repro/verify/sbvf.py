@@ -13,7 +13,7 @@ Three stages per iteration:
        G_c = cumulative sum of Q (1 - a_c) in rank order,   G_c^- = G_c - Q (1 - a_c),
 
    rho_c is the log-grid point maximising sum min(f_c, P) (sbv.choose_rho), and the draft law handed to BV
-   is q_sel[i] = sum_c pi_i(c) f_c with pi_i the exact posterior of the survivor count (sbv.count_likelihood).
+   is q_sel[i] = sum_c pi_i(c) f_c with pi_i the exact posterior of the survivor count (sbv.count_likelihood_host).
 2. *Block verification* (BV) on x with q_sel: w_0 = 1, w_i = min(1, w_{i-1} P(x_i)/q_sel[i-1](x_i)),
    h_i = Z_i/(Z_i + 1 - w_i) with Z_i = sum (w_i P_i - q_sel[i])+, h_L = w_L; tau = the largest i with
    eta_i <= h_i. Up to here this is SBV; SBV would now emit x^tau and one token from
@@ -39,7 +39,7 @@ Cost per call: one sort of the vocabulary per depth on the selected path (rank o
 evaluation for rho and [counts x V] vector operations for f, all in float64; BV's stop probabilities for all
 depths in one [L, V] pass; the fallback runs BV on at most K - 1 candidate paths. The selection is
 vectorised over survivors and counts; the host reads one small vector per depth (the selected token and the
-scalars of the count posterior), which keeps the exact posterior in Python floats (sbv.count_likelihood).
+scalars of the count posterior), which keeps the exact posterior in Python floats (sbv.count_likelihood_host).
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ from spectr_repro.sampling import sample, uniform
 from spectr_repro.verify.base import Outcome, Verifier, VerifyResult
 from spectr_repro.verify.bv import BlockSegment
 from spectr_repro.verify.common import LawBuilder
-from spectr_repro.verify.sbv import count_likelihood
+from spectr_repro.verify.sbv import count_likelihood_host
 
 __all__ = [
     "SelectionBlockVerificationFallback", "SelectionLaws", "candidate_law", "candidate_laws", "choose_rhos",
@@ -235,7 +235,7 @@ def candidate_law(laws: SelectionLaws, k: int, token: int, status: str) -> torch
 
 
 def _posterior_update(posterior: list[float], q_v: float, scalars: list[list[float]]) -> list[float]:
-    """Posterior of the number of survivors carrying the selected token v (sbv.count_likelihood).
+    """Posterior of the number of survivors carrying the selected token v (sbv.count_likelihood_host).
 
     posterior[c] for c = 0..K; scalars[c] = (a_c(v), alpha_c, G_c^-(v)) read from the device.
     """
@@ -247,7 +247,7 @@ def _posterior_update(posterior: list[float], q_v: float, scalars: list[list[flo
             likelihood = [0.0, q_v]
         else:
             a_v, alpha, g_minus_v = scalars[c]
-            likelihood = count_likelihood(q_v, a_v, alpha, g_minus_v, c)
+            likelihood = count_likelihood_host(q_v, a_v, alpha, g_minus_v, c)
         for m, value in enumerate(likelihood):
             if value > 0:
                 new[m] += weight * value

@@ -29,7 +29,7 @@ def test_gap_rows_values_shares_and_cache(tmp_path):
         assert row.sbvf >= row.sbv - 1e-12 and row.lp_optimum >= max(row.spectr, row.rbv, row.sbv, row.sbvf) - 1e-7
         assert row.share_sbv == pytest.approx((row.sbv - row.spectr) / (row.lp_optimum - row.spectr))
     stored = json.loads(cache.read_text())
-    assert len(stored) == 2 * (len(GAP_RULES) + 1)
+    assert len(stored) == 2 * (len(GAP_RULES) + 2)  # per toy: each rule, the LP optimum, the myopic limit
     # A second run reads the cache: a planted value shows up unchanged.
     key = "sbv|V=2,L=2,K=2,seed=0"
     stored[key] = 1.23

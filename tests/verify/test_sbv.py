@@ -33,6 +33,7 @@ from spectr_repro.verify.sbv import (
     _rules_at,
     choose_rho,
     count_likelihood,
+    count_likelihood_host,
     selection_law,
 )
 
@@ -200,8 +201,10 @@ def test_closed_form_selection_law_matches_enumeration(c, tail_threshold):
             for v in range(V):
                 q_v, a_v, alpha, g_minus = rule.token_terms(c, v)
                 lik = count_likelihood(q_v, a_v, alpha, g_minus, c)
+                lik_host = count_likelihood_host(q_v, a_v, alpha, g_minus, c)
                 for m in range(1, c + 1):
                     assert abs(lik[m] - joint.get((v, m), 0.0)) < 1e-12
+                    assert abs(lik_host[m] - joint.get((v, m), 0.0)) < 1e-12
 
 
 def _brute_force_selected_paths(target, draft, K, L, choose):
