@@ -19,7 +19,7 @@ temperature, with a Newcombe (hybrid Wilson) 95 % interval for the difference me
 interval treats the two cells as independent samples; outputs on the same prompts are positively correlated
 through prompt difficulty, which makes that interval conservative (wider than a paired one).
 
-    python -m spectr_repro.quality results/cpu_quick      # writes QUALITY.md and quality.csv there
+    python -m spectr_repro.quality results/cpu_quick      # writes QUALITY.md, quality.csv, quality_prompts.csv
 """
 
 from __future__ import annotations
@@ -46,6 +46,10 @@ from spectr_repro.sandbox import (
 )
 
 QUALITY_DATASETS = ("humaneval", "gsm8k", "mgsm")
+# Per-prompt outcomes (analysis.report pairs each method with AR on the same prompts: McNemar).
+PROMPTS_FILE = "quality_prompts.csv"
+PROMPT_SETTING = ("experiment", "model_pair", "dataset", "temperature", "method", "K", "L", "seed", "max_new_tokens")
+PROMPT_COLUMNS = [*PROMPT_SETTING, "prompt_id", "correct"]
 DEFAULT_TIMEOUT_S = 10.0
 
 @dataclass(frozen=True)
@@ -182,15 +186,29 @@ def quality_table(
 ) -> pd.DataFrame:
     """One row per quality cell: accuracy with its interval, AR's on the same setting, the difference.
     HumanEval rows record the sandbox mode their programs ran in (column ``sandbox``)."""
+    return quality_tables(results_dir, timeout, workers, data_dir, sandbox)[0]
+
+
+def quality_tables(
+    results_dir: str | Path,
+    timeout: float = DEFAULT_TIMEOUT_S,
+    workers: int = 2,
+    data_dir: str | Path | None = None,
+    sandbox: str | Sandbox = "auto",
+) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(quality_table's cells, one row per scored prompt) -- the second is what the report pairs with AR
+    (columns of ``PROMPT_COLUMNS``: the same prompt scored under each method)."""
     from spectr_repro.verify import VERIFIERS
 
     cells = [(s, r) for s, r in read_cells(results_dir) if s.get("dataset") in QUALITY_DATASETS and r]
     executes = any(s["dataset"] == "humaneval" for s, _ in cells)
     problems = humaneval_problems(data_dir) if executes else None
     box = (sandbox if isinstance(sandbox, Sandbox) else find_sandbox(sandbox)) if executes else None
-    rows = []
+    rows, outcomes = [], []
     for summary, records in cells:
         correct = score_records(summary["dataset"], records, problems, timeout, workers, box)
+        outcomes += [{**{key: summary.get(key) for key in PROMPT_SETTING}, "prompt_id": str(record["prompt_id"]),
+                      "correct": bool(ok)} for record, ok in zip(records, correct)]
         k, n = sum(correct), len(correct)
         method = summary["method"]
         rows.append(
@@ -216,8 +234,9 @@ def quality_table(
             }
         )
     df = pd.DataFrame(rows)
+    prompts = pd.DataFrame(outcomes, columns=PROMPT_COLUMNS)
     if df.empty:
-        return df
+        return df, prompts
     setting = ["experiment", "dataset", "model_pair", "temperature", "max_new_tokens"]
     ar = df[df.method == "ar"].drop_duplicates(setting).set_index(setting)
     for column in ("ar_accuracy", "diff_low", "diff_high"):
@@ -231,7 +250,7 @@ def quality_table(
         low, high = difference_interval(int(row.correct), int(row.n), int(base.correct), int(base.n))
         df.loc[index, ["ar_accuracy", "diff_low", "diff_high"]] = [base.accuracy, low, high]
         df.loc[index, "agrees_with_ar"] = bool(low <= 0 <= high)
-    return df
+    return df, prompts
 
 
 def sandbox_sentence(df: pd.DataFrame) -> str:
@@ -292,10 +311,11 @@ def write_quality(
     workers: int = 2,
     sandbox: str | Sandbox = "auto",
 ) -> pd.DataFrame:
-    df = quality_table(results_dir, timeout, workers, sandbox=sandbox)
+    df, prompts = quality_tables(results_dir, timeout, workers, sandbox=sandbox)
     out = Path(out or results_dir)
     out.mkdir(parents=True, exist_ok=True)
     df.to_csv(out / "quality.csv", index=False)
+    prompts.to_csv(out / PROMPTS_FILE, index=False)  # the report's paired test against AR reads this
     (out / "QUALITY.md").write_text(quality_markdown(df))
     return df
 

@@ -7,6 +7,7 @@ import math
 import os
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
 from spectr_repro import quality
@@ -123,3 +124,14 @@ def test_quality_table_on_synthetic_cells(tmp_path, monkeypatch, problems, sandb
     mode = quality.find_sandbox("auto").mode
     assert set(df.loc[df.dataset == "humaneval", "sandbox"]) == {mode} and f"sandbox **{mode}**" in text
     assert df.loc[df.dataset == "gsm8k", "sandbox"].isna().all()  # nothing executed for math
+    # Per-prompt outcomes feed the report's paired test against AR: spectr_gbv lost all 20 prompts AR won.
+    prompts = pd.read_csv(tmp_path / "out" / quality.PROMPTS_FILE)
+    assert len(prompts) == 20 * 3 + len(he) and set(prompts.columns) == set(quality.PROMPT_COLUMNS)
+    from spectr_repro.analysis.report import QUALITY_OUTCOMES_FILE, paired_quality_lines
+    from spectr_repro.analysis.stats import quality_parity
+
+    assert QUALITY_OUTCOMES_FILE == quality.PROMPTS_FILE
+    parity = quality_parity(prompts).set_index("method")
+    assert parity.loc["spectr_gbv", "only_baseline"] == 20 and parity.loc["spectr_gbv", "p_value"] < 1e-5
+    assert parity.loc["bv", "only_baseline"] == 0 and parity.loc["bv", "p_value"] == 1.0
+    assert any("McNemar" in line for line in paired_quality_lines([tmp_path / "out"]))

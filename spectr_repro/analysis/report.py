@@ -52,7 +52,7 @@ from spectr_repro.environment import git_commit
 DEFAULT_RESULTS_DIR = "results/cpu_quick"
 # Per-prompt quality outcomes next to quality.csv, when scored: one row per prompt per cell with the
 # columns stats.QUALITY_OUTCOME_COLUMNS (+ seed, max_new_tokens, K, L when known).
-QUALITY_OUTCOMES_FILE = "quality_prompts.csv"
+QUALITY_OUTCOMES_FILE = "quality_prompts.csv"  # written by spectr_repro.quality (its PROMPTS_FILE)
 ENVIRONMENT_KEYS = ["device", "device_name", "torch", "transformers", "python", "git_commit", "num_threads"]
 
 

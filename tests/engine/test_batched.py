@@ -178,3 +178,4 @@ def test_bad_arguments_raise_value_error(tiny, kwargs, message):
     arguments.update(kwargs)
     with pytest.raises(ValueError, match=message):
         generate_batch(target, draft, **arguments)
+

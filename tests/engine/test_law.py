@@ -19,9 +19,9 @@ from collections import Counter
 
 import pytest
 import torch
+from scipy.stats import chi2 as chi2_distribution
 
 from spectr_repro.engine import generate, generate_batch
-from spectr_repro.engine.batch_cache import BatchCache
 from spectr_repro.lawcheck import chi_square_test
 from spectr_repro.sampling import probs_from_logits
 from spectr_repro.tiny import make_tiny_models
@@ -191,25 +191,17 @@ def test_every_batch_row_follows_its_target_law(small_pair, row_laws, method):
         assert check.passes(ALPHA), (row, check)
 
 
-def _leaky_truncate(original):
-    """A batching bug: rejected draft tokens stay attended (their columns are never masked)."""
-
-    def truncate(self, lengths):
-        attended = self.mask.clone()
-        original(self, lengths)
-        self.mask = attended[:, : self.num_columns]
-
-    return truncate
-
-
-@pytest.mark.parametrize("bug", ["wrong_q", "rejected_tokens_attended"])
-def test_batched_negative_controls_are_rejected_on_every_row(small_pair, row_laws, bug, monkeypatch):
-    if bug == "wrong_q":
-        method, K = _Distorted(distort_draft=True), 1
-    else:
-        monkeypatch.setattr(BatchCache, "truncate", _leaky_truncate(BatchCache.truncate))
-        method, K = "sd", 1
-    for row, (counts, law) in enumerate(zip(decoded_pairs_per_row(small_pair, method, K), row_laws)):
-        check = chi_square_test(counts, law)
-        assert not check.passes(ALPHA), (row, check)
-        assert check.p_value < 1e-10, (row, check)
+def test_batched_negative_control_is_rejected(small_pair, row_laws):
+    """q from the wrong logits (as in test_negative_controls_are_rejected), decoded in batches. (A masking bug
+    -- rejected tokens left attended -- barely moves the first two tokens of this tiny model; its control is
+    in test_batched.py, against batch-1 decoding with the same seeds.)"""
+    method, K = _Distorted(distort_draft=True), 1
+    checks = [chi_square_test(counts, law) for counts, law in zip(decoded_pairs_per_row(small_pair, method, K),
+                                                                  row_laws)]
+    # The rows are independent samples: their statistics add up to one chi-square test over the batch. A
+    # bug need not show on every row (a one-token prompt whose first block is accepted never attends a
+    # rejected token), so the batch as a whole must fail, and far beyond the pass threshold.
+    statistic, dof = sum(c.chi2 for c in checks), sum(c.dof for c in checks)
+    p_value = float(chi2_distribution.sf(statistic, dof))
+    assert p_value < 1e-10, (p_value, checks)
+    assert any(not c.passes(ALPHA) for c in checks), checks
