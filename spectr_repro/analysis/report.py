@@ -46,6 +46,7 @@ from spectr_repro.analysis.tables import (
     main_setting,
     method_differences,
     speedup_exclusions,
+    throughput_ratios,
 )
 from spectr_repro.environment import git_commit
 
@@ -189,6 +190,7 @@ def pair_sections(results: Results, paper: pd.DataFrame, out_dir: Path) -> str:
             "",
         ]
         lines += not_comparable_lines(pair_cells)
+        lines += throughput_lines(cells, pair, setting)
         differences = method_differences(cells, records, pair, setting)
         differences_path = out_dir / "tables" / f"differences_{pair}.csv"
         differences.to_csv(differences_path, index=False, float_format="%.4f")
@@ -242,6 +244,25 @@ def pair_sections(results: Results, paper: pd.DataFrame, out_dir: Path) -> str:
             ]
         parts.append("\n".join(lines))
     return "\n".join(parts)
+
+
+def throughput_lines(cells: pd.DataFrame, pair: str, setting) -> list[str]:
+    """The tokens/s ratio vs AR beside Table 1's speed-up (a time ratio), per method and dataset."""
+    ratios = throughput_ratios(cells, pair, setting)
+    if ratios.empty:
+        return []
+    shown = ratios.apply(lambda column: column.map(lambda v: "" if pd.isna(v) else f"{v:.2f}×"))
+    return [
+        f"### Tokens/s ratio vs AR — {pair}",
+        "",
+        "Table 1's speed-up is a **time ratio** over the same prompts (AR's wall time / the method's). Where a "
+        "rule changes the output (not lossless) or stop strings end completions at other places, the lengths "
+        "differ; the tokens/s ratio (the method cell's tokens per second / its AR cell's, timed prompts only) "
+        "is the fairer figure then:",
+        "",
+        _markdown(shown, index=True),
+        "",
+    ]
 
 
 def not_comparable_lines(pair_cells: pd.DataFrame) -> list[str]:

@@ -57,10 +57,22 @@ _BLOCK_VALUES = 4_000_000
 
 # summary field -> (does this value make the cell's wall time no speed-up measurement?, short reason).
 # A missing field (or None/NaN) never excludes: batch 1, no contention, weights on the device.
+def _contended(value) -> bool:
+    """The runner's ``contention`` record ({"other_runners": [...], "load_average_max": ..}) or a flag. Only
+    other runners count: the load average includes the timed process's own threads."""
+    return bool(value.get("other_runners")) if isinstance(value, Mapping) else bool(value)
+
+
+def _ar_caveat(value) -> bool:
+    """``speedup_caveats`` of the runner: the AR baseline's own caveats are copied there ("AR baseline: ..")."""
+    return isinstance(value, (list, tuple)) and any(str(c).startswith("AR baseline") for c in value)
+
+
 SPEEDUP_EXCLUSIONS: dict[str, tuple[Callable[[object], bool], str]] = {
     "batch_prompts": (lambda value: int(value) > 1, "batched"),
-    "contention": (bool, "contention"),
+    "contention": (_contended, "contention"),
     "offloaded": (bool, "offloaded"),
+    "speedup_caveats": (_ar_caveat, "AR baseline not comparable"),
 }
 
 
@@ -69,11 +81,18 @@ def _absent(value) -> bool:
 
 
 def speedup_exclusion(summary_row: Mapping) -> str | None:
-    """Why a cell's speed-up is not comparable ("batched", "contention", ...), or None if it is."""
+    """Why a cell's speed-up is not comparable ("batched", "contention", ...), or None if it is.
+
+    A batched cell (hardware.batch_prompts > 1) that also decoded ``timed_prompts`` > 0 prompts alone has a
+    batch-1 speed-up from those (its batched prompts carry no wall time): only a batched cell without
+    timed prompts is excluded."""
+    timed = summary_row.get("timed_prompts")
+    timed_alone = not _absent(timed) and int(timed) > 0
     reasons = [
         reason
         for name, (excludes, reason) in SPEEDUP_EXCLUSIONS.items()
         if not _absent(value := summary_row.get(name)) and excludes(value)
+        and not (name == "batch_prompts" and timed_alone)
     ]
     return ", ".join(reasons) if reasons else None
 

@@ -601,3 +601,25 @@ def differences_markdown(differences: pd.DataFrame) -> str:
             for r in footnotes.itertuples()
         ]
     return "\n".join(lines) + "\n"
+
+
+def throughput_ratios(cells: pd.DataFrame, model_pair: str, setting: Setting) -> pd.DataFrame:
+    """Tokens/s of each method's cell over its AR cell's (same dataset and temperature), at ``setting``:
+    [method x dataset]. Table 1's speed-up is a time ratio over the same prompts; when outputs differ in
+    length (a lossy rule, stop strings firing elsewhere) the tokens/s ratio is the fairer figure. Cells
+    whose speed-up is not comparable (``speedup_exclusions``) are left empty."""
+    at = cells_at(cells[cells["model_pair"] == model_pair], setting)
+    at = at[speedup_exclusions(at).isna()]
+    ar = at[at["method"] == "ar"].set_index(["dataset", "temperature"])["tokens_per_s"]
+    ar = ar[~ar.index.duplicated()]
+    rows = {}
+    for cell in at[at["method"] != "ar"].itertuples():
+        base = ar.get((cell.dataset, cell.temperature))
+        if base is not None and base > 0:
+            rows.setdefault(cell.method, {})[cell.dataset] = cell.tokens_per_s / base
+    frame = pd.DataFrame.from_dict(rows, orient="index")
+    if frame.empty:
+        return frame
+    frame = frame.reindex(index=order_methods(frame.index), columns=ordered(frame.columns, DATASET_ORDER))
+    frame.index = [method_label(m) for m in frame.index]
+    return frame

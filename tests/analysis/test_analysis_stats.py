@@ -225,7 +225,13 @@ def test_speedup_exclusion_reads_summary_flags(monkeypatch):
     assert speedup_exclusion(pd.Series({"batch_prompts": math.nan})) is None  # a column absent in this cell
     assert speedup_exclusion({"batch_prompts": 8}) == "batched"
     assert speedup_exclusion({"batch_prompts": 4.0, "offloaded": True}) == "batched, offloaded"
+    assert speedup_exclusion({"batch_prompts": 8, "timed_prompts": 2}) is None  # timed alone: a batch-1 speed-up
+    assert speedup_exclusion({"batch_prompts": 8, "timed_prompts": 0}) == "batched"
     assert not speedup_comparable({"contention": True})
+    # the runner records contention as a dict: only other runners count (the load includes the timed process)
+    assert speedup_exclusion({"contention": {"other_runners": [], "load_average_max": 2.5}}) is None
+    assert speedup_exclusion({"contention": {"other_runners": ["host:12 sbv"]}}) == "contention"
+    assert speedup_exclusion({"speedup_caveats": ["AR baseline: contention: .."]}) == "AR baseline not comparable"
     # a new flag is one entry
     monkeypatch.setitem(stats.SPEEDUP_EXCLUSIONS, "compiled_ar_only", (bool, "compiled AR only"))
     assert speedup_exclusion({"compiled_ar_only": True}) == "compiled AR only"

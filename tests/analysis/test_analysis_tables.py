@@ -87,3 +87,19 @@ def test_build_table1_writes_markdown_csv_and_latex(cells, tmp_path):
     assert len(reread) == len(table.comparison)
     assert reread["ours"].sum() == pytest.approx(table.comparison["ours"].sum(), abs=1e-3)
     assert set(reread["metric"]) == {"block_efficiency", "speedup"}
+
+
+def test_throughput_ratios_are_tokens_per_second_over_the_ar_cells(cells):
+    from spectr_repro.analysis.load import method_label
+    from spectr_repro.analysis.tables import throughput_ratios
+
+    ratios = throughput_ratios(cells, QWEN, Setting(3, 6, 0.4))
+    assert list(ratios.columns) == ["humaneval", "gsm8k"] and "AR" not in ratios.index
+    qwen = cells[(cells.model_pair == QWEN) & (cells.temperature == 0.4)]
+    for dataset in ("humaneval", "gsm8k"):
+        ar = qwen[(qwen.method == "ar") & (qwen.dataset == dataset)]
+        for method in ("sbv", "sd"):
+            K = 1 if method == "sd" else 3
+            cell = qwen[(qwen.method == method) & (qwen.dataset == dataset) & (qwen.K == K) & (qwen.L == 6)]
+            expected = (cell.tokens.iloc[0] / cell.wall_time_s.iloc[0]) / (ar.tokens.iloc[0] / ar.wall_time_s.iloc[0])
+            assert ratios.loc[method_label(method), dataset] == pytest.approx(expected, rel=1e-12)
