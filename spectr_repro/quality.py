@@ -177,16 +177,9 @@ def read_cells(results_dir: str | Path) -> list[tuple[dict, list[dict]]]:
     return out
 
 
-def quality_table(
-    results_dir: str | Path,
-    timeout: float = DEFAULT_TIMEOUT_S,
-    workers: int = 2,
-    data_dir: str | Path | None = None,
-    sandbox: str | Sandbox = "auto",
-) -> pd.DataFrame:
-    """One row per quality cell: accuracy with its interval, AR's on the same setting, the difference.
-    HumanEval rows record the sandbox mode their programs ran in (column ``sandbox``)."""
-    return quality_tables(results_dir, timeout, workers, data_dir, sandbox)[0]
+def quality_table(results_dir: str | Path, *args, **kwargs) -> pd.DataFrame:
+    """The first table of ``quality_tables`` (same arguments): one row per quality cell."""
+    return quality_tables(results_dir, *args, **kwargs)[0]
 
 
 def quality_tables(
@@ -196,8 +189,9 @@ def quality_tables(
     data_dir: str | Path | None = None,
     sandbox: str | Sandbox = "auto",
 ) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """(quality_table's cells, one row per scored prompt) -- the second is what the report pairs with AR
-    (columns of ``PROMPT_COLUMNS``: the same prompt scored under each method)."""
+    """(one row per quality cell: accuracy with its interval, AR's on the same setting, the difference --
+    HumanEval rows record the sandbox mode their programs ran in, column ``sandbox``; one row per scored
+    prompt, columns ``PROMPT_COLUMNS``: what the report pairs with AR, the same prompt under each method)."""
     from spectr_repro.verify import VERIFIERS
 
     cells = [(s, r) for s, r in read_cells(results_dir) if s.get("dataset") in QUALITY_DATASETS and r]

@@ -428,8 +428,8 @@ def theory_markdown(df: pd.DataFrame, gen: pd.DataFrame, checks, elapsed: float,
         "Exact expected accepted draft tokens per iteration E[tau] (block efficiency = E[tau] + 1) on seeded "
         "toy pairs (spectr_repro.toy: context-dependent Dirichlet conditionals; the draft mixes the target "
         "with an independent toy). Rules: exact per-iteration laws (every draft tuple enumerated, draws "
-        'integrated). `LP limit`: the best E[tau] of ANY verifier valid as is (METHODS.md, "The physical '
-        "limit\"; scipy HiGHS). `paper's bound`: sum_i sum_{x^i} P(x^i)[1 - (1 - min(1, Q/P))^K]. "
+        "integrated). `LP limit`: the best E[tau] of ANY verifier valid as is (docs/methods.md, \"The limit any "
+        "valid rule obeys\"; scipy HiGHS). `paper's bound`: sum_i sum_{x^i} P(x^i)[1 - (1 - min(1, Q/P))^K]. "
         "`gbv_value` = sum_i sum min(P, Q). A `*` marks a rule whose per-iteration law FAILS the "
         "validity check (R >= 0, R = 0 at length L+1, tolerance 1e-9): it is not lossless used as is.",
         "",

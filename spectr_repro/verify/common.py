@@ -11,8 +11,8 @@ from spectr_repro.sampling import sample, uniform
 from spectr_repro.verify.base import Outcome
 
 __all__ = [
-    "LawBuilder", "normalize", "positive_part", "residual", "sample", "sample_residual", "token_ratios", "uniform",
-    "uniform_list",
+    "LawBuilder", "block_on_host", "normalize", "positive_part", "residual", "sample", "sample_residual",
+    "token_ratios", "uniform", "uniform_list",
 ]
 
 EPS = 1e-300  # only guards 0/0; every rule states what happens when a mass is exactly 0
@@ -60,6 +60,19 @@ def token_ratios(target_rows: torch.Tensor, draft_rows: torch.Tensor, tokens: to
     p_at = target_rows.gather(-1, index).squeeze(-1).double()
     q_at = draft_rows.gather(-1, index).squeeze(-1).double()
     return (p_at / q_at).nan_to_num(nan=0.0, posinf=float("inf"))
+
+
+def block_on_host(draft_tokens: torch.Tensor, draft_probs: torch.Tensor, target_probs: torch.Tensor,
+                  generator: torch.Generator | None) -> tuple[torch.Tensor, list[list[int]], list, list]:
+    """One host read for rules that scan drafts in Python: (tokens [K, L] on the rows' device, the tokens as
+    lists, p/q of every draft token as [K][L] floats (``token_ratios``), one uniform per (draft, position))."""
+    device = draft_probs.device
+    tokens = draft_tokens.long().to(device)
+    K, L = tokens.shape
+    ratios = token_ratios(target_probs[:, :L], draft_probs, tokens)  # [K, L] float64
+    eta = uniform(K * L, generator, device=None if generator is not None else device).to(device)
+    host = torch.cat([tokens.double(), ratios, eta.view(K, L)]).tolist()
+    return tokens, [[int(x) for x in row] for row in host[:K]], host[K : 2 * K], host[2 * K :]
 
 
 def uniform_list(n: int, generator: torch.Generator | None, device: torch.device) -> list[float]:

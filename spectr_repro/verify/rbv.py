@@ -27,7 +27,7 @@ import torch
 
 from spectr_repro.verify.base import Outcome, Verifier, VerifyResult
 from spectr_repro.verify.bv import BlockSegment, clipped_weights, excess_mass, rows_at
-from spectr_repro.verify.common import LawBuilder, sample, token_ratios, uniform
+from spectr_repro.verify.common import LawBuilder, block_on_host, sample, token_ratios
 
 PRODUCT_CAP = 1e300  # running products of ratios are capped here (see _scan_later_segment)
 
@@ -80,15 +80,9 @@ class RecursiveBlockVerification(Verifier):
     single_draft = False
 
     def _sample(self, draft_tokens, draft_probs, target_probs, generator, state) -> VerifyResult:
-        device = draft_probs.device
-        tokens = draft_tokens.long().to(device)
-        K, L = tokens.shape
         # One host read: every draft token, its ratio under the raw target and one uniform per (draft, position).
-        ratios = token_ratios(target_probs[:, :L], draft_probs, tokens)  # [K, L] float64
-        eta = uniform(K * L, generator, device=None if generator is not None else device).to(device)
-        host = torch.cat([tokens.double(), ratios, eta.view(K, L)]).tolist()
-        rows = [[int(x) for x in row] for row in host[:K]]
-        raw_ratios, eta = host[K : 2 * K], host[2 * K :]
+        tokens, rows, raw_ratios, eta = block_on_host(draft_tokens, draft_probs, target_probs, generator)
+        K, L = tokens.shape
         committed, owner, current = 0, 0, None  # current None: the raw target p(. | context)
         for k in range(K):
             if rows[k][:committed] != rows[owner][:committed]:

@@ -27,7 +27,7 @@ P + Q); every other token (the tail) is accepted whenever drafted (a = 1): it ad
 rank, and its f is Q A_c exactly. rho_c is chosen on the ``head_size`` ranked tokens of largest P + Q, as
 if they were the whole vocabulary. Any deterministic choice of the ranked set and of rho keeps the rule
 valid, because f is computed exactly for the choice made (docs/sbv.md, section 4). On toy vocabularies
-(V <= head_size, every probability >= 1e-4) every token is ranked and the rule is exactly METHODS.md's.
+(V <= head_size, every probability >= 1e-4) every token is ranked and the rule is exactly docs/methods.md's.
 
 Cost on a GPU (docs/sbv.md, section 5). Everything is vectorised over the candidates, the counts
 c = 2..K, the rho grid and the ranked tokens; Python loops run over the L depths only (the count
@@ -609,7 +609,7 @@ def choose_rho(
     """rho_c for each count c >= 2: the log-grid point over [1, 50 max r] maximising sum_v min(f, P).
 
     P, Q: float64 [n] over tokens in ascending id order, used as given (not renormalised). The head is the
-    ``head_size`` tokens of largest P + Q (all of them when n <= head_size, i.e. exactly the METHODS.md
+    ``head_size`` tokens of largest P + Q (all of them when n <= head_size, i.e. exactly the docs/methods.md
     rule), and f is evaluated on the head alone (alpha = the head's accepted mass). Ties: the smallest rho.
     """
     counts = [c for c in counts if c >= 2]
@@ -665,7 +665,7 @@ class SelectionBlockVerification(Verifier):
     """SBV: select one path through the K drafts with a known law, then BV on it (lossless).
 
     Options: ``count_posterior`` (default True: q_sel mixes f over the posterior of the survivor count;
-    False: f at the observed count), ``selection`` ("randomized" = METHODS.md; "greedy" = always the
+    False: f at the observed count), ``selection`` ("randomized" = docs/methods.md; "greedy" = always the
     highest-ratio survivor token, i.e. greedy multi-path BV), ``grid_size`` (points of the rho grid),
     ``head_size`` (rho is chosen on the ranked tokens of largest P + Q, at most this many),
     ``tail_threshold`` and ``rank_size`` (the ranked tokens: P + Q >= tail_threshold, at most rank_size of

@@ -34,7 +34,7 @@ from collections.abc import Sequence
 import torch
 
 from spectr_repro.verify.base import Outcome, Verifier, VerifyResult
-from spectr_repro.verify.common import LawBuilder, normalize, sample, token_ratios, uniform
+from spectr_repro.verify.common import LawBuilder, block_on_host, normalize, sample, token_ratios
 
 # Slack on the K-SEQ condition: near rho = 1 with p ~ q the excess below is flat (order (rho - 1)^k) and
 # its sign is decided by float64 round-off of beta; a residual at most this far below 0 is clipped to 0.
@@ -219,15 +219,9 @@ class SpecTr(Verifier):
         return self._law_steps[key]
 
     def _sample(self, draft_tokens, draft_probs, target_probs, generator, state) -> VerifyResult:
-        device = draft_probs.device
-        tokens = draft_tokens.long().to(device)
-        K, L = tokens.shape
         # One host read: every draft token, its ratio p/q and one uniform per test slot (draft, depth).
-        ratios = token_ratios(target_probs[:, :L], draft_probs, tokens)  # [K, L] float64
-        eta = uniform(K * L, generator, device=None if generator is not None else device).to(device)
-        host = torch.cat([tokens.double(), ratios, eta.view(K, L)]).tolist()
-        rows = [[int(x) for x in row] for row in host[:K]]
-        ratio, eta = host[K : 2 * K], host[2 * K :]
+        tokens, rows, ratio, eta = block_on_host(draft_tokens, draft_probs, target_probs, generator)
+        K, L = tokens.shape
         group_rho = _GroupRho(target_probs, draft_probs, rows)
         survivors = list(range(K))  # the drafts carrying the emitted prefix, in draft order
         for t in range(L):

@@ -1,6 +1,6 @@
 """SpecTr-GBV exactly as the authors released it (github junemily/SpecTr-GBV, src/engine.py), K drafts.
 
-Replicated from METHODS.md and a reading of the released code (not copied). φ(a) = (1 − a)^K, eps = 1e-20.
+Replicated from docs/methods.md and a reading of the released code (not copied). φ(a) = (1 − a)^K, eps = 1e-20.
 For draft j = 0..K−1 in order, with τ the accepted length when draft j starts:
   (Q, P) start as the products of draft j's OWN first τ tokens (even if they differ from the accepted
   prefix); for i = τ+1..L−1 they are extended by token i, and with P_v = P·p(v|x^i), Q_v = Q·q(v|x^i),

@@ -92,7 +92,11 @@ def test_best_of_refuses_a_rule_that_changes_the_output(pair):
 
 
 def test_presets_compose_with_the_hardware_config():
-    for name in ("quick", "full"):
+    from spectr_repro.conf import conf_dir
+
+    names = sorted(path.stem for path in (conf_dir() / "bench").glob("*.yaml"))
+    assert {"quick", "full"} <= set(names)
+    for name in names:
         preset, hardware = cli.compose_preset(name, "cpu")
         assert preset.pair in preset.pairs_ar or preset.pairs_ar
         assert hardware.device == "cpu" and "prefill_chunk" in hardware

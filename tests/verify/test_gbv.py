@@ -1,6 +1,6 @@
 """GBV (greedy block verification): exact losslessness WITH the carry-over target (across iterations,
 frames composing), the measured bias WITHOUT it (the authors' release at K = 1) checked against an
-independent pure-Python transcription of METHODS.md, negative controls, sampler = law, reductions, and
+independent pure-Python transcription of docs/methods.md, negative controls, sampler = law, reductions, and
 E[tau] = sum_i sum_{x^i} min(P, Q) >= BV's."""
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ from .conftest import (
 NO_CARRY_TV_BAND = (0.082, 0.100)
 
 
-# --- an independent transcription of METHODS.md "GBV" (pure Python floats, no carry-over) -------------
+# --- an independent transcription of docs/methods.md "GBV" (pure Python floats, no carry-over) -------------
 
 def reference_gbv_iteration(target, draft, context, L):
     """{emitted tokens: probability} of one GBV iteration from plain p, drafts enumerated by hand."""
@@ -249,7 +249,7 @@ def test_temperature_zero_and_draft_equal_target(toys, carry_over):
 
 @pytest.mark.parametrize("toy_index", [0, 1, 2])
 def test_mean_accepted_is_sum_of_min_and_at_least_bv(toys, toy_index):
-    """Per iteration (from plain p): E[tau] = sum_i sum_{x^i} min(P(x^i), Q(x^i)) (METHODS.md), >= BV's."""
+    """Per iteration (from plain p): E[tau] = sum_i sum_{x^i} min(P(x^i), Q(x^i)) (docs/methods.md), >= BV's."""
     target, draft = toys[toy_index]
     L = 3
     expected = sum(min(target.sequence_prob((), x), draft.sequence_prob((), x))

@@ -80,7 +80,7 @@ def test_exact_decoded_law_is_the_target_law(vocab, L, K, seed):
 
 @pytest.mark.parametrize("vocab, L, K, seed", [(3, 2, 2, 1), (2, 3, 3, 2), (4, 2, 2, 3)])
 def test_iteration_law_passes_the_validity_condition(vocab, L, K, seed):
-    """R >= 0 everywhere and R = 0 at length L+1 (METHODS.md), on the law of one iteration."""
+    """R >= 0 everywhere and R = 0 at length L+1 (docs/methods.md, Validity), on the law of one iteration."""
     target, draft = toy_pair(vocab, seed)
     report = check_validity(iteration_law(get_verifier("sbvf"), target, draft, K, L), target, L)
     assert report.valid, report.reason

@@ -27,7 +27,7 @@ from .conftest import (
 
 # The named toy: toy_pair(vocab_size=3, seed=1) (target Dirichlet(1) per context, draft = half target,
 # half an independent toy). Exact first-token TV to the target, measured with this rule; the bands are
-# +-10 % so that a silent change of the rule fails. METHODS.md reports ~0.07 (K = 2) and ~0.03 (K = 3)
+# +-10 % so that a silent change of the rule fails. docs/methods.md reports ~0.07 (K = 2) and ~0.03 (K = 3)
 # on another toy; across toy seeds 0..3 we see 0.005-0.13 at K = 2, L = 3.
 NAMED_TOY = dict(vocab_size=3, seed=1)
 FIRST_TOKEN_TV = {(2, 3): 0.1115, (3, 2): 0.0644, (3, 3): 0.1247}  # (K, L) -> exact TV
