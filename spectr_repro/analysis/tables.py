@@ -435,7 +435,10 @@ def _pair_records(mine: pd.DataFrame, theirs: pd.DataFrame, metric: str) -> _Pai
         "n_comparator": len(theirs.drop_duplicates(PROMPT_KEYS)),
     }
     columns = [f"{numerator}_a", f"{denominator}_a", f"{numerator}_b", f"{denominator}_b"]
-    if aligned.empty or aligned[columns].isna().any().any():
+    # Prompts decoded in a batch (hardware.batch_prompts) have no wall time: speed-ups pair the timed ones.
+    aligned = aligned.dropna(subset=columns)
+    counts["n_paired"] = counts["n_per_dataset"] = len(aligned)
+    if aligned.empty:
         return _Pairing([], [], counts, "no paired prompts with records")
     groups = [group for _, group in aligned.groupby(["seed", "max_new_tokens"], dropna=False)]
     strata = [tuple(group[c].to_numpy(dtype=float) for c in columns) for group in groups]
@@ -481,7 +484,7 @@ def _difference_row(pairing: _Pairing, kind: str, null: float) -> dict:
         low=interval.low,
         high=interval.high,
         excludes_null=interval.excludes(null),
-        real=interval.excludes(null) and pairing.counts["n_per_dataset"] >= MIN_PROMPTS_FOR_VERDICT,
+        real=interval.excludes(null) and pairing.counts["n_paired"] >= MIN_PROMPTS_FOR_VERDICT,
         interval=interval.method,
     )
     counts = pairing.counts
@@ -507,8 +510,8 @@ def method_differences(
     are matched on (seed, max_new_tokens, prompt_id); where the two cells' prompt sets differ the
     comparison uses the prompts both ran, and ``note`` says so. The average column exists where both
     methods have every dataset of the table; it resamples prompts within each dataset. ``real``: the
-    interval excludes the null (0 or 1) with at least ``MIN_PROMPTS_FOR_VERDICT`` paired prompts in
-    each dataset it covers.
+    interval excludes the null (0 or 1) with at least ``MIN_PROMPTS_FOR_VERDICT`` paired prompts in the
+    entry: the dataset's own, or all datasets' together for the average (a stratified bootstrap of them).
     """
     pair_cells, setting = pair_cells_and_setting(cells, model_pair, setting)
     selected = cells_at(pair_cells, setting)
@@ -551,19 +554,22 @@ def differences_markdown(differences: pd.DataFrame) -> str:
     if differences.empty:
         return "No comparator (SpecTr-GBV, SD) at this setting: nothing to compare with.\n"
     sizes = sorted({int(n) for n in differences["n_per_dataset"].dropna()})
+    totals = [int(n) for n in differences["n_paired"].dropna()] or [0]
     lines = [
         f"Each method against {' and against '.join(method_label(c) for c in differences['comparator'].unique())} "
         "on the same prompts (paired by prompt id). Δ block efficiency = method − comparator; speed-up "
         "ratio = method's speed-up / comparator's. Brackets: 95 % paired bootstrap interval over prompts "
         f"({RESAMPLES} resamples, seed {SEED}; BCa, percentile where BCa is undefined); the average column "
         "resamples prompts within each dataset. **Bold**: the interval excludes 0 (Δ) or 1 (ratio) with at "
-        f"least {MIN_PROMPTS_FOR_VERDICT} paired prompts in each dataset — a difference that is real at this "
-        "setting. "
+        f"least {MIN_PROMPTS_FOR_VERDICT} paired prompts in the entry (a dataset's own; all datasets' together "
+        "for the average) — a difference that is real at this setting. "
         "n/c: speed-up not comparable (batched, contention or offloaded cells).",
         "",
         f"Paired prompts per dataset: {', '.join(map(str, sizes)) or '—'}"
         + (
             f" — fewer than {MIN_PROMPTS_FOR_VERDICT}, so no difference can be called real."
+            if sizes and max(totals) < MIN_PROMPTS_FOR_VERDICT
+            else f" — fewer than {MIN_PROMPTS_FOR_VERDICT} per dataset: only average entries can be called real."
             if sizes and max(sizes) < MIN_PROMPTS_FOR_VERDICT
             else "."
         ),

@@ -115,12 +115,21 @@ def test_two_identical_methods_are_not_a_real_difference(differences):
 
 
 def test_too_few_prompts_are_never_called_real():
-    few = method_differences(*toy_grid(num_prompts=5), PAIR)
+    few = method_differences(*toy_grid(num_prompts=4), PAIR)
     shift = _entry(few, "spectr_gbv", "sd", "gsm8k", "block_efficiency")
-    assert shift.n_paired == 5 and shift.excludes_null and not shift.real
+    assert shift.n_paired == 4 and shift.excludes_null and not shift.real
     text = differences_markdown(few)
     assert "fewer than 10, so no difference can be called real" in text
-    assert few["real"].eq(False).all() and few["excludes_null"].any()  # the average's 10 prompts are 5 + 5
+    assert few["real"].eq(False).all() and few["excludes_null"].any()  # the average's 8 prompts are 4 + 4
+
+
+def test_the_average_can_be_real_when_its_datasets_together_have_enough_prompts():
+    some = method_differences(*toy_grid(num_prompts=5), PAIR)
+    shift = _entry(some, "spectr_gbv", "sd", "gsm8k", "block_efficiency")
+    assert shift.n_paired == 5 and shift.excludes_null and not shift.real
+    average = _entry(some, "spectr_gbv", "sd", AVERAGE, "block_efficiency")
+    assert average.n_paired == 10 and average.excludes_null and average.real
+    assert "only average entries can be called real" in differences_markdown(some)
 
 
 def test_differing_prompt_sets_are_compared_on_the_intersection_and_said_so(grid):
@@ -194,3 +203,23 @@ def test_batched_cells_never_show_a_speedup(grid, tmp_path):
     ablation = ablation_data(batched, records, PAIR, "K")
     point = ablation[(ablation["method"] == "spectr_gbv") & (ablation["dataset"] == "gsm8k")]
     assert list(point["metric"]) == ["block_efficiency"]  # no speed-up point for the batched cell
+
+
+def test_batched_prompts_without_wall_times_leave_the_speedup_to_the_timed_ones():
+    """hardware.batch_prompts: prompts past the first timed_prompts carry no wall time (None -> NaN). Block
+    efficiency pairs every prompt; the speed-up ratio pairs the timed prompts only, and equals the full
+    computation on those prompts alone."""
+    cells, records = toy_grid(num_prompts=12)
+    index = records["prompt_id"].str.split("/").str[1].astype(int)
+    batched = records.assign(
+        wall_time_s=records["wall_time_s"].where(index < 4), ar_wall_time_s=records["ar_wall_time_s"].where(index < 4)
+    )
+    cells = cells.assign(batch_prompts=8, timed_prompts=4)
+    mixed = method_differences(cells, batched, PAIR)
+    timed_only = method_differences(cells, records[index < 4], PAIR)
+    for dataset in (*DATASETS, AVERAGE):
+        be = _entry(mixed, "sd", "spectr_gbv", dataset, "block_efficiency")
+        assert be.n_paired == 12 * (len(DATASETS) if dataset == AVERAGE else 1)
+        speed, expected = (_entry(frame, "sd", "spectr_gbv", dataset, "speedup") for frame in (mixed, timed_only))
+        assert speed.n_paired == expected.n_paired == 4 * (len(DATASETS) if dataset == AVERAGE else 1)
+        assert speed.estimate == pytest.approx(expected.estimate) and speed.low == pytest.approx(expected.low)
