@@ -428,11 +428,11 @@ def _pair_records(mine: pd.DataFrame, theirs: pd.DataFrame, metric: str) -> _Pai
     """Prompts of one dataset matched on PROMPT_KEYS; one stratum per (seed, max_new_tokens)."""
     numerator, denominator = RATIO_COLUMNS[metric]
     aligned = align_prompts(mine, theirs, PROMPT_KEYS, [numerator, denominator])
-    counts = {
+    counts = {  # prompts with this metric's records (batched prompts have no wall time, so no speed-up)
         "n_paired": len(aligned),
         "n_per_dataset": len(aligned),
-        "n_method": len(mine.drop_duplicates(PROMPT_KEYS)),
-        "n_comparator": len(theirs.drop_duplicates(PROMPT_KEYS)),
+        "n_method": len(mine.dropna(subset=[numerator, denominator]).drop_duplicates(PROMPT_KEYS)),
+        "n_comparator": len(theirs.dropna(subset=[numerator, denominator]).drop_duplicates(PROMPT_KEYS)),
     }
     columns = [f"{numerator}_a", f"{denominator}_a", f"{numerator}_b", f"{denominator}_b"]
     # Prompts decoded in a batch (hardware.batch_prompts) have no wall time: speed-ups pair the timed ones.
@@ -520,7 +520,11 @@ def method_differences(
     datasets = ordered(selected["dataset"], DATASET_ORDER)
     by_cell = records_by_cell(records, selected)
     rows = []
-    for comparator in [c for c in comparators if c in set(selected["method"])]:
+    # A comparator is its rule as configured (the shortest name of that rule: "spectr_gbv[carry_over=False]",
+    # not an option variant such as "spectr_gbv[arithmetic=release_bf16,carry_over=False]").
+    names = set(selected["method"])
+    resolved = [min((m for m in names if base_method(m) == c), key=len, default=None) for c in comparators]
+    for comparator in [c for c in resolved if c is not None]:
         for method in order_methods(m for m in selected["method"] if m != comparator):
             for metric, (kind, null) in COMPARISON_KIND.items():
                 per_dataset = {

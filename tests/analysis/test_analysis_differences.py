@@ -223,3 +223,14 @@ def test_batched_prompts_without_wall_times_leave_the_speedup_to_the_timed_ones(
         speed, expected = (_entry(frame, "sd", "spectr_gbv", dataset, "speedup") for frame in (mixed, timed_only))
         assert speed.n_paired == expected.n_paired == 4 * (len(DATASETS) if dataset == AVERAGE else 1)
         assert speed.estimate == pytest.approx(expected.estimate) and speed.low == pytest.approx(expected.low)
+        assert not speed.note  # the untimed prompts are not "prompt sets that differ"
+
+
+def test_a_comparator_is_its_rule_as_configured_not_an_option_variant():
+    cells, records = toy_grid(num_prompts=12)
+    configured, variant = "spectr_gbv[carry_over=False]", "spectr_gbv[arithmetic=release_bf16,carry_over=False]"
+    renamed = [frame.replace({"method": {"spectr_gbv": configured, "sbv": variant}}) for frame in (cells, records)]
+    differences = method_differences(*renamed, PAIR)
+    assert set(differences["comparator"]) == {configured, "sd"}
+    same = _entry(differences, configured, variant, "gsm8k", "block_efficiency")  # identical records
+    assert same.estimate == pytest.approx(0.0)
