@@ -231,7 +231,7 @@ def quality_tables(
     prompts = pd.DataFrame(outcomes, columns=PROMPT_COLUMNS)
     if df.empty:
         return df, prompts
-    setting = ["experiment", "dataset", "model_pair", "temperature", "max_new_tokens"]
+    setting = ["experiment", "dataset", "model_pair", "temperature", "max_new_tokens", "n"]  # n: same prompts
     ar = df[df.method == "ar"].drop_duplicates(setting).set_index(setting)
     for column in ("ar_accuracy", "diff_low", "diff_high"):
         df[column] = math.nan
