@@ -18,10 +18,12 @@ rule on the fly and show that the same battery tests it — and rejects a broken
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import pytest
 
-from spectr_repro.toy import block_tensors, toy_pair
+from spectr_repro.lawcheck import total_variation
+from spectr_repro.toy import block_tensors, exact_decoded_law, target_law, toy_pair
 from spectr_repro.verify import VERIFIERS, VerifierSpec, get_verifier
 from spectr_repro.verify.sd import SpeculativeDecoding
 
@@ -111,6 +113,17 @@ def test_contract(name, K):
 @pytest.mark.parametrize("name", list(VERIFIERS))
 def test_one_hot_distributions_emit_the_target_argmax(name, toys):
     assert_greedy_is_argmax(get_verifier(name), toys[1], K=max(supported_Ks(name)[:2]))
+
+
+@pytest.mark.parametrize("name", [name for name, spec in VERIFIERS.items() if spec.lossless])
+def test_draft_with_zero_probabilities_is_handled(name):
+    """A one-hot draft has q = 0 on most tokens (ratio p/q undefined there): no NaN, still lossless."""
+    target, _ = toy_pair(3, 6)
+    draft = toy_pair(3, 7)[0].greedy()
+    K = max(supported_Ks(name)[:2])
+    law = exact_decoded_law(get_verifier(name), target, draft, K=K, L=2, n=2)
+    assert all(math.isfinite(p) for p in law.values())
+    assert total_variation(law, target_law(target, 2)) < EXACT_TV
 
 
 @pytest.mark.parametrize("name", [name for name, spec in VERIFIERS.items() if spec.lossless])
