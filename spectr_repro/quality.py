@@ -232,7 +232,7 @@ def quality_tables(
     if df.empty:
         return df, prompts
     setting = ["experiment", "dataset", "model_pair", "temperature", "max_new_tokens", "n"]  # n: same prompts
-    ar = df[df.method == "ar"].drop_duplicates(setting).set_index(setting)
+    ar = df[df.method == "ar"].drop_duplicates(setting).set_index(setting, drop=False)
     for column in ("ar_accuracy", "diff_low", "diff_high"):
         df[column] = math.nan
     df["agrees_with_ar"] = None
