@@ -35,6 +35,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from spectr_repro.analysis.stats import wilson_interval  # scipy's Wilson score interval (also used by the report)
 from spectr_repro.sandbox import (
     MODE_DESCRIPTIONS,
     OUTPUT_LIMIT_BYTES,
@@ -142,23 +143,13 @@ def score_records(
     raise ValueError(f"no quality metric for dataset {dataset!r} (have: {', '.join(QUALITY_DATASETS)})")
 
 
-def wilson_interval(successes: int, n: int, z: float = 1.959964) -> tuple[float, float]:
-    """Wilson score interval for a binomial proportion (95 % by default)."""
-    if n == 0:
-        return (math.nan, math.nan)
-    p = successes / n
-    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
-    return (max(0.0, centre - half), min(1.0, centre + half))
-
-
-def difference_interval(k1: int, n1: int, k2: int, n2: int, z: float = 1.959964) -> tuple[float, float]:
-    """Newcombe's hybrid score interval for p1 - p2 (independent samples)."""
+def difference_interval(k1: int, n1: int, k2: int, n2: int) -> tuple[float, float]:
+    """Newcombe's hybrid score interval for p1 - p2 (independent samples), from the two 95 % Wilson intervals."""
     if n1 == 0 or n2 == 0:
         return (math.nan, math.nan)
     p1, p2 = k1 / n1, k2 / n2
-    l1, u1 = wilson_interval(k1, n1, z)
-    l2, u2 = wilson_interval(k2, n2, z)
+    l1, u1 = wilson_interval(k1, n1)
+    l2, u2 = wilson_interval(k2, n2)
     d = p1 - p2
     return (d - math.sqrt((p1 - l1) ** 2 + (u2 - p2) ** 2), d + math.sqrt((u1 - p1) ** 2 + (p2 - l2) ** 2))
 
