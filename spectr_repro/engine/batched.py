@@ -41,13 +41,14 @@ import torch
 from transformers import DynamicCache
 
 from spectr_repro.engine.batch_cache import BatchCache, to_device
-from spectr_repro.engine.forward import forward_chunked, resolve_vocab_size
+from spectr_repro.engine.forward import forward_chunked
 from spectr_repro.engine.loop import (
     TIME_SECTIONS,
     GenerationOutput,
     _block_efficiency,
     _block_length,
     _check_arguments,
+    _check_setup,
     _model_device,
     _prompt_tensor,
     _read_outcomes,
@@ -139,14 +140,8 @@ def generate_batch(
     stops = list(should_stop) if isinstance(should_stop, Sequence) else [should_stop] * count
     if len(stops) != count:
         raise ValueError(f"{len(stops)} should_stop callables for {count} prompts")
-    if prefill_chunk is not None and (isinstance(prefill_chunk, bool) or not isinstance(prefill_chunk, int)
-                                      or prefill_chunk < 1):
-        raise ValueError(f"prefill_chunk must be a positive integer or None, got {prefill_chunk!r}")
-    device = _model_device(target)
-    if verifier is not None and _model_device(draft) != device:
-        raise ValueError(f"target and draft must be on one device, got {device} and {_model_device(draft)}")
-    vocab_size = resolve_vocab_size(target, None if verifier is None else draft, vocab_size)
-    eos = frozenset(int(t) for t in eos_token_ids)
+    device, prefill_chunk, vocab_size, eos = _check_setup(target, draft, verifier, prefill_chunk, vocab_size,
+                                                          eos_token_ids)
     rows = []
     for index, (ids, budget, seed, stop) in enumerate(zip(prompts, budgets, seeds, stops)):
         prompt = _prompt_tensor(ids, device, [target] if verifier is None else [target, draft])

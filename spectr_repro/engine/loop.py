@@ -115,21 +115,12 @@ def generate(
     """
     verifier = _check_arguments(draft, method, K, L, temperature, max_new_tokens, verifier_options)
     K, L, max_new_tokens, temperature = int(K), int(L), int(max_new_tokens), float(temperature)
-    if prefill_chunk is not None and (not _is_integer(prefill_chunk) or prefill_chunk < 1):
-        raise ValueError(f"prefill_chunk must be a positive integer or None, got {prefill_chunk!r}")
     if not _is_integer(seed) or not -(2**63) <= seed < 2**64:
         raise ValueError(f"seed must be an integer in [-2**63, 2**64), got {seed!r}")
-    if vocab_size is not None and not _is_integer(vocab_size):
-        raise ValueError(f"vocab_size must be an integer or None, got {vocab_size!r}")
-    eos = _eos_ids(eos_token_ids)
     seed = int(seed)
-    prefill_chunk = None if prefill_chunk is None else int(prefill_chunk)
-    device = _model_device(target)
-    if verifier is not None and _model_device(draft) != device:
-        # One generator drives every draw; cross-device pairs would also copy tokens every step.
-        raise ValueError(f"target and draft must be on one device, got {device} and {_model_device(draft)}")
+    device, prefill_chunk, vocab_size, eos = _check_setup(target, draft, verifier, prefill_chunk, vocab_size,
+                                                          eos_token_ids)
     prompt = _prompt_tensor(input_ids, device, [target] if verifier is None else [target, draft])
-    vocab_size = resolve_vocab_size(target, None if verifier is None else draft, vocab_size)
     generator = torch.Generator(device=device).manual_seed(seed)
     # Sections on CUDA: events, read once at the end (no synchronisation per section); the total is
     # wall clock between two synchronisations. AR and every method are timed the same way.
@@ -340,6 +331,21 @@ def _eos_ids(eos_token_ids) -> frozenset[int]:
     if not all(_is_integer(t) and t >= 0 for t in ids):
         raise ValueError(f"eos_token_ids must be non-negative integers, got {eos_token_ids!r}")
     return frozenset(int(t) for t in ids)
+
+
+def _check_setup(target, draft, verifier, prefill_chunk, vocab_size, eos_token_ids):
+    """(device, prefill_chunk, vocab_size, eos ids) checked and resolved: what generate and generate_batch share."""
+    if prefill_chunk is not None and (not _is_integer(prefill_chunk) or prefill_chunk < 1):
+        raise ValueError(f"prefill_chunk must be a positive integer or None, got {prefill_chunk!r}")
+    if vocab_size is not None and not _is_integer(vocab_size):
+        raise ValueError(f"vocab_size must be an integer or None, got {vocab_size!r}")
+    eos = _eos_ids(eos_token_ids)
+    device = _model_device(target)
+    if verifier is not None and _model_device(draft) != device:
+        # One generator drives every draw; cross-device pairs would also copy tokens every step.
+        raise ValueError(f"target and draft must be on one device, got {device} and {_model_device(draft)}")
+    vocab_size = resolve_vocab_size(target, None if verifier is None else draft, vocab_size)
+    return device, None if prefill_chunk is None else int(prefill_chunk), vocab_size, eos
 
 
 def _prompt_tensor(input_ids, device: torch.device, models: Sequence[torch.nn.Module]) -> torch.Tensor:
