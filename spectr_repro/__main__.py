@@ -17,6 +17,8 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
               "run a grid: comma lists (K=1,3,5,7) and/or an experiment's grid (experiment=paper_main)"),
     "plan": ("spectr_repro.runner", "main_plan",
              "what a sweep would cost (cells, tokens, downloads vs disk, time), loading nothing"),
+    "replay": ("spectr_repro.replay.driver", "main",
+               "every rule, K and L on the same draft blocks of a lossless trajectory (block efficiency)"),
     "report": ("spectr_repro.analysis.report", "main", "tables, figures and REPORT.md from a results folder"),
     "theory": ("spectr_repro.theory.cli", "main_theory", "exact laws, LP limit, paper's bound (toys)"),
     "audit": ("spectr_repro.theory.cli", "main_audit", "validity audit of every verification rule"),

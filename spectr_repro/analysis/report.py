@@ -577,9 +577,15 @@ def build_report(
         f"{dt.datetime.now().isoformat(timespec='seconds')} by `{command}` from "
         f"{len(results.cells)} cells.",
         "",
+    ]
+    replayed = _replay_parts(folders, out_dir, audit_path, results)
+    if replayed is not None:  # the verdicts open the report; the replayed Table 1 comes before the trajectory one
+        sections += [replayed[0]]
+    sections += [
         environment_section(results.cells),
         integrity_markdown(folders, results.cells) or "",
         settings_section(results.cells, results.records),
+        replayed[1] if replayed is not None else "",
         pair_sections(results, paper, out_dir),
         paper_section(paper),
     ]
@@ -594,6 +600,14 @@ def build_report(
             sections.append(optional)
     report_path.write_text("\n".join(sections).rstrip() + "\n", encoding="utf-8")
     return report_path
+
+
+def _replay_parts(folders: list[Path], out_dir: Path, audit_path: Path | None, results: Results):
+    from spectr_repro.analysis.replay_report import replay_sections
+
+    audit = json.loads(audit_path.read_text(encoding="utf-8")) if audit_path is not None else None
+    return replay_sections(folders, out_dir, audit_rows(audit) if audit is not None else None,
+                           results.cells, results.records)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,0 +1,180 @@
+"""Shared-block replay results: tokens per target call of every (method, K, L), intervals clustered by prompt.
+
+Reads the replay's files only (``<experiment>/replay/<group>/prompts/<index>/blocks.jsonl``, written by
+``python -m spectr_repro replay``). Blocks of one prompt are not independent (they share its text), so
+every interval resamples prompts, never blocks: a method's value in a dataset is Σ_blocks value / blocks
+(a ratio of per-prompt sums, :func:`spectr_repro.analysis.stats.mean_of_ratios`), the average over datasets
+weighs each dataset alike (prompts resampled within each), and a difference between two methods is paired
+on the same blocks (:func:`spectr_repro.analysis.stats.paired_comparison`).
+
+Comparators: the release (spectr_gbv) at the same (K, L); SD at K = 1 and the same L (SD drafts one row).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+
+from spectr_repro.analysis.stats import RESAMPLES, mean_of_ratios, paired_comparison
+from spectr_repro.verify import VERIFIERS, method_labels
+
+AVERAGE = "average"
+GROUP_KEYS = ["model_pair", "temperature"]
+CELL_KEYS = ["method", "K", "L"]
+SUMMARY_FILE = "replay_summary.csv"
+DIFFERENCES_FILE = "replay_differences.csv"
+LABEL = "tokens per target call on shared blocks"
+COMPARATORS = ("spectr_gbv", "sd")
+
+
+def load_blocks(root: str | Path) -> pd.DataFrame:
+    """Long table, one row per (block, method, K, L), of every finished prompt under ``root``."""
+    rows = []
+    for meta_path in sorted(Path(root).glob("*/replay.json")):
+        meta = json.loads(meta_path.read_text())
+        for done_path in sorted(meta_path.parent.glob("prompts/*/done.json")):
+            blocks_path = done_path.parent / "blocks.jsonl"
+            if not blocks_path.exists():
+                continue
+            prompt = json.loads(done_path.read_text())
+            for line in blocks_path.read_text().splitlines():
+                block = json.loads(line)
+                for method, K, L, tokens, estimator, draws in block["values"]:
+                    rows.append((meta["model_pair"], meta["dataset"], float(meta["temperature"]),
+                                 prompt["prompt_id"], block["iteration"], block["reference_tokens"], method,
+                                 int(K), int(L), float(tokens), estimator, int(draws)))
+    columns = ["model_pair", "dataset", "temperature", "prompt_id", "iteration", "reference_tokens", *CELL_KEYS,
+               "tokens", "estimator", "draws"]
+    return pd.DataFrame(rows, columns=columns)
+
+
+def _per_prompt(frame: pd.DataFrame) -> pd.DataFrame:
+    """Σ tokens and blocks per (group, dataset, cell, prompt)."""
+    keys = [*GROUP_KEYS, "dataset", *CELL_KEYS, "prompt_id"]
+    return frame.groupby(keys, sort=False).agg(tokens=("tokens", "sum"), blocks=("tokens", "size")).reset_index()
+
+
+def summary(frame: pd.DataFrame, resamples: int = RESAMPLES) -> pd.DataFrame:
+    """Per group, dataset (and the average over datasets) and cell: value with its prompt-clustered interval."""
+    if frame.empty:
+        return pd.DataFrame(columns=[*GROUP_KEYS, "dataset", *CELL_KEYS, "blocks", "prompts", "tokens_per_call",
+                                     "ci_low", "ci_high", "estimator", "first_iteration"])
+    per_prompt = _per_prompt(frame)
+    estimators = frame.groupby(CELL_KEYS)["estimator"].agg(lambda s: "+".join(sorted(set(s)))).to_dict()
+    rows = []
+    for keys, cell in per_prompt.groupby([*GROUP_KEYS, *CELL_KEYS], sort=False):
+        group, (method, K, L) = dict(zip(GROUP_KEYS, keys[:2])), keys[2:]
+        strata = {dataset: part for dataset, part in cell.groupby("dataset", sort=False)}
+        entries = [(dataset, [part]) for dataset, part in strata.items()]
+        if len(strata) > 1:
+            entries.append((AVERAGE, list(strata.values())))
+        for dataset, parts in entries:
+            interval = mean_of_ratios([(p["tokens"], p["blocks"]) for p in parts], resamples=resamples)
+            rows.append({**group, "dataset": dataset, "method": method, "K": K, "L": L,
+                         "blocks": int(sum(p["blocks"].sum() for p in parts)),
+                         "prompts": int(sum(len(p) for p in parts)), "tokens_per_call": interval.estimate,
+                         "ci_low": interval.low, "ci_high": interval.high,
+                         "estimator": estimators[(method, K, L)],
+                         "first_iteration": VERIFIERS[method].carries_state})
+    return pd.DataFrame(rows)
+
+
+def _comparator_cell(comparator: str, K: int, L: int) -> tuple[str, int, int]:
+    return (comparator, 1 if VERIFIERS[comparator].single_draft else K, L)
+
+
+def differences(frame: pd.DataFrame, comparators=COMPARATORS, resamples: int = RESAMPLES) -> pd.DataFrame:
+    """Every method against each comparator, paired on the same blocks: per dataset and on the average."""
+    columns = [*GROUP_KEYS, "dataset", *CELL_KEYS, "comparator", "comparator_K", "difference", "ci_low",
+               "ci_high", "prompts", "verdict"]
+    if frame.empty:
+        return pd.DataFrame(columns=columns)
+    per_prompt = _per_prompt(frame)
+    indexed = per_prompt.set_index([*GROUP_KEYS, *CELL_KEYS, "dataset", "prompt_id"])
+    rows = []
+    for keys, cell in per_prompt.groupby([*GROUP_KEYS, *CELL_KEYS], sort=False):
+        group, (method, K, L) = keys[:2], keys[2:]
+        for comparator in comparators:
+            other = _comparator_cell(comparator, K, L)
+            if other == (method, K, L) or comparator not in set(per_prompt["method"]):
+                continue
+            strata = {}
+            for dataset, part in cell.groupby("dataset", sort=False):
+                index = [(*group, *other, dataset, prompt) for prompt in part["prompt_id"]]
+                theirs = indexed.reindex(index)
+                keep = theirs["tokens"].notna().to_numpy()
+                if keep.any():
+                    strata[dataset] = (part["tokens"].to_numpy()[keep], part["blocks"].to_numpy()[keep],
+                                       theirs["tokens"].to_numpy()[keep], theirs["blocks"].to_numpy()[keep])
+            entries = [(d, [s]) for d, s in strata.items()] + ([(AVERAGE, list(strata.values()))]
+                                                                if len(strata) > 1 else [])
+            for dataset, parts in entries:
+                interval = paired_comparison(parts, "difference", resamples=resamples)
+                rows.append({**dict(zip(GROUP_KEYS, group)), "dataset": dataset, "method": method, "K": K, "L": L,
+                             "comparator": comparator, "comparator_K": other[1], "difference": interval.estimate,
+                             "ci_low": interval.low, "ci_high": interval.high, "prompts": interval.n,
+                             "verdict": _verdict(interval)})
+    return pd.DataFrame(rows, columns=columns)
+
+
+def _verdict(interval) -> str:
+    if not interval.has_interval:
+        return "undecided (< 2 prompts)"
+    if interval.low > 0:
+        return "higher"
+    if interval.high < 0:
+        return "lower"
+    return "undecided"
+
+
+def write_summaries(root: str | Path, resamples: int = RESAMPLES) -> str:
+    """Write replay_summary.csv and replay_differences.csv under ``root``; return a markdown digest."""
+    root = Path(root)
+    frame = load_blocks(root)
+    table, diffs = summary(frame, resamples), differences(frame, resamples=resamples)
+    table.to_csv(root / SUMMARY_FILE, index=False)
+    diffs.to_csv(root / DIFFERENCES_FILE, index=False)
+    return summary_markdown(table)
+
+
+def read_summaries(root: str | Path) -> tuple[pd.DataFrame, pd.DataFrame] | None:
+    """(summary, differences) written by :func:`write_summaries`, or None when there is no replay."""
+    root = Path(root)
+    if not (root / SUMMARY_FILE).exists():
+        return None
+    table = pd.read_csv(root / SUMMARY_FILE)
+    path = root / DIFFERENCES_FILE
+    diffs = pd.read_csv(path) if path.exists() and path.stat().st_size > 1 else pd.DataFrame()
+    return table, diffs
+
+
+def _interval(value, low, high) -> str:
+    if pd.isna(low) or pd.isna(high):
+        return f"{value:.2f}"
+    return f"{value:.2f} [{low:.2f}, {high:.2f}]"
+
+
+def summary_markdown(table: pd.DataFrame, dataset: str | None = None) -> str:
+    """Methods as rows, (K, L) as columns, at one dataset (default: the average, else the only one)."""
+    if table.empty:
+        return "(no finished replay prompts)"
+    datasets = list(dict.fromkeys(table["dataset"]))
+    dataset = dataset or (AVERAGE if AVERAGE in datasets else datasets[0])
+    part = table[table["dataset"] == dataset].copy()
+    labels = method_labels()
+    part["cell"] = [_interval(v, lo, hi) for v, lo, hi in zip(part["tokens_per_call"], part["ci_low"], part["ci_high"])]
+    part["method"] = [labels.get(m, m) + (" (1st iter.)" if flag else "") for m, flag in
+                      zip(part["method"], part["first_iteration"])]
+    part["setting"] = [f"K={K} L={L}" for K, L in zip(part["K"], part["L"])]
+    blocks = {} if part.empty else part.groupby(GROUP_KEYS)[["blocks", "prompts"]].max().iloc[0].to_dict()
+    wide = part.pivot_table(index="method", columns="setting", values="cell", aggfunc="first", sort=False)
+    wide = wide[sorted(wide.columns, key=lambda c: tuple(int(x.split("=")[1]) for x in c.split()))]
+    title = (f"{LABEL} ({dataset}; at most {blocks.get('prompts', 0)} prompts, {blocks.get('blocks', 0)} blocks "
+             f"per cell; 95 % intervals over prompts)")
+    return title + "\n\n" + wide.fillna("-").to_markdown()
+
+
+__all__ = ["AVERAGE", "LABEL", "differences", "load_blocks", "read_summaries", "summary", "summary_markdown",
+           "write_summaries"]

@@ -1,0 +1,394 @@
+"""REPORT.md sections built from a shared-block replay: the verdicts table, the replayed Table 1, the K and L
+ablations, and the agreement of replay and trajectory block efficiency. Files in, markdown and figures out.
+
+Like with like: a replay value is a block's expected tokens for one target call, never truncated (every
+block is drafted whole). The trajectory figure set beside it is the block efficiency of the timed cells'
+*full* blocks: iterations whose block had the cell's L drafted and that were not the prompt's last (the last
+is cut by max_new_tokens, EOS or a stop string). Both are per-call means over lossless contexts, so they
+agree up to where in the text their blocks start (the replay's blocks start where the reference's did).
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from spectr_repro.analysis.replay import AVERAGE, LABEL, load_blocks, read_summaries
+from spectr_repro.analysis.stats import RESAMPLES, Interval, mean_of_ratios, paired_comparison
+from spectr_repro.verify import VERIFIERS, method_labels
+
+Z = 1.959963984540054  # two-sided 95 %
+
+
+def find_replays(results_dirs: list[Path]) -> list[Path]:
+    return [folder / "replay" for folder in results_dirs if (folder / "replay" / "replay_summary.csv").is_file()]
+
+
+def _relative(path: Path, start: Path) -> str:
+    import os
+
+    return os.path.relpath(path, start)
+
+
+# --------------------------------------------------------------------------------------------------
+# Paired intervals on the blocks
+
+
+def _strata(blocks: pd.DataFrame, a: tuple, b: tuple | None, dataset: str) -> list[tuple]:
+    """(num_a, den_a[, num_b, den_b]) per dataset for cells a = (method, K, L) (and b), paired by prompt."""
+    datasets = sorted(set(blocks["dataset"])) if dataset == AVERAGE else [dataset]
+    strata = []
+    for name in datasets:
+        part = blocks[blocks["dataset"] == name]
+        sides = []
+        for method, K, L in [a] + ([b] if b else []):
+            cell = part[(part["method"] == method) & (part["K"] == K) & (part["L"] == L)]
+            sides.append(cell.groupby("prompt_id")["tokens"].agg(["sum", "size"]))
+        if any(side.empty for side in sides):
+            continue
+        joined = sides[0].join(sides[1], lsuffix="_a", rsuffix="_b", how="inner") if b else sides[0]
+        if joined.empty:
+            continue
+        strata.append(tuple(joined[c].to_numpy(float) for c in joined.columns))
+    return strata
+
+
+def cell_interval(blocks, cell, dataset=AVERAGE, resamples=RESAMPLES) -> Interval | None:
+    strata = _strata(blocks, cell, None, dataset)
+    return mean_of_ratios(strata, resamples=resamples) if strata else None
+
+
+def difference_interval(blocks, a, b, dataset=AVERAGE, resamples=RESAMPLES) -> Interval | None:
+    strata = _strata(blocks, a, b, dataset)
+    return paired_comparison(strata, "difference", resamples=resamples) if strata else None
+
+
+def prompts_to_decide(interval: Interval) -> int | None:
+    """Prompts at which an interval of this width per sqrt(n) would exclude 0 (None if it cannot)."""
+    if not interval.has_interval or interval.estimate == 0:
+        return None
+    half = (interval.high - interval.low) / 2
+    return int(math.ceil(interval.n * (half / abs(interval.estimate)) ** 2))
+
+
+def _text(interval: Interval | None, digits: int = 2) -> str:
+    if interval is None:
+        return "not replayed"
+    if not interval.has_interval:
+        return f"{interval.estimate:+.{digits}f} (n={interval.n})"
+    return f"{interval.estimate:+.{digits}f} [{interval.low:+.{digits}f}, {interval.high:+.{digits}f}] (n={interval.n})"
+
+
+# --------------------------------------------------------------------------------------------------
+# Verdicts
+
+
+def main_cells(table: pd.DataFrame) -> tuple[int, int]:
+    """The replay's main setting: K = 3 (else the largest K below it) and the smallest L replayed."""
+    Ks, Ls = sorted(set(table["K"])), sorted(set(table["L"]))
+    K = 3 if 3 in Ks else max([k for k in Ks if k <= 3] or Ks)
+    return int(K), int(Ls[0])
+
+
+def _cell(method: str, K: int, L: int) -> tuple[str, int, int]:
+    return (method, 1 if VERIFIERS[method].single_draft else K, L)
+
+
+def _order_verdict(intervals: list[Interval | None]) -> tuple[str, str]:
+    """Each consecutive difference should be > 0: holds when all exclude 0 upwards."""
+    if any(i is None for i in intervals):
+        return "undecided", "a method was not replayed"
+    if any(i.has_interval and i.high < 0 for i in intervals):
+        return "does not hold", "a difference is significantly negative"
+    if all(i.has_interval and i.low > 0 for i in intervals):
+        return "holds", ""
+    open_ones = [i for i in intervals if not (i.has_interval and i.low > 0)]
+    needs = [prompts_to_decide(i) for i in open_ones if i.estimate > 0]
+    if len(needs) == len(open_ones) and needs and all(n is not None for n in needs):
+        return "undecided", f"≈{max(needs)} prompts would decide it at these effect sizes"
+    return "undecided", "a difference is ≤ 0 but not significantly"
+
+
+def _monotone_verdict(intervals: list[Interval | None]) -> tuple[str, str]:
+    """Non-decreasing: refuted by a significant decrease, shown by significant increases."""
+    if not intervals or any(i is None for i in intervals):
+        return "undecided", "fewer than two values replayed"
+    if any(i.has_interval and i.high < 0 for i in intervals):
+        return "does not hold", "a step is significantly negative"
+    if all(i.has_interval and i.low > 0 for i in intervals):
+        return "holds", "every step significantly positive"
+    return "holds (no decrease detected)", "some steps are within noise of 0"
+
+
+def verdict_rows(blocks: pd.DataFrame, table: pd.DataFrame, audit_rows: list[dict] | None,
+                 cells: pd.DataFrame | None = None, resamples: int = RESAMPLES) -> list[dict]:
+    """One row per claim of the paper: what it says, what this run measured, the verdict."""
+    rows = []
+    K, L = main_cells(table)
+    methods = set(table["method"])
+
+    # 1. Lossless (the release): the exact audit on toys.
+    release = [r for r in (audit_rows or []) if r.get("rule") == "spectr_gbv" and not r.get("options")]
+    worst = max((r.get("exact_tv") or 0.0 for r in release), default=None)
+    if worst is None:
+        rows.append({"claim": "SpecTr-GBV is lossless", "paper": "lossless (theorem)",
+                     "measured": "no audit found", "verdict": "undecided",
+                     "note": "run `python -m spectr_repro audit`"})
+    else:
+        rows.append({"claim": "SpecTr-GBV is lossless", "paper": "lossless (theorem)",
+                     "measured": f"exact TV to the target's law up to {worst:.3f} on toys (audit)",
+                     "verdict": "does not hold" if worst > 1e-9 else "holds", "note": "exact, no sampling"})
+
+    # 2. Block efficiency order at the main setting (replay, average over datasets).
+    order = [m for m in ("spectr_gbv", "spectr", "gbv", "sd")]
+    steps = [difference_interval(blocks, _cell(a, K, L), _cell(b, K, L), resamples=resamples)
+             if {a, b} <= methods else None for a, b in zip(order, order[1:])]
+    verdict, note = _order_verdict(steps)
+    rows.append({"claim": "block efficiency SpecTr-GBV > SpecTr > GBV > SD",
+                 "paper": "this order in Table 1 at every dataset",
+                 "measured": "; ".join(f"{method_labels()[a]}−{method_labels()[b]} {_text(s)}"
+                                       for (a, b), s in zip(zip(order, order[1:]), steps)),
+                 "verdict": verdict, "note": f"K={K} L={L}, {LABEL}; GBV first-iteration. {note}".strip()})
+
+    # 3. Non-decreasing in K (the release at the main L).
+    Ks = sorted(set(table.loc[table["method"] == "spectr_gbv", "K"]))
+    steps = [difference_interval(blocks, ("spectr_gbv", b, L), ("spectr_gbv", a, L), resamples=resamples)
+             for a, b in zip(Ks, Ks[1:])]
+    verdict, note = _monotone_verdict(steps)
+    rows.append({"claim": "block efficiency non-decreasing in K", "paper": "rises with K (ablation)",
+                 "measured": "; ".join(f"K {a}→{b} {_text(s)}" for (a, b), s in zip(zip(Ks, Ks[1:]), steps)) or "-",
+                 "verdict": verdict, "note": f"SpecTr-GBV at L={L}. {note}"})
+
+    # 4. Rising with L (the release at the main K); the speed-up's rise and fall needs timed cells.
+    Ls = sorted(set(table.loc[(table["method"] == "spectr_gbv") & (table["K"] == K), "L"]))
+    steps = [difference_interval(blocks, ("spectr_gbv", K, b), ("spectr_gbv", K, a), resamples=resamples)
+             for a, b in zip(Ls, Ls[1:])]
+    verdict, note = _monotone_verdict(steps)
+    speed = _speedup_series(cells, K) if cells is not None else ""
+    rows.append({"claim": "block efficiency rises with L; speed-up rises then falls",
+                 "paper": "L ablation (L = 12 ... 24)",
+                 "measured": ("; ".join(f"L {a}→{b} {_text(s)}" for (a, b), s in zip(zip(Ls, Ls[1:]), steps)) or "-")
+                 + (f"; speed-up by L (timed cells): {speed}" if speed else ""),
+                 "verdict": verdict + (" (block efficiency)" if verdict else ""),
+                 "note": f"SpecTr-GBV at K={K}. {note}; the speed-up part is read off the timed cells, not judged"})
+
+    # 5. Stable over temperature.
+    temps = sorted(set(blocks["temperature"]))
+    if len(temps) > 1:
+        values = [cell_interval(blocks[blocks["temperature"] == t], ("spectr_gbv", K, L), resamples=resamples)
+                  for t in temps]
+        measured = "; ".join(f"T={t:g}: {_text(v)}" for t, v in zip(temps, values))
+        rows.append({"claim": "stable over temperature", "paper": "T ablation", "measured": measured,
+                     "verdict": "undecided", "note": "the paper states no tolerance: values shown, not judged"})
+    else:
+        rows.append({"claim": "stable over temperature", "paper": "T ablation",
+                     "measured": f"one temperature replayed (T={temps[0]:g})", "verdict": "undecided",
+                     "note": "replay several temperatures (temperature=0.1,0.4,0.7)"})
+
+    # 6. K = 1 reduces to GBV: the release at K=1 against gbv on the same blocks (first iterations).
+    step = (difference_interval(blocks, ("spectr_gbv", 1, L), ("gbv", 1, L), resamples=resamples)
+            if {"spectr_gbv", "gbv"} <= methods and 1 in set(table["K"]) else None)
+    if step is None:
+        verdict, note = "undecided", "spectr_gbv and gbv at K=1 not both replayed"
+    elif step.excludes(0.0):
+        verdict, note = "does not hold", "the two differ on the same blocks"
+    else:
+        verdict, note = "holds (no difference detected)", "first iterations, same blocks"
+    rows.append({"claim": "K=1 reduces to GBV", "paper": "SpecTr-GBV(K=1) = GBV",
+                 "measured": f"SpecTr-GBV(K=1)−GBV {_text(step)}", "verdict": verdict, "note": note})
+    return rows
+
+
+def _speedup_series(cells: pd.DataFrame, K: int) -> str:
+    if cells is None or cells.empty or "speedup" not in cells:
+        return ""
+    part = cells[(cells["method"] == "spectr_gbv") & (cells["K"] == K)]
+    if part["L"].nunique() < 2:
+        return ""
+    series = part.groupby("L")["speedup"].mean()
+    return ", ".join(f"L={L}: {v:.2f}" for L, v in series.items() if pd.notna(v))
+
+
+def verdicts_section(blocks, table, audit_rows, cells=None, resamples=RESAMPLES) -> str:
+    rows = verdict_rows(blocks, table, audit_rows, cells, resamples)
+    frame = pd.DataFrame(rows)[["claim", "paper", "measured", "verdict", "note"]]
+    return "\n".join([
+        "## Verdicts: the paper's claims against this run", "",
+        f"Block-efficiency claims are judged on the shared-block replay ({LABEL}, 95 % intervals over prompts, "
+        "paired on the same blocks; average over the replayed datasets). *holds* = every difference excludes 0 in "
+        "the claimed direction; *does not hold* = one excludes 0 against it; *undecided* otherwise, with the number "
+        "of prompts that would decide it where the effect size allows.", "",
+        frame.to_markdown(index=False), ""])
+
+
+# --------------------------------------------------------------------------------------------------
+# Tables and figures
+
+
+def table1_markdown(table: pd.DataFrame, K: int, L: int) -> str:
+    labels = method_labels()
+    rows = []
+    for method in [m for m in VERIFIERS if m in set(table["method"])]:
+        cell = _cell(method, K, L)
+        part = table[(table["method"] == cell[0]) & (table["K"] == cell[1]) & (table["L"] == cell[2])]
+        if part.empty:
+            continue
+        row = {"method": labels[method] + (" (1st iter.)" if VERIFIERS[method].carries_state else ""),
+               "K": cell[1]}
+        for _, r in part.iterrows():
+            row[r["dataset"]] = (f"{r['tokens_per_call']:.2f}" if pd.isna(r["ci_low"])
+                                 else f"{r['tokens_per_call']:.2f} [{r['ci_low']:.2f}, {r['ci_high']:.2f}]")
+        rows.append(row)
+    frame = pd.DataFrame(rows)
+    datasets = [c for c in frame.columns if c not in ("method", "K", AVERAGE)]
+    frame = frame[["method", "K", *datasets, *([AVERAGE] if AVERAGE in frame else [])]]
+    return frame.fillna("-").to_markdown(index=False)
+
+
+def differences_markdown(diffs: pd.DataFrame, K: int, L: int) -> str:
+    if diffs.empty:
+        return "(no comparator replayed)"
+    part = diffs[((diffs["K"] == K) | (diffs["K"] == 1)) & (diffs["L"] == L)].copy()
+    labels = method_labels()
+    part = part[[not (VERIFIERS[m].single_draft is False and k != K) for m, k in zip(part["method"], part["K"])]]
+    part["vs"] = [f"{labels[c]} (K={k})" for c, k in zip(part["comparator"], part["comparator_K"])]
+    part["Δ"] = [f"{d:+.3f} [{lo:+.3f}, {hi:+.3f}]" if pd.notna(lo) else f"{d:+.3f}"
+                 for d, lo, hi in zip(part["difference"], part["ci_low"], part["ci_high"])]
+    part["method"] = [f"{labels[m]} (K={k})" for m, k in zip(part["method"], part["K"])]
+    wide = part.pivot_table(index=["method", "vs"], columns="dataset", values="Δ", aggfunc="first", sort=False)
+    columns = [c for c in wide.columns if c != AVERAGE] + ([AVERAGE] if AVERAGE in wide.columns else [])
+    return wide[columns].fillna("-").to_markdown()
+
+
+def ablation_figure(table: pd.DataFrame, axis: str, fixed: dict, path: Path) -> Path | None:
+    """Tokens per call against K (or L) for each method, the other axis fixed; legend outside the axes."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    part = table[table["dataset"] == (AVERAGE if AVERAGE in set(table["dataset"]) else table["dataset"].iloc[0])]
+    other = "L" if axis == "K" else "K"
+    labels = method_labels()
+    fig, ax = plt.subplots(figsize=(7.5, 4.2))
+    drawn = 0
+    for method in [m for m in VERIFIERS if m in set(part["method"])]:
+        rows = part[(part["method"] == method) & (part[other] == (1 if VERIFIERS[method].single_draft and other == "K"
+                                                                 else fixed[other]))].sort_values(axis)
+        if len(rows) < (1 if VERIFIERS[method].single_draft and axis == "K" else 2):
+            continue
+        x, y = rows[axis].to_numpy(float), rows["tokens_per_call"].to_numpy(float)
+        err = np.vstack([y - rows["ci_low"].to_numpy(float), rows["ci_high"].to_numpy(float) - y])
+        if VERIFIERS[method].single_draft and axis == "K":  # one value: a dashed reference line
+            ax.axhline(y[0], linestyle="--", linewidth=1, label=f"{labels[method]} (K=1)",
+                       color=f"C{list(VERIFIERS).index(method)}")
+        else:
+            ax.errorbar(x, y, yerr=np.nan_to_num(err), marker="o", capsize=3, label=labels[method],
+                        color=f"C{list(VERIFIERS).index(method)}")
+        drawn += 1
+    if not drawn:
+        plt.close(fig)
+        return None
+    ax.set_xlabel(axis)
+    ax.set_ylabel("tokens per target call")
+    ax.set_title(f"{LABEL}, {other}={fixed[other]}")
+    ax.legend(loc="upper left", bbox_to_anchor=(1.02, 1.0), frameon=False)  # off the data
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+# --------------------------------------------------------------------------------------------------
+# Agreement with the trajectory cells
+
+
+def trajectory_full_blocks(records: pd.DataFrame, method: str, K: int, L: int) -> pd.DataFrame:
+    """Per prompt: tokens and calls over the full, non-final blocks of that method's cells (any dataset)."""
+    part = records[(records["method"] == method) & (records["K"] == K) & (records["L"] == L)]
+    rows = []
+    for _, record in part.iterrows():
+        accepted, lengths = list(record.get("accepted_lengths") or []), list(record.get("block_lengths") or [])
+        full = [tau + 1 for tau, length in zip(accepted[:-1], lengths[:-1]) if length == L]
+        if full:
+            rows.append({"dataset": record["dataset"], "prompt_id": record["prompt_id"], "tokens": sum(full),
+                         "blocks": len(full)})
+    return pd.DataFrame(rows, columns=["dataset", "prompt_id", "tokens", "blocks"])
+
+
+def _plain(interval: Interval) -> str:
+    return f"{interval.estimate:.2f} [{interval.low:.2f}, {interval.high:.2f}] n={interval.n}"
+
+
+def agreement_markdown(blocks, table, records, K, L, resamples=RESAMPLES) -> str:
+    if records is None or records.empty or "accepted_lengths" not in records:
+        return "(no trajectory cells to compare with)"
+    labels = method_labels()
+    rows = []
+    for method in [m for m in VERIFIERS if m in set(table["method"])]:
+        cell = _cell(method, K, L)
+        full = trajectory_full_blocks(records, *cell)
+        if full.empty:
+            continue
+        datasets = sorted(set(full["dataset"]) & set(blocks["dataset"]))
+        if not datasets:
+            continue
+        strata = [tuple(full.loc[full["dataset"] == d, c] for c in ("tokens", "blocks")) for d in datasets]
+        trajectory = mean_of_ratios(strata, resamples=resamples)
+        replay_strata = [s for d in datasets for s in _strata(blocks, cell, None, d)]
+        replay = mean_of_ratios(replay_strata, resamples=resamples)
+        overlap = (trajectory.has_interval and replay.has_interval
+                   and trajectory.low <= replay.high and replay.low <= trajectory.high)
+        rows.append({"method": labels[method], "K": cell[1], "L": L, "datasets": len(datasets),
+                     "trajectory (full blocks)": _plain(trajectory), "replay": _plain(replay),
+                     "agree": "yes (intervals overlap)" if overlap else "no"})
+    if not rows:
+        return f"(no trajectory cell at K={K}, L={L} shares a dataset with the replay)"
+    return pd.DataFrame(rows).to_markdown(index=False)
+
+
+def replay_sections(results_dirs: list[Path], out_dir: Path, audit_rows: list[dict] | None = None,
+                    cells: pd.DataFrame | None = None, records: pd.DataFrame | None = None) -> tuple[str, str] | None:
+    """(verdicts section, replay sections) for REPORT.md, or None when no folder holds a replay."""
+    roots = find_replays(results_dirs)
+    if not roots:
+        return None
+    blocks = pd.concat([load_blocks(root) for root in roots], ignore_index=True)
+    tables = [read_summaries(root) for root in roots]
+    table = pd.concat([t for t, _ in tables], ignore_index=True)
+    diffs = pd.concat([d for _, d in tables if not d.empty], ignore_index=True) if any(
+        not d.empty for _, d in tables) else pd.DataFrame()
+    if blocks.empty or table.empty:
+        return None
+    K, L = main_cells(table)
+    verdicts = verdicts_section(blocks, table, audit_rows, cells)
+    lines = [f"## Table 1 — {LABEL}", "",
+             f"Every rule on the same draft blocks (K={K}, L={L}; single-draft rules K=1): each block is one target "
+             "call of a lossless reference trajectory, drafted whole, and each value is the rule's expected tokens on "
+             "it (exact where the rule has a closed form, else the mean of its sampler's draws). 95 % intervals "
+             "resample prompts. GBV carries state: its value is a first iteration's. Files: "
+             + ", ".join(f"`{_relative(r / 'replay_summary.csv', out_dir)}`" for r in roots), ""]
+    for (pair, temperature), part in table.groupby(["model_pair", "temperature"], sort=False):
+        lines += [f"### {pair}, T={temperature:g}", "", table1_markdown(part, K, L), ""]
+    lines += ["### Which replayed differences are real", "",
+              "Each method against the release (SpecTr-GBV at the same K, L) and SD (K=1, same L), paired on the "
+              "same blocks.", "", differences_markdown(diffs, K, L), ""]
+    figures = out_dir / "figures"
+    for axis, fixed in (("K", {"L": L}), ("L", {"K": K})):
+        path = ablation_figure(table, axis, fixed, figures / f"replay_ablation_{axis}.png")
+        if path is not None:
+            lines += [f"### Tokens per call vs {axis} (replay)", "", f"![replay vs {axis}]({_relative(path, out_dir)})",
+                      ""]
+    lines += ["### Replay against the trajectory cells", "",
+              "Trajectory: the timed and batched cells' block efficiency over their full blocks (the cell's L drafted, "
+              "the prompt's last block left out: it is cut by max_new_tokens, EOS or a stop string). Replay: the same "
+              "method's value on the replayed blocks of the same datasets. They agree when the intervals overlap.", "",
+              agreement_markdown(blocks, table, records, K, L), ""]
+    return verdicts, "\n".join(lines)
+
+
+__all__ = ["agreement_markdown", "replay_sections", "verdict_rows", "verdicts_section"]

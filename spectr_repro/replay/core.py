@@ -1,0 +1,130 @@
+"""Shared-block replay: every rule at every K <= K_max and L <= L_max judged on ONE drafted block.
+
+One draft of K_max rows x L_max tokens and one target forward over them hold a valid block for every
+smaller (K, L): the first K rows are K i.i.d. drafts from q, and attention is causal, so the first L+1
+target rows of a draft row are the target's conditionals for its first L tokens. Asking every rule what
+it would emit on the sub-blocks of the same block pairs the rules on identical inputs: the differences
+between rules lose the variance of each rule drawing its own drafts on its own trajectory.
+
+Pure tensors in, numbers out (no models, files or configs): the driver is ``spectr_repro.replay.driver``.
+
+Estimators (``BlockEstimate.estimator``):
+    "exact"        the rule's own ``expected_emitted``: E[tau + 1 | drafts] in closed form, no noise;
+    "monte_carlo"  the mean of tau + 1 over ``draws`` runs of the rule's sampler on the block. Draw j of
+                   every (rule, K, L) is seeded alike (common random numbers), which correlates the
+                   rules' noise on a block and so shrinks the variance of their paired differences;
+    "law"          sum of probability x length over the rule's exact outcome law (``Verifier.law``):
+                   exact for every rule but for small vocabularies only (the toy tests use it).
+Rules that carry state across iterations (gbv's carry-over) are run from a fresh state: their values are
+first-iteration values (``first_iteration=True``), above what they average over a whole generation.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from spectr_repro.verify import VERIFIERS, get_verifier
+
+ESTIMATORS = ("exact", "monte_carlo", "law")
+# "auto": each rule's exact expectation where it has one, else Monte-Carlo draws of its sampler.
+MODES = ("auto", "monte_carlo", "law")
+
+
+@dataclass(frozen=True)
+class BlockEstimate:
+    method: str
+    K: int
+    L: int
+    tokens: float  # E[tau + 1] on this block: the tokens the rule emits for one target call
+    estimator: str  # "exact" or "monte_carlo"
+    draws: int  # Monte-Carlo draws averaged (0 for exact)
+    first_iteration: bool  # the rule carries state: this is its value from a fresh state
+
+
+def grid(methods: Sequence[str], K_values: Sequence[int], L_values: Sequence[int]) -> list[tuple[str, int, int]]:
+    """Every (method, K, L) a replay evaluates: single-draft rules at K = 1 only (if 1 is asked)."""
+    cells = []
+    for method in methods:
+        Ks = [K for K in K_values if K == 1] if VERIFIERS[method].single_draft else list(K_values)
+        cells += [(method, int(K), int(L)) for K in Ks for L in L_values]
+    return cells
+
+
+def check_grid(methods: Sequence[str], K_values: Sequence[int], L_values: Sequence[int], draws: int) -> None:
+    """ValueError with one message for a grid no replay can run (unknown rule, K or L < 1, ...)."""
+    unknown = [m for m in methods if m not in VERIFIERS]
+    if unknown:
+        raise ValueError(f"unknown method(s) {', '.join(map(repr, unknown))}; known: {', '.join(VERIFIERS)}")
+    if not methods:
+        raise ValueError("no method to replay")
+    for name, values in (("K", K_values), ("L", L_values)):
+        if not values or any(isinstance(v, bool) or not isinstance(v, int) or v < 1 for v in values):
+            raise ValueError(f"{name} values must be integers >= 1, got {list(values)}")
+    if isinstance(draws, bool) or not isinstance(draws, int) or draws < 1:
+        raise ValueError(f"draws must be an integer >= 1, got {draws!r}")
+    only_single = [m for m in methods if VERIFIERS[m].single_draft and 1 not in K_values]
+    if only_single:
+        raise ValueError(f"single-draft method(s) {', '.join(only_single)} verify one draft (K=1), but K="
+                         f"{','.join(map(str, K_values))} has no 1: add K=1 or drop them")
+
+
+def block_estimates(
+    draft_tokens: torch.Tensor,
+    draft_probs: torch.Tensor,
+    target_probs: torch.Tensor,
+    methods: Sequence[str],
+    K_values: Sequence[int],
+    L_values: Sequence[int],
+    draws: int,
+    generator: torch.Generator | None = None,
+    options: dict[str, dict[str, Any]] | None = None,
+    mode: str = "auto",
+) -> list[BlockEstimate]:
+    """Tokens per target call of every (method, K, L) on sub-blocks of one block.
+
+    draft_tokens [K_max, L_max], draft_probs [K_max, L_max, V], target_probs [K_max, L_max + 1, V]: one
+    engine block (K_max i.i.d. drafts). Sub-block (K, L) = rows [:K], positions [:L] (target [:L + 1]);
+    single-draft rules use row 0. ``generator`` seeds the Monte-Carlo draws (one seed per draw, shared by
+    every rule: common random numbers). ``options``: per-rule options for ``get_verifier``. ``mode``:
+    "auto" (exact where the rule has it, else Monte-Carlo), "monte_carlo" (always the sampler) or "law"
+    (every rule through its exact law: small vocabularies only).
+    """
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
+    K_max, L_max = draft_tokens.shape
+    check_grid(methods, K_values, L_values, draws)
+    too_big = [v for v in K_values if v > K_max] + [v for v in L_values if v > L_max]
+    if too_big:
+        raise ValueError(f"K <= {K_max} and L <= {L_max} (the block's shape), got K={list(K_values)} "
+                         f"L={list(L_values)}")
+    device = draft_probs.device
+    seeds = torch.randint(0, 2**62, (draws,), generator=generator, device=generator.device if generator
+                          is not None else "cpu").tolist()  # one read per block
+    options = options or {}
+    verifiers = {m: get_verifier(m, **{"check_inputs": False, **options.get(m, {})}) for m in methods}
+    estimates = []
+    for method, K, L in grid(methods, K_values, L_values):
+        verifier = verifiers[method]
+        block = (draft_tokens[:K, :L], draft_probs[:K, :L], target_probs[:K, :L + 1])
+        exact = getattr(verifier, "expected_emitted", None) if mode == "auto" else None
+        value = exact(*block) if exact is not None else None
+        if mode == "law":
+            outcomes = verifier.law(*block)
+            tokens, estimator, used = sum(o.probability * len(o.tokens) for o in outcomes), "law", 0
+        elif value is not None:
+            tokens, estimator, used = float(value), "exact", 0
+        else:
+            total = 0
+            for seed in seeds:
+                draw = torch.Generator(device=device).manual_seed(seed)
+                total += int(verifier(*block, generator=draw).num_accepted) + 1
+            tokens, estimator, used = total / draws, "monte_carlo", draws
+        estimates.append(BlockEstimate(method, K, L, tokens, estimator, used, VERIFIERS[method].carries_state))
+    return estimates
+
+
+__all__ = ["BlockEstimate", "ESTIMATORS", "block_estimates", "check_grid", "grid"]

@@ -1,0 +1,56 @@
+"""REPORT.md with a replay: the verdicts open it, the replayed Table 1, figures and the agreement table follow."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+
+from spectr_repro.analysis.replay_report import _monotone_verdict, _order_verdict, verdict_rows
+from spectr_repro.analysis.report import build_report
+from spectr_repro.analysis.stats import Interval
+from spectr_repro.replay.driver import main as replay_main
+from spectr_repro.runner import main_sweep
+
+
+@pytest.fixture(autouse=True)
+def isolated_runner_registry(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECTR_REPRO_RUNNERS", str(tmp_path / "runners"))
+
+
+def test_report_opens_with_verdicts_and_shows_the_replay(tmp_path):
+    common = ["model_pair=tiny_random", "num_prompts=3", "max_new_tokens=10", f"output_dir={tmp_path}",
+              "logger=disabled"]
+    assert replay_main([*common, "method=sd,gbv,spectr,spectr_gbv", "K=1,2", "L=2,3", "replay.draws=2"]) == 0
+    assert main_sweep([*common, "method=sd", "K=1", "L=2"]) == 0
+    report = build_report([tmp_path / "default"]).read_text()
+    headings = [line for line in report.splitlines() if line.startswith("## ")]
+    assert headings[0].startswith("## Verdicts")
+    assert "## Table 1 — tokens per target call on shared blocks" in report
+    assert report.index("tokens per target call on shared blocks") < report.index("## Table 1 — tiny_random")
+    assert "| SD " in report.split("### Replay against the trajectory cells")[1]
+    assert (tmp_path / "default" / "figures" / "replay_ablation_K.png").is_file()
+    assert (tmp_path / "default" / "figures" / "replay_ablation_L.png").is_file()
+
+
+def _interval(estimate, low, high, n=10):
+    return Interval(estimate, low, high, "BCa", n)
+
+
+def test_verdict_logic():
+    assert _order_verdict([_interval(0.2, 0.1, 0.3), _interval(0.1, 0.05, 0.2)])[0] == "holds"
+    assert _order_verdict([_interval(0.2, 0.1, 0.3), _interval(-0.2, -0.3, -0.1)])[0] == "does not hold"
+    verdict, note = _order_verdict([_interval(0.02, -0.02, 0.06, n=16)])
+    assert verdict == "undecided" and "64 prompts" in note  # half-width 0.04 / 0.02 -> (2)^2 x 16
+    assert _monotone_verdict([_interval(-0.2, -0.3, -0.1)])[0] == "does not hold"
+    assert _monotone_verdict([_interval(0.0, -0.1, 0.1)])[0].startswith("holds (no decrease")
+
+
+def test_verdicts_read_the_audit():
+    blocks = pd.DataFrame({"model_pair": ["p"] * 2, "dataset": ["d"] * 2, "temperature": [0.4] * 2,
+                           "prompt_id": ["a", "b"], "iteration": [0, 0], "reference_tokens": [2, 2],
+                           "method": ["sd"] * 2, "K": [1, 1], "L": [2, 2], "tokens": [1.5, 1.7],
+                           "estimator": ["exact"] * 2, "draws": [0, 0]})
+    table = pd.DataFrame({"method": ["sd"], "K": [1], "L": [2]})
+    rows = verdict_rows(blocks, table, [{"rule": "spectr_gbv", "exact_tv": 0.1, "options": None}])
+    assert rows[0]["verdict"] == "does not hold" and "0.100" in rows[0]["measured"]
+    assert verdict_rows(blocks, table, [{"rule": "spectr_gbv", "exact_tv": 1e-15}])[0]["verdict"] == "holds"

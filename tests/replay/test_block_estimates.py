@@ -1,0 +1,122 @@
+"""block_estimates on toy pairs: sub-blocks of one K_max x L_max block are valid (K, L) blocks.
+
+Averaging a rule's value on every draft tuple of K_max rows and L_max tokens, weighted by q, must give
+its exact E[tau] + 1 at every K <= K_max, L <= L_max (``theory.exact``): this fails if rows or positions
+are sliced wrong, and (negative control) if the sub-blocks are not i.i.d. drafts.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from spectr_repro.replay import block_estimates, check_grid, grid
+from spectr_repro.theory.exact import rule_expected_accepted
+from spectr_repro.toy import block_tensors, draft_tuples, toy_pair
+from spectr_repro.verify import VERIFIERS
+
+EXACT_TOLERANCE = 1e-9  # float64 sums of at most a few hundred products: round-off is ~1e-15
+METHODS = list(VERIFIERS)
+
+
+def weighted_replay(target, draft, K_max, L_max, K_values, L_values, reorder=None, methods=METHODS):
+    """Sum over every draft tuple of q(tuple) x block_estimates (mode="law": exact per block)."""
+    totals = {}
+    for prob, tokens in draft_tuples(draft, (), K_max, L_max):
+        if reorder is not None:
+            tokens = reorder(tokens, draft)
+        draft_probs, target_probs = block_tensors(target, draft, (), tokens)
+        for estimate in block_estimates(tokens, draft_probs, target_probs, methods, K_values, L_values,
+                                        draws=1, mode="law"):
+            key = (estimate.method, estimate.K, estimate.L)
+            totals[key] = totals.get(key, 0.0) + prob * estimate.tokens
+    return totals
+
+
+@pytest.mark.parametrize("K_max, L_max, seed", [(2, 2, 1), (3, 1, 2)])
+def test_weighted_replay_equals_exact_expectation(K_max, L_max, seed):
+    target, draft = toy_pair(vocab_size=2, seed=seed)
+    K_values, L_values = list(range(1, K_max + 1)), list(range(1, L_max + 1))
+    totals = weighted_replay(target, draft, K_max, L_max, K_values, L_values)
+    assert set(totals) == set(grid(METHODS, K_values, L_values))
+    for (method, K, L), value in totals.items():
+        exact = rule_expected_accepted(method, target, draft, K, L) + 1
+        assert value == pytest.approx(exact, abs=EXACT_TOLERANCE), (method, K, L)
+
+
+def _rows_by_draft_probability(tokens: torch.Tensor, draft) -> torch.Tensor:
+    """The drafts sorted most likely first: sub-blocks are then no longer i.i.d. draws from q."""
+    probs = torch.tensor([draft.sequence_prob((), row.tolist()) for row in tokens])
+    return tokens[probs.argsort(descending=True, stable=True)]
+
+
+def test_negative_control_sorted_rows_break_the_identity():
+    target, draft = toy_pair(vocab_size=2, seed=1)
+    totals = weighted_replay(target, draft, 2, 2, [1, 2], [1, 2], reorder=_rows_by_draft_probability,
+                             methods=["sd", "spectr"])
+    gaps = {key: abs(value - rule_expected_accepted(key[0], target, draft, key[1], key[2]) - 1)
+            for key, value in totals.items()}
+    # K = 1 sub-blocks now hold the likelier draft: far more than round-off away from the exact value.
+    assert gaps[("sd", 1, 2)] > 1e-3 and gaps[("spectr", 1, 2)] > 1e-3
+
+
+def test_monte_carlo_estimate_within_its_error_of_the_law():
+    """draws=4000 on one block: the MC mean of tau+1 (range <= L+1 = 4) lies within 5 standard errors
+    (the SE bound (L+1)/2/sqrt(draws) = 0.032; 5 SE makes a false failure ~6e-7 per comparison) of the law."""
+    target, draft = toy_pair(vocab_size=3, seed=0)
+    tokens = torch.tensor([[0, 1, 2], [1, 1, 0], [0, 2, 2]])
+    draft_probs, target_probs = block_tensors(target, draft, (), tokens)
+    methods = ["sd", "spectr", "rbv", "sbv", "spectr_gbv"]
+    generator = torch.Generator().manual_seed(5)
+    mc = block_estimates(tokens, draft_probs, target_probs, methods, [1, 3], [3], draws=4000,
+                         generator=generator, mode="monte_carlo")
+    law = block_estimates(tokens, draft_probs, target_probs, methods, [1, 3], [3], draws=1, mode="law")
+    bound = 5 * 4 / 2 / math.sqrt(4000)
+    for a, b in zip(mc, law):
+        assert (a.method, a.K, a.L) == (b.method, b.K, b.L)
+        assert a.estimator == "monte_carlo" and a.draws == 4000
+        assert abs(a.tokens - b.tokens) < bound, (a, b)
+
+
+def test_monte_carlo_is_deterministic_for_a_seed_and_uses_common_random_numbers():
+    target, draft = toy_pair(vocab_size=3, seed=0)
+    tokens = torch.tensor([[0, 1], [1, 1]])
+    draft_probs, target_probs = block_tensors(target, draft, (), tokens)
+
+    def run(seed):
+        generator = torch.Generator().manual_seed(seed)
+        return [e.tokens for e in block_estimates(tokens, draft_probs, target_probs, ["sbv", "spectr"], [2], [2],
+                                                  draws=16, generator=generator, mode="monte_carlo")]
+
+    assert run(3) == run(3)
+    assert any(run(3) != run(seed) for seed in (4, 5, 6))
+
+
+def test_stateful_rules_are_flagged_first_iteration():
+    target, draft = toy_pair(vocab_size=3, seed=0)
+    tokens = torch.tensor([[0, 1]])
+    estimates = block_estimates(tokens, *block_tensors(target, draft, (), tokens), ["gbv", "bv"], [1], [2],
+                                draws=2, generator=torch.Generator().manual_seed(0))
+    flags = {e.method: e.first_iteration for e in estimates}
+    assert flags == {"gbv": True, "bv": False}
+
+
+@pytest.mark.parametrize("methods, Ks, Ls, draws, message", [
+    (["nope"], [1], [1], 1, "unknown method"),
+    (["sbv"], [0], [1], 1, "K values"),
+    (["sbv"], [1], [0], 1, "L values"),
+    (["sd"], [3], [2], 1, "single-draft"),
+    (["sbv"], [1], [1], 0, "draws"),
+])
+def test_bad_grids_are_refused(methods, Ks, Ls, draws, message):
+    with pytest.raises(ValueError, match=message):
+        check_grid(methods, Ks, Ls, draws)
+
+
+def test_sub_blocks_larger_than_the_block_are_refused():
+    target, draft = toy_pair(vocab_size=3, seed=0)
+    tokens = torch.tensor([[0, 1]])
+    with pytest.raises(ValueError, match="block's shape"):
+        block_estimates(tokens, *block_tensors(target, draft, (), tokens), ["sd"], [1], [3], draws=1)

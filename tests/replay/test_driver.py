@@ -1,0 +1,122 @@
+"""`python -m spectr_repro replay` on the tiny random pair: end to end, resume, bad input, agreement with
+a trajectory of its own."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+
+from spectr_repro.analysis.replay import load_blocks, read_summaries
+from spectr_repro.replay.driver import main
+
+BASE = ["model_pair=tiny_random", "dataset=humaneval", "temperature=0.7", "logger=disabled"]
+
+
+@pytest.fixture(autouse=True)
+def isolated_runner_registry(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECTR_REPRO_RUNNERS", str(tmp_path / "runners"))
+
+
+def run(tmp_path, *extra, folder="out"):
+    return main([*BASE, f"output_dir={tmp_path / folder}", *extra])
+
+
+def block_files(tmp_path, folder="out"):
+    return sorted((tmp_path / folder).glob("default/replay/*/prompts/*/blocks.jsonl"))
+
+
+def test_replay_writes_summaries_is_deterministic_and_resumes(tmp_path, capsys):
+    args = ["method=sd,sbv", "K=1,2", "L=2,3", "num_prompts=3", "max_new_tokens=10", "replay.draws=2"]
+    assert run(tmp_path, *args) == 0
+    assert "3 prompt(s) replayed" in capsys.readouterr().out
+    assert run(tmp_path, *args, folder="again") == 0
+    first, second = block_files(tmp_path), block_files(tmp_path, "again")
+    assert len(first) == 3 and [f.read_text() for f in first] == [f.read_text() for f in second]
+
+    table, diffs = read_summaries(tmp_path / "out" / "default" / "replay")
+    cells = set(zip(table["method"], table["K"], table["L"]))
+    assert cells == {("sd", 1, 2), ("sd", 1, 3), ("sbv", 1, 2), ("sbv", 1, 3), ("sbv", 2, 2), ("sbv", 2, 3)}
+    assert (table["prompts"] == 3).all() and (table["tokens_per_call"] >= 1).all()
+    assert set(diffs["comparator"]) == {"sd"}  # the release was not replayed
+
+    # Interrupted replay: one prompt lost its completion marker; only it is computed again.
+    kept = {f: f.stat().st_mtime_ns for f in first[1:]}
+    (first[0].parent / "done.json").unlink()
+    assert run(tmp_path, *args) == 0
+    out = capsys.readouterr().out
+    assert "1 prompt(s) replayed, 2 finished earlier" in out
+    assert all(f.stat().st_mtime_ns == t for f, t in kept.items())
+    assert first[0].read_text() == second[0].read_text()
+
+
+def test_other_settings_in_the_same_folder_are_refused(tmp_path, capsys):
+    args = ["method=sd", "K=1", "L=2", "num_prompts=1", "max_new_tokens=4"]
+    assert run(tmp_path, *args) == 0
+    assert run(tmp_path, "method=sd,bv", "K=1", "L=2", "num_prompts=1", "max_new_tokens=4") == 2
+    assert "other settings" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("arguments, message", [
+    (["method=nope"], "unknown method"),
+    (["K=0"], "K values"),
+    (["L=0"], "L values"),
+    (["method=sd", "K=3"], "single-draft"),
+    (["replay.reference=spectr_gbv"], "lossless"),
+    (["replay.draws=0"], "draws"),
+    (["K=a"], "integers"),
+    (["dataset=nope"], "dataset"),
+])
+def test_bad_input_is_one_message_and_exit_2_before_loading(tmp_path, capsys, arguments, message):
+    assert run(tmp_path, *arguments) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error:") and message in err and "Traceback" not in err
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.slow
+def test_sd_replay_agrees_with_sd_trajectories(tmp_path):
+    """SD's replay value (K=1, L=4, on the blocks of an sbv K=2 L=4 trajectory) against SD's own trajectories
+    (block efficiency of their full blocks: the last, truncated block left out). Blocks are treated as
+    independent for this check's standard errors; the threshold is 4 combined SEs. Negative control: the
+    replay at L=1 is far (> 4 SE) from the L=3 trajectories, so the check has power."""
+    from spectr_repro.data import encode_prompt, load_examples
+    from spectr_repro.engine.loop import generate
+    from spectr_repro.models import load_pair
+
+    args = ["method=sd", "K=1", "L=1,4", "num_prompts=12", "max_new_tokens=48", "replay.reference_K=2",
+            "replay.reference_L=4", "replay.draws=1"]
+    assert run(tmp_path, *args) == 0
+    blocks = load_blocks(tmp_path / "out" / "default" / "replay")
+
+    pair = load_pair("tiny_random")
+    trajectory = []
+    for index, example in enumerate(load_examples("humaneval", 12, seed=0, tokenizer=pair.tokenizer)):
+        ids = encode_prompt(pair.tokenizer, example)[0]
+        for seed in range(3):
+            out = generate(pair.target, pair.draft, ids, method="sd", K=1, L=4, temperature=0.7, max_new_tokens=48,
+                           seed=1000 * index + seed, vocab_size=pair.vocab_size)
+            full = [t + 1 for t, b in zip(out.stats["accepted_lengths"][:-1], out.stats["block_lengths"][:-1])
+                    if b == 4]
+            trajectory += full
+
+    def mean_se(values):
+        values = torch.tensor(values, dtype=torch.float64)
+        return float(values.mean()), float(values.std() / math.sqrt(len(values)))
+
+    t_mean, t_se = mean_se(trajectory)
+    r_mean, r_se = mean_se(blocks.query("L == 4")["tokens"].tolist())
+    assert abs(r_mean - t_mean) < 4 * math.hypot(t_se, r_se), (r_mean, t_mean)
+    short_mean, short_se = mean_se(blocks.query("L == 1")["tokens"].tolist())
+    assert abs(short_mean - t_mean) > 4 * math.hypot(t_se, short_se), (short_mean, t_mean)
+
+
+def test_records_name_the_estimator_and_the_reference(tmp_path):
+    assert run(tmp_path, "method=gbv,sbv", "K=1,2", "L=2", "num_prompts=1", "max_new_tokens=6") == 0
+    line = json.loads(block_files(tmp_path)[0].read_text().splitlines()[0])
+    assert {row[4] for row in line["values"]} <= {"exact", "monte_carlo"}
+    assert 1 <= line["reference_tokens"] <= 7
+    meta = json.loads(next((tmp_path / "out").glob("default/replay/*/replay.json")).read_text())
+    assert meta["reference"] == "sbv" and meta["methods"] == ["gbv", "sbv"]
