@@ -68,6 +68,8 @@ reproduce: $(INSTALLED)
 	$(PY) -m spectr_repro plan experiment=$(subst $(space),$(comma),$(REPRODUCE_EXPERIMENTS))
 	@if [ "$(PRESET)" = "cpu_quick" ]; then $(MAKE) models; fi
 	$(foreach experiment,$(REPRODUCE_EXPERIMENTS),$(PY) -m spectr_repro sweep experiment=$(experiment) && ) true
+	@# Block efficiency of every rule, K and L on shared blocks (its replay: block); REPORT.md's verdicts come from it.
+	$(PY) -m spectr_repro replay experiment=$(firstword $(REPRODUCE_EXPERIMENTS))
 	$(PY) -m spectr_repro theory
 	$(PY) -m spectr_repro audit
 	@# Quality parity (HumanEval runs model-written code in the sandbox; without bwrap/unshare it refuses and

@@ -127,9 +127,12 @@ def parse(argv: Sequence[str]) -> list[tuple[DictConfig, ReplaySettings]]:
     args = parse_arguments(rest)
     with Composer() as composer:
         cfgs = expand(composer, args, use_grid=False)
-        datasets = (cfgs[0].get("replay") or {}).get("datasets")
-        if datasets and "dataset" not in args.user_keys:  # the experiment's datasets
-            args = parse_arguments([*rest, f"dataset={','.join(datasets)}"])
+        replay = cfgs[0].get("replay") or {}
+        extra = [f"{key}={','.join(str(v) for v in replay.get(listed))}"
+                 for key, listed in (("dataset", "datasets"), ("temperature", "temperatures"))
+                 if replay.get(listed) and key not in args.user_keys]  # the experiment's lists
+        if extra:
+            args = parse_arguments([*rest, *extra])
             cfgs = expand(composer, args, use_grid=False)
     groups = []
     for cfg in cfgs:
