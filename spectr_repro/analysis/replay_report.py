@@ -292,6 +292,7 @@ def ablation_figure(table: pd.DataFrame, axis: str, fixed: dict, path: Path) -> 
     if not drawn:
         plt.close(fig)
         return None
+    ax.set_xticks(sorted(set(part[axis].astype(int))))
     ax.set_xlabel(axis)
     ax.set_ylabel("tokens per target call")
     ax.set_title(f"{LABEL}, {other}={fixed[other]}")
