@@ -96,8 +96,8 @@ def compose(argv: Sequence[str]):
     if args.launcher_overrides:
         raise UsageError("hydra/launcher overrides apply to `sweep` only")
     with Composer() as composer:
+        cells = expand(composer, args, use_grid=True)  # first: it refuses unknown nested keys by name
         base = composer.compose(args.fixed)
-        cells = expand(composer, args, use_grid=True)
     for cfg in [base, *cells]:
         validate(cfg)
     device = str(base.hardware.device)
