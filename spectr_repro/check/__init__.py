@@ -106,12 +106,16 @@ def compose(argv: Sequence[str]):
     return base, cells
 
 
-def run_shapes(base, cells) -> dict[str, Any]:
-    """K, L, prefill chunks and prompt batch sizes of the cells (the base config's alone without a grid)."""
+def run_shapes(base, cells, quick: bool = False) -> dict[str, Any]:
+    """K, L, prefill chunks and prompt batch sizes of the cells of the base config's pair (the base config's
+    alone without a grid). ``quick``: only the smallest and largest L and prefill chunk (the costs between
+    are interpolated, see ``check.calibration``)."""
     from spectr_repro.runner.plan import PROMPT_TOKENS
 
     Ks, Ls, chunks, batches = {1, int(base.K)}, {int(base.L)}, set(), {1}
     for cfg in cells:
+        if cfg.choices.model_pair != base.choices.model_pair:
+            continue
         if cfg.method.name != "ar":
             Ks.add(int(cfg.K))
             Ls.add(int(cfg.L))
@@ -120,6 +124,8 @@ def run_shapes(base, cells) -> dict[str, Any]:
         chunk = int(cfg.hardware.get("prefill_chunk") or prompt)
         chunks.update([min(chunk, prompt)] + ([prompt % chunk] if prompt > chunk and prompt % chunk else []))
     chunks.add(32)  # the runner's warm-up prompt
+    if quick:
+        Ls, chunks = {min(Ls), max(Ls)}, {min(chunks), max(chunks)}
     return {"Ks": sorted(Ks), "Ls": sorted(Ls), "prefill_chunks": sorted(chunks), "batch_sizes": sorted(batches)}
 
 
@@ -430,7 +436,7 @@ def run_check(argv: Sequence[str]) -> tuple[int, dict[str, Any]]:
     quick, random_weights = bool(settings.quick), bool(settings.random_weights)
     pair_cfg = models.pair_config(OmegaConf.to_container(base.model_pair, resolve=True)
                                   | {"name": base.model_pair.get("name") or base.choices.model_pair})
-    shapes = run_shapes(base, cells)
+    shapes = run_shapes(base, cells, quick)
     checker = Checker()
     print(f"check: model pair {base.choices.model_pair} on hardware={base.choices.hardware}"
           f"{' (random weights)' if random_weights else ''}{' (quick)' if quick else ''}", file=sys.stderr)
