@@ -479,6 +479,7 @@ def eos_token_ids(tokenizer, model, extra_stop_tokens) -> tuple[int, ...]:
     return tuple(ids)
 
 
-__all__ = ["ModelPair", "accelerator_memory", "check_disk_for_pair", "clear_cache", "damaged_weights_message", "downloads_needed",
+__all__ = ["ModelPair", "accelerator_memory", "check_disk_for_pair", "clear_cache", "damaged_weights_message",
+           "downloads_needed",
            "eos_token_ids", "free_disk_bytes", "load_pair", "loaded_pair_name", "model_bytes", "offload_message",
            "offloaded_modules", "pair_config", "pair_names", "placement", "release_pair"]

@@ -183,5 +183,6 @@ def write_cell(directory: Path, records: list[dict[str, Any]], summary: dict[str
     atomic_write_text(directory / "summary.json", json.dumps(summary, indent=2) + "\n")
 
 
-__all__ = ["CellState", "atomic_write_text", "cell_dir", "cell_id", "cell_identity", "cell_state", "experiment_dir", "is_finished",
+__all__ = ["CellState", "atomic_write_text", "cell_dir", "cell_id", "cell_identity", "cell_state", "experiment_dir",
+           "is_finished",
            "read_records", "read_summary", "records_digest", "records_text", "write_cell"]
