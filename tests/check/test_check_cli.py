@@ -99,3 +99,30 @@ def test_qwen_pair_check_passes(tmp_path, capsys):
         pytest.skip("the Qwen pair is not converted (make models)")
     assert main(["model_pair=qwen25coder_1.5b_0.5b", "check.quick=true", f"check.output={tmp_path}"]) == 0
     assert "cpu/qwen25coder_1.5b_0.5b/bfloat16" in read_calibrations()
+
+
+def test_random_weights_build_the_pair_from_its_configs(tmp_path, monkeypatch, capsys):
+    """The random-weight path end to end, with the DeepSeek pair's configs swapped for small Llamas of the same
+    kind (the real ones would take minutes to build on a CPU): nothing is downloaded, both models are built
+    from configs, the correctness items run on the draft in float32 against its bfloat16 self, and the
+    calibration is marked as random weights."""
+    from transformers import LlamaConfig
+
+    from spectr_repro.check import architectures
+
+    small = {"target": LlamaConfig(vocab_size=300, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                   num_attention_heads=4, num_key_value_heads=2),
+             "draft": LlamaConfig(vocab_size=300, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                  num_attention_heads=2, num_key_value_heads=1)}
+    monkeypatch.setattr(architectures, "architecture_config", lambda pair, role: small[role])
+    import spectr_repro.models as models
+
+    monkeypatch.setattr(models, "load_pair", lambda *a, **k: pytest.fail("real weights were loaded"))
+    code = main(["model_pair=deepseek_6.7b_1.3b", "check.random_weights=true", "check.quick=true", "method=sd",
+                 "K=1", "L=3", f"check.output={tmp_path / 'check'}"])
+    assert code == 0, capsys.readouterr().out
+    entry = read_calibrations()["cpu/deepseek_6.7b_1.3b/bfloat16"]
+    assert entry.random_weights and "random weights" in entry.note
+    items = {i["name"]: i for i in json.loads((tmp_path / "check" / "check.json").read_text())["items"]}
+    assert items["load"]["detail"].startswith("random weights")
+    assert items["greedy AR = model.generate"]["status"] == "pass"
