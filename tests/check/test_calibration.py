@@ -16,7 +16,6 @@ from spectr_repro.check.calibration import (
     read_calibrations,
     write_calibration,
 )
-from spectr_repro.runner import main_plan
 
 
 def _calibration(pair: str, scale: float = 1.0, dtype: str = "bfloat16") -> Calibration:
@@ -57,31 +56,33 @@ def test_measured_costs_cover_every_shape_on_the_tiny_model():
     assert all(seconds > 0 for *_, seconds in costs.points)
 
 
-def _estimated_seconds(tmp_path, capsys) -> tuple[float, str]:
+@pytest.fixture(scope="module")
+def cpu_quick_cells(tmp_path_factory):
+    """The cells of `plan experiment=cpu_quick` (composed once: composition is the slow part)."""
     from spectr_repro.runner.config import Composer, expand, parse_arguments
     from spectr_repro.runner.execute import plan_cells
+
+    args = parse_arguments(["experiment=cpu_quick", f"output_dir={tmp_path_factory.mktemp('plan') / 'results'}"])
+    with Composer() as composer:
+        return plan_cells(expand(composer, args, use_grid=True))
+
+
+def test_plan_uses_the_calibration_and_says_so(cpu_quick_cells):
     from spectr_repro.runner.plan import build_plan, format_plan
 
-    args = parse_arguments(["experiment=cpu_quick", f"output_dir={tmp_path / 'results'}"])
-    with Composer() as composer:
-        plan = build_plan(plan_cells(expand(composer, args, use_grid=True)))
-    return plan.seconds, format_plan(plan)
-
-
-def test_plan_uses_the_calibration_and_says_so(tmp_path, capsys):
-    assumed, text = _estimated_seconds(tmp_path, capsys)
-    assert "calibrated on" not in text and "cost model (no finished AR cell" in text
+    assumed = build_plan(cpu_quick_cells)
+    assert "calibrated on" not in format_plan(assumed) and "cost model (no finished AR cell" in format_plan(assumed)
     write_calibration(_calibration("qwen25coder_1.5b_0.5b"))
-    calibrated, text = _estimated_seconds(tmp_path, capsys)
-    assert "calibrated on Test CPU, 2026-12-01" in text and calibrated != assumed
+    calibrated = build_plan(cpu_quick_cells)
+    assert "calibrated on Test CPU, 2026-12-01" in format_plan(calibrated)
+    assert calibrated.seconds != assumed.seconds
     # every second of the estimate comes from the measured costs: twice the costs, twice the time
     write_calibration(_calibration("qwen25coder_1.5b_0.5b", scale=2.0))
-    doubled, _ = _estimated_seconds(tmp_path, capsys)
-    assert doubled == pytest.approx(2 * calibrated, rel=1e-9)
-    # another dtype's calibration is not this run's
+    assert build_plan(cpu_quick_cells).seconds == pytest.approx(2 * calibrated.seconds, rel=1e-9)
+    # a calibration of another dtype is not this run's
     write_calibration(_calibration("qwen25coder_1.5b_0.5b", dtype="float32"))
-    assert main_plan(["experiment=cpu_quick", "hardware.dtype=float32", f"output_dir={tmp_path / 'r'}"]) == 0
-    assert "calibrated on Test CPU" in capsys.readouterr().out
+    write_calibration(_calibration("qwen25coder_1.5b_0.5b", scale=3.0, dtype="float32"))
+    assert build_plan(cpu_quick_cells).seconds == pytest.approx(2 * calibrated.seconds, rel=1e-9)
 
 
 def test_calibrated_batched_cells_decode_their_untimed_prompts_together():
