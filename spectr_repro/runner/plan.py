@@ -369,14 +369,18 @@ def format_plan(plan: Plan) -> str:
     lines.append(f"  to download: {plan.download_bytes / GB:.1f} GB; free in {plan.cache_dir}: "
                  f"{plan.free_bytes / GB:.1f} GB ({verdict})")
     lines.append(f"Estimated time: {_duration(plan.seconds)} at batch size 1 ({plan.hardware_note}).")
-    if plan.batched_cells:
+    calibrated = any("calibrated on" in pair.calibration for pair in plan.pairs)
+    if plan.batched_cells and calibrated:
+        lines.append(f"  {plan.batched_cells} cells decode their untimed prompts in batches (hardware.batch_prompts): "
+                     "calibrated, their calls are timed at B x K rows.")
+    elif plan.batched_cells:
         lines.append(f"  {plan.batched_cells} cells decode their untimed prompts in batches "
                      "(hardware.batch_prompts): an upper bound for those (1.5x more prompts per hour measured "
                      "in batches of 8 on the 2-core CPU, sbv K=3 L=6).")
     for pair in plan.pairs:
         if pair.to_compute:
             lines.append(f"  {pair.name}: {_duration(pair.seconds)}; calibration: {pair.calibration}")
-    if any("calibrated on" in pair.calibration for pair in plan.pairs):
+    if calibrated:
         lines.append("  Calibrated: seconds per forward measured on this machine by `python -m spectr_repro check` "
                      "at the shapes of the run, in place of the cost model below.")
     lines.append("  Cost model: overhead + weight bytes / bandwidth + tokens x 2 x params / compute per forward "
