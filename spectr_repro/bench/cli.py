@@ -35,7 +35,34 @@ def compose_preset(name: str, device: str):
     return cfg.bench, cfg.hardware
 
 
-def run(preset, hardware, device: str | None, dtype: str | None) -> dict:
+def predicted_pick(replay_summary: str, hardware, preset, pair, prompts) -> dict:
+    """ours_best predicted from a replay summary and this machine's calibration of the pair (``check``)."""
+    import pandas as pd
+
+    from spectr_repro.check.calibration import find_calibration
+    from spectr_repro.check.predict import best_configuration, predict_tokens_per_s, read_replay_summary
+    from spectr_repro.runner.config import UsageError
+
+    dtype = str(pair.dtype).removeprefix("torch.")
+    kind = "cuda" if pair.device.type == "cuda" else "cpu"
+    calibration = find_calibration(kind, preset.pair, dtype)
+    if calibration is None:
+        raise UsageError(f"no calibration of {preset.pair} ({kind}, {dtype}) on this machine: run "
+                         f"`python -m spectr_repro check model_pair={preset.pair} hardware={kind}` first")
+    try:
+        columns = pd.read_csv(replay_summary, nrows=0).columns
+        table = read_replay_summary(replay_summary, {"temperature": float(preset.temperature)}
+                                    if "temperature" in columns else None)
+    except (OSError, ValueError) as error:
+        raise UsageError(str(error)) from None
+    prompt_tokens = round(sum(len(p) for p in prompts) / len(prompts))
+    predictions = predict_tokens_per_s(table, calibration.target, calibration.draft,
+                                       float(calibration.extra.get("overhead_s_per_call", 0.0)),
+                                       prompt_tokens, int(preset.max_new_tokens))
+    return best_configuration(predictions) | {"calibration": calibration.note}
+
+
+def run(preset, hardware, device: str | None, dtype: str | None, replay_summary: str | None = None) -> dict:
     from spectr_repro.bench import suites
     from spectr_repro.bench.contenders import encode_prompts
     from spectr_repro.environment import environment
@@ -62,8 +89,9 @@ def run(preset, hardware, device: str | None, dtype: str | None) -> dict:
     results["sd_vs_hf_assisted"][pair.name] = suites.bench_sd_vs_assisted(pair, prompts, T, m, preset.assist_L,
                                                                          repeats, chunk)
     best = preset.best_vs_best
+    pick = predicted_pick(replay_summary, hardware, preset, pair, prompts) if replay_summary else None
     results["best_vs_best"] = {pair.name: suites.bench_best_vs_best(
-        pair, prompts, T, m, best.equal_L, [tuple(c) for c in best.candidates], repeats, chunk)}
+        pair, prompts, T, m, best.equal_L, [tuple(c) for c in best.candidates], repeats, chunk, pick=pick)}
     results["methods"][pair.name] = suites.bench_methods(pair, prompts, T, m, [tuple(p) for p in preset.methods],
                                                          chunk)
     ver = preset.verification
@@ -109,6 +137,11 @@ def markdown(results: dict) -> str:
         for name, c in r["contenders"].items():
             lines.append(f"| {name} | {c['tokens_per_s']:.2f} | {c['tokens_per_s'] / base_assisted:.2f}x | "
                          f"{c['tokens_per_s'] / base_generate:.2f}x | {_profile_cells(c['profile'])}")
+        if "predicted_tokens_per_s" in r:
+            lines += ["", f"ours_best predicted from the replay ({best.get('calibration', 'calibrated')}): "
+                      f"{r['predicted_tokens_per_s']:.2f} tok/s; measured "
+                      f"{r['contenders']['ours_best']['tokens_per_s']:.2f} ({r['measured_over_predicted']:.2f}x "
+                      "the prediction; target within 10 %)."]
         lines += ["", f"ours_best / HF assisted at its defaults: {r['best_vs_hf_assisted_defaults']:.2f} "
                   f"(target {TARGETS['best_vs_hf_assisted_defaults']}); ours_best / HF generate: "
                   f"{r['best_vs_hf_generate']:.2f} (target {TARGETS['best_vs_hf_generate']}).", "",
@@ -155,6 +188,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--preset", default=None, help="a preset of conf/bench/ (default: full)")
     parser.add_argument("--out", default="results/bench/bench.json")
     parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
+    parser.add_argument("--replay-summary", default=None,
+                        help="a replay's replay_summary.csv: ours_best is the fastest lossless configuration "
+                             "predicted from it and this machine's calibration (`check`), not the one-run sweep")
     parser.add_argument("--dtype", default=None,
                         help="model dtype for every contender (default: the pair's own; bfloat16 for the Qwen pair)")
     args = parser.parse_args(argv)
@@ -166,7 +202,11 @@ def main(argv: list[str] | None = None) -> int:
     except UsageError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-    results = run(preset, hardware, device, args.dtype)
+    try:
+        results = run(preset, hardware, device, args.dtype, args.replay_summary)
+    except UsageError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
     results["settings"]["preset"] = args.preset or ("quick" if args.quick else "full")
     out = Path(args.out)
     write_json(results, out)

@@ -91,10 +91,19 @@ def choose_best(pair, prompts, candidates, temperature, max_new_tokens, prefill_
 
 
 def bench_best_vs_best(pair, prompts, temperature, max_new_tokens, equal_L, candidates, repeats,
-                       prefill_chunk=None) -> dict:
+                       prefill_chunk=None, pick: dict | None = None) -> dict:
     """Every contender in the same rounds: transformers' generate, assisted generation at its defaults and at
-    exactly ``equal_L`` drafted tokens, our sd at ``equal_L`` and our best configuration."""
-    chosen = choose_best(pair, prompts, candidates, temperature, max_new_tokens, prefill_chunk)
+    exactly ``equal_L`` drafted tokens, our sd at ``equal_L`` and our best configuration.
+
+    ``pick``: our best configuration as predicted from a replay and this machine's calibration
+    (``spectr_repro.check.predict.best_configuration``: method, K, L, tokens_per_s) instead of the one-run
+    sweep over ``candidates``; the result then says how far the measured rate is from the predicted one."""
+    if pick is not None:
+        if not VERIFIERS[pick["method"]].lossless:
+            raise ValueError(f"best-against-best compares lossless configurations; {pick['method']} is not lossless")
+        chosen = {"best": dict(pick), "sweep": []}
+    else:
+        chosen = choose_best(pair, prompts, candidates, temperature, max_new_tokens, prefill_chunk)
     best = chosen["best"]
     contenders = {
         "hf_generate": _theirs(pair, prompts, temperature, max_new_tokens),
@@ -107,9 +116,13 @@ def bench_best_vs_best(pair, prompts, temperature, max_new_tokens, equal_L, cand
     }
     measured = rounds(f"best vs best [{pair.name}]", pair, contenders, repeats)
     best_rate = measured["ours_best"]["tokens_per_s"]
-    return {"contenders": measured, "best": best, "sweep": chosen["sweep"], "equal_L": equal_L,
-            "best_vs_hf_assisted_defaults": best_rate / measured["hf_assisted_defaults"]["tokens_per_s"],
-            "best_vs_hf_generate": best_rate / measured["hf_generate"]["tokens_per_s"]}
+    result = {"contenders": measured, "best": best, "sweep": chosen["sweep"], "equal_L": equal_L,
+              "best_vs_hf_assisted_defaults": best_rate / measured["hf_assisted_defaults"]["tokens_per_s"],
+              "best_vs_hf_generate": best_rate / measured["hf_generate"]["tokens_per_s"]}
+    if pick is not None:
+        result["predicted_tokens_per_s"] = float(pick["tokens_per_s"])
+        result["measured_over_predicted"] = best_rate / float(pick["tokens_per_s"])
+    return result
 
 
 def bench_methods(pair, prompts, temperature, max_new_tokens, points, prefill_chunk=None) -> list[dict]:

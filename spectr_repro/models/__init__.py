@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import SafetensorError
 
 from spectr_repro.conf import conf_dir, group_options
 from spectr_repro.models.offline import OFFLINE_MODELS, cache_root, models_dir
@@ -427,6 +428,19 @@ def _load_model(where: str, cfg: dict, device: torch.device, dtype: torch.dtype,
         return AutoModelForCausalLM.from_pretrained(where, dtype=dtype, **pinned).to(device)
     except OSError as error:
         raise _hub_error(cfg, where, error) from error
+    except SafetensorError as error:  # a truncated or overwritten weights file (a download or copy cut short)
+        raise ValueError(damaged_weights_message(cfg, where, error)) from error
+
+
+def damaged_weights_message(cfg: dict, where: str, error: Exception) -> str:
+    """One message for a weights file that is there but cannot be read: the folder to delete and the fix."""
+    reason = f"{type(error).__name__}: {' '.join(str(error).split())}"
+    if cfg.get("source") == "offline":
+        return (f"model pair {cfg['name']}: the converted model in {where} is damaged ({reason}). Delete that "
+                "folder and run `make models` to convert it again")
+    folder = hub_cache_dir() / ("models--" + where.replace("/", "--"))
+    return (f"model pair {cfg['name']}: a weights file of {where} in the HF hub cache is damaged ({reason}). "
+            f"Delete {folder} and run the command again to download it afresh")
 
 
 def _check_tokenizers(name: str, target_tokenizer, draft_tokenizer) -> None:
@@ -465,6 +479,7 @@ def eos_token_ids(tokenizer, model, extra_stop_tokens) -> tuple[int, ...]:
     return tuple(ids)
 
 
-__all__ = ["ModelPair", "accelerator_memory", "check_disk_for_pair", "clear_cache", "downloads_needed",
+__all__ = ["ModelPair", "accelerator_memory", "check_disk_for_pair", "clear_cache", "damaged_weights_message",
+           "downloads_needed",
            "eos_token_ids", "free_disk_bytes", "load_pair", "loaded_pair_name", "model_bytes", "offload_message",
            "offloaded_modules", "pair_config", "pair_names", "placement", "release_pair"]

@@ -101,6 +101,8 @@ def _main(command: str, argv: list[str]) -> int:
                 _check_device(cfg.hardware.get("device"))
         if not show_config:
             plans = plan_cells(cfgs)
+            check_something_to_run(plans)
+            check_prompt_counts(plans)
             _check_folders(cfgs, plans)
     except UsageError as error:
         print(f"error: {error}", file=sys.stderr)
@@ -159,6 +161,43 @@ def stopped_message(signal_name: str, plans, finished: Sequence[CellOutcome], in
                if interrupted is not None else "no cell was being computed")
     return (f"stopped by {signal_name}: kept {ran} cell(s) computed in this run and {earlier} finished before, "
             f"in {folder}; {dropped}; rerun the same command to compute the {max(left, 0)} cell(s) left.")
+
+
+def check_something_to_run(plans) -> None:
+    """UsageError when every cell of the command is invalid (e.g. `sweep method=sd K=3`): exit 2 with the
+    reason rather than "0 cell(s) run" and status 0."""
+    if plans and all(plan.skip_note for plan in plans):
+        reasons = list(dict.fromkeys(plan.skip_note for plan in plans))
+        raise UsageError(f"nothing valid to run: all {len(plans)} cell(s) are invalid. " + " ".join(reasons))
+
+
+def check_prompt_counts(plans) -> None:
+    """UsageError when a cell asks for more prompts than its dataset has, before any model pair loads.
+
+    Reading a dataset's records needs no tokenizer (prompts are formatted later); a dataset that cannot be
+    read at all is left to the run, which reports the missing resource (exit 1) as before.
+    """
+    from omegaconf import OmegaConf
+
+    from spectr_repro.data import get_dataset
+
+    wanted: dict[str, tuple[dict, int]] = {}
+    for plan in plans:
+        if plan.skip_note:
+            continue
+        dataset = OmegaConf.to_container(plan.cfg.dataset, resolve=True)
+        dataset.setdefault("name", plan.cfg.choices.dataset)
+        key = repr(sorted(dataset.items()))
+        most = max(wanted.get(key, (dataset, 0))[1], int(plan.cfg.num_prompts))
+        wanted[key] = (dataset, most)
+    for dataset, num_prompts in wanted.values():
+        try:
+            records = get_dataset(dataset["name"]).load_records(**dict(dataset.get("options") or {}))
+        except (ValueError, OSError, ImportError):
+            continue
+        if num_prompts > len(records):
+            raise UsageError(f"num_prompts={num_prompts} but dataset {dataset['name']} has only {len(records)} "
+                             f"records; use num_prompts <= {len(records)}")
 
 
 def _check_folders(cfgs, plans) -> None:
@@ -393,5 +432,6 @@ def hydra_task(cfg) -> float | None:
     return summary.get("speedup")
 
 
-__all__ = ["UsageError", "help_text", "hydra_task", "main_plan", "main_run", "main_sweep", "print_configs",
+__all__ = ["UsageError", "check_prompt_counts", "check_something_to_run", "help_text",
+           "hydra_task", "main_plan", "main_run", "main_sweep", "print_configs",
            "stopped_message", "summary_table", "sweep_task"]

@@ -125,9 +125,12 @@ def _params(pair: dict, role: str) -> float:
     return float((pair.get(role) or {}).get("params_b") or 1.0) * 1e9
 
 
-def cell_seconds(cfg: DictConfig, pair: dict, block_efficiency: float) -> float | None:
+def cell_seconds(cfg: DictConfig, pair: dict, block_efficiency: float, calibration=None) -> float | None:
     """Estimated seconds of one cell on ``cfg.hardware`` from the cost model (warm-up included); None when
-    the hardware config has no ``estimate``."""
+    the hardware config has no ``estimate``. With a ``calibration`` (``spectr_repro.check.calibration``:
+    seconds per forward measured here by ``check``) its costs replace the assumed cost model."""
+    if calibration is not None:
+        return calibrated_cell_seconds(cfg, calibration, block_efficiency)
     if cfg.hardware.get("estimate") is None:
         return None
     estimate = OmegaConf.to_container(cfg.hardware.estimate, resolve=True)
@@ -147,6 +150,35 @@ def cell_seconds(cfg: DictConfig, pair: dict, block_efficiency: float) -> float 
         per_prompt = prefill + iterations * (target_call + cfg.L * draft_step)
     warmup = forward_seconds(estimate, target, width, 32) + 8 * forward_seconds(estimate, target, width, 1)
     return cfg.num_prompts * per_prompt + warmup
+
+
+def calibrated_cell_seconds(cfg: DictConfig, calibration, block_efficiency: float) -> float:
+    """Seconds of one cell from measured forward costs: per prompt the prefill (in ``hardware.prefill_chunk``
+    chunks) and the decoding calls; with ``hardware.batch_prompts`` = B > 1 the untimed prompts decode B at
+    a time (B*K rows per call), the first ``timed_prompts`` alone, as ``runner.batched`` runs them."""
+    from spectr_repro.check.predict import seconds_per_call
+    from spectr_repro.runner.batched import split_prompts
+
+    target, draft = calibration.target, calibration.draft
+    overhead = float(calibration.extra.get("overhead_s_per_call", 0.0))
+    prompt = PROMPT_TOKENS.get(cfg.choices.dataset, 100)
+    chunk = int(cfg.hardware.get("prefill_chunk") or prompt)
+    pieces = [chunk] * (prompt // chunk) + ([prompt % chunk] if prompt % chunk else [])
+    tokens = cfg.max_new_tokens
+    split = split_prompts(cfg.hardware, cfg.num_prompts)
+
+    def prompts_seconds(batch: int) -> float:
+        """``batch`` prompts decoded together (1: alone)."""
+        if cfg.method.name == "ar":
+            prefill = sum(target.seconds(1, n) for n in pieces) * batch
+            return prefill + tokens * target.seconds(batch, 1)  # the per-call overhead is measured on sd-like loops
+        prefill = sum(target.seconds(1, n) + draft.seconds(1, n) for n in pieces) * batch
+        call = seconds_per_call(target, draft, cfg.K, cfg.L, overhead, batch=batch)
+        return prefill + math.ceil(tokens / block_efficiency) * call
+
+    seconds = len(split.timed) * prompts_seconds(1) + sum(prompts_seconds(len(b)) for b in split.batches)
+    warmup = target.seconds(1, 32) + 8 * target.seconds(1, 1)
+    return seconds + warmup
 
 
 # --------------------------------------------------------------------------------------------------
@@ -175,7 +207,9 @@ def build_plan(plans: Sequence[CellPlan]) -> Plan:
             for hub_id, revision, size in entry.downloads:
                 downloads[(hub_id, revision)] = size
             estimate = cfg.hardware.get("estimate") or {}
-            note = f"hardware={cfg.choices.hardware}: {estimate.get('device', 'no cost model')}"
+            calibrated = calibration_for(cfg)
+            model = f"{cfg.choices.model_pair} {calibrated.note}" if calibrated else None
+            note = f"hardware={cfg.choices.hardware}: {model or estimate.get('device', 'no cost model')}"
             if note not in hardware_notes:
                 hardware_notes.append(note)
         entry.cells += 1
@@ -193,14 +227,16 @@ def build_plan(plans: Sequence[CellPlan]) -> Plan:
             entry.elsewhere += 1
             continue
         be, _ = expected_block_efficiency(cfg, measured_be)
-        seconds = cell_seconds(cfg, pair_cfg, be)
+        calibrated = calibration_for(cfg)
+        seconds = cell_seconds(cfg, pair_cfg, be, calibrated)
         if seconds is None:
             entry.calibration = f"no cost model (hardware {cfg.choices.hardware} has no `estimate`)"
         factor = ar_speed.get(key)
         entry.seconds += (seconds or 0.0) * (factor[0] if factor else 1.0)
+        model = calibrated.note if calibrated else "cost model"
         if seconds is not None:
             entry.calibration = (f"measured: {factor[1]} finished AR cell(s) of this pair here, x{factor[0]:.2f} on "
-                                 "the cost model" if factor else "cost model (no finished AR cell of this pair here)")
+                                 f"the {model}" if factor else f"{model} (no finished AR cell of this pair here)")
         entry.generations += cfg.num_prompts
         batched_cells += int(cfg.hardware.get("batch_prompts", 1) or 1) > 1
         entry.new_tokens += cfg.num_prompts * cfg.max_new_tokens
@@ -210,6 +246,18 @@ def build_plan(plans: Sequence[CellPlan]) -> Plan:
     return Plan(experiments=experiments, folders=folders, pairs=list(pairs.values()),
                 hardware_note="; ".join(hardware_notes), download_bytes=sum(downloads.values()),
                 free_bytes=models.free_disk_bytes(cache), cache_dir=cache, batched_cells=batched_cells)
+
+
+def calibration_dtype(cfg: DictConfig) -> str:
+    """The dtype a cell's target runs in: ``hardware.dtype``, else the pair's own (float32 by default)."""
+    return str(cfg.hardware.get("dtype") or cfg.model_pair.get("dtype") or "float32")
+
+
+def calibration_for(cfg: DictConfig):
+    """This machine's calibration of the cell's hardware, pair and dtype (``check`` writes it), or None."""
+    from spectr_repro.check.calibration import find_calibration
+
+    return find_calibration(str(cfg.choices.hardware), str(cfg.choices.model_pair), calibration_dtype(cfg))
 
 
 def _weights(pair_cfg: dict) -> tuple[list[tuple[str, str, int]], str]:
@@ -257,11 +305,12 @@ def _measured(plans: Sequence[CellPlan]) -> tuple[dict[tuple, float], dict[tuple
             cfg = OmegaConf.load(config_path)
             if cfg.get("hardware") is None or cfg.hardware.get("estimate") is None:
                 continue
+            calibrated = calibration_for(cfg) if cfg.get("choices") is not None else None
             pair = OmegaConf.to_container(cfg.model_pair, resolve=True)
             # the cost model of this very cell, at the tokens it really produced
             with_tokens = OmegaConf.merge(cfg, {"max_new_tokens": max(1, round(summary["tokens"] /
                                                                                 max(1, summary["num_prompts"])))})
-            modelled = cell_seconds(with_tokens, pair, 1.0)
+            modelled = cell_seconds(with_tokens, pair, 1.0, calibrated)
             if not modelled:
                 continue
             ratios.setdefault((summary["model_pair"], summary["hardware"]), []).append(
@@ -320,18 +369,26 @@ def format_plan(plan: Plan) -> str:
     lines.append(f"  to download: {plan.download_bytes / GB:.1f} GB; free in {plan.cache_dir}: "
                  f"{plan.free_bytes / GB:.1f} GB ({verdict})")
     lines.append(f"Estimated time: {_duration(plan.seconds)} at batch size 1 ({plan.hardware_note}).")
-    if plan.batched_cells:
+    calibrated = any("calibrated on" in pair.calibration for pair in plan.pairs)
+    if plan.batched_cells and calibrated:
+        lines.append(f"  {plan.batched_cells} cells decode their untimed prompts in batches (hardware.batch_prompts): "
+                     "calibrated, their calls are timed at B x K rows.")
+    elif plan.batched_cells:
         lines.append(f"  {plan.batched_cells} cells decode their untimed prompts in batches "
                      "(hardware.batch_prompts): an upper bound for those (1.5x more prompts per hour measured "
                      "in batches of 8 on the 2-core CPU, sbv K=3 L=6).")
     for pair in plan.pairs:
         if pair.to_compute:
             lines.append(f"  {pair.name}: {_duration(pair.seconds)}; calibration: {pair.calibration}")
+    if calibrated:
+        lines.append("  Calibrated: seconds per forward measured on this machine by `python -m spectr_repro check` "
+                     "at the shapes of the run, in place of the cost model below.")
     lines.append("  Cost model: overhead + weight bytes / bandwidth + tokens x 2 x params / compute per forward "
                  "(hardware.estimate); block efficiency from the paper where it gives one, else measured "
                  "here, else (L+1)/2; new tokens at their maximum (stop strings end earlier).")
     return "\n".join(lines)
 
 
-__all__ = ["PROMPT_TOKENS", "Plan", "PairPlan", "build_plan", "cell_seconds", "expected_block_efficiency",
+__all__ = ["PROMPT_TOKENS", "Plan", "PairPlan", "build_plan", "calibrated_cell_seconds", "calibration_dtype",
+           "calibration_for", "cell_seconds", "expected_block_efficiency",
            "format_plan", "forward_seconds"]

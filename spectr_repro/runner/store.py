@@ -140,10 +140,24 @@ def read_records(directory: Path) -> list[dict[str, Any]]:
         return list(iter_records(handle, str(path)))
 
 
-def _atomic_write(path: Path, text: str) -> None:
+def current_umask() -> int:
+    """The process's umask (os.umask can only be read by setting it, so it is set back at once)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` through a temporary file and ``os.replace`` (readers never see half a file).
+
+    The file gets the mode a plain ``open(path, "w")`` would give (0666 less the umask): mkstemp creates
+    its temporary file 0600, which ``os.replace`` would keep, so the rest of a team sharing a results
+    folder could not read the cells.
+    """
     path.parent.mkdir(parents=True, exist_ok=True)
     handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
+        os.chmod(temporary, 0o666 & ~current_umask())
         with os.fdopen(handle, "w") as out:
             out.write(text)
             out.flush()
@@ -163,11 +177,12 @@ def write_cell(directory: Path, records: list[dict[str, Any]], summary: dict[str
                config: DictConfig | None = None) -> None:
     """Records first, then the resolved config, summary last: the summary's presence marks the cell finished."""
     (directory / "summary.json").unlink(missing_ok=True)  # a forced rerun is unfinished until done
-    _atomic_write(directory / "records.jsonl", records_text(records))
+    atomic_write_text(directory / "records.jsonl", records_text(records))
     if config is not None:
-        _atomic_write(directory / "config.yaml", OmegaConf.to_yaml(config, resolve=True))
-    _atomic_write(directory / "summary.json", json.dumps(summary, indent=2) + "\n")
+        atomic_write_text(directory / "config.yaml", OmegaConf.to_yaml(config, resolve=True))
+    atomic_write_text(directory / "summary.json", json.dumps(summary, indent=2) + "\n")
 
 
-__all__ = ["CellState", "cell_dir", "cell_id", "cell_identity", "cell_state", "experiment_dir", "is_finished",
+__all__ = ["CellState", "atomic_write_text", "cell_dir", "cell_id", "cell_identity", "cell_state", "experiment_dir",
+           "is_finished",
            "read_records", "read_summary", "records_digest", "records_text", "write_cell"]

@@ -124,3 +124,17 @@ def test_markdown_renders_a_full_result(pair, self_pair):
             "verification": {"target_model": "tiny", "rows": suites.bench_verification(pair, PROMPT, [1], [2], 1, 1)}}
     text = cli.markdown(fake)
     assert "Best against best on tiny" in text and "| ours_best |" in text and "| host reads |" in text
+
+
+def test_best_vs_best_takes_a_predicted_pick_instead_of_its_sweep(self_pair, monkeypatch):
+    """With a pick from the replay and the calibration (issue 26): no sweep runs, ours_best is the pick, and
+    the result holds the measured rate over the predicted one."""
+    monkeypatch.setattr(suites, "choose_best", lambda *a, **k: pytest.fail("the one-run sweep ran"))
+    pick = {"method": "sbv", "K": 2, "L": 3, "tokens_per_s": 50.0}
+    result = suites.bench_best_vs_best(self_pair, [PROMPT], 0.7, 8, 3, [("sd", 1, 2)], 1, pick=pick)
+    assert (result["best"]["method"], result["best"]["K"], result["best"]["L"]) == ("sbv", 2, 3)
+    measured = result["contenders"]["ours_best"]["tokens_per_s"]
+    assert result["predicted_tokens_per_s"] == 50.0
+    assert result["measured_over_predicted"] == pytest.approx(measured / 50.0)
+    with pytest.raises(ValueError, match="not lossless"):
+        suites.bench_best_vs_best(self_pair, [PROMPT], 0.7, 8, 3, [], 1, pick=pick | {"method": "spectr_gbv"})

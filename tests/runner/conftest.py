@@ -27,3 +27,14 @@ def two_tiny_conf(tmp_path, monkeypatch):
         text.replace("name: tiny_random", "name: tiny_random_b").replace("seed: 0 ", "seed: 1 "))
     monkeypatch.setenv("SPECTR_REPRO_CONF", str(conf))
     return conf
+
+
+@pytest.fixture(autouse=True)
+def no_calibration(tmp_path, monkeypatch):
+    """`plan` reads this machine's calibration file (written by `check`): the tests see none unless they
+    write one themselves."""
+    from spectr_repro.check.calibration import CALIBRATION_ENV_VAR
+
+    path = tmp_path / "calibration.json"
+    monkeypatch.setenv(CALIBRATION_ENV_VAR, str(path))
+    return path

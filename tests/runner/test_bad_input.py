@@ -100,3 +100,29 @@ def test_missing_data_is_one_message_without_traceback(tmp_path, monkeypatch, ca
     assert code == 1
     assert "error: cannot load dataset lm1b" in err and "Traceback" not in err
     assert not (out / "default" / "cells").exists() or not list((out / "default" / "cells").iterdir())
+
+
+def test_a_sweep_with_nothing_valid_left_exits_2_with_the_reason(tmp_path, capsys):
+    """`sweep method=sd K=3`: every cell is invalid, so nothing would run; say why and exit 2 (issue 26)."""
+    out = tmp_path / "results"
+    code = main_sweep([*COMMON, "method=sd", "K=3", f"output_dir={out}"])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert "nothing valid to run: all 1 cell(s) are invalid" in err and "method sd verifies a single draft" in err
+    assert not out.exists()
+    # control: one valid cell beside the invalid one still runs (the invalid one is skipped, as before)
+    assert main_sweep([*COMMON, "method=sd", "K=1,3", "L=2", f"output_dir={out}"]) == 0
+
+
+def test_too_many_prompts_are_refused_before_the_pair_loads(tmp_path, capsys, monkeypatch):
+    from spectr_repro import models
+
+    loads = []
+    monkeypatch.setattr(models, "load_pair", lambda *a, **k: loads.append(a) or pytest.fail("pair loaded"))
+    out = tmp_path / "results"
+    code = main_run([*[a for a in COMMON if not a.startswith("num_prompts")], "num_prompts=165",
+                     f"output_dir={out}"])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert "num_prompts=165 but dataset humaneval has only 164 records" in err
+    assert loads == [] and not out.exists()

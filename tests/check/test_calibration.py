@@ -1,0 +1,102 @@
+"""The calibration file: measured shapes, kept entries, and `plan` using it in place of the cost model."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from omegaconf import OmegaConf
+
+from spectr_repro.check.calibration import (
+    Calibration,
+    ForwardCosts,
+    find_calibration,
+    measure_forward_costs,
+    plan_shapes,
+    read_calibrations,
+    write_calibration,
+)
+
+
+def _calibration(pair: str, scale: float = 1.0, dtype: str = "bfloat16") -> Calibration:
+    shapes = plan_shapes([1, 3, 5], [4, 6, 8], [32, 180, 256], [1, 8])
+    costs = {role: ForwardCosts(tuple((r, t, k, scale * (fixed + per * r * t)) for r, t, k in shapes[role]))
+             for role, fixed, per in (("target", 0.2, 0.007), ("draft", 0.1, 0.003))}
+    return Calibration("cpu", pair, dtype, "Test CPU", "2026-12-01", False, costs["target"], costs["draft"],
+                       extra={"overhead_s_per_call": 0.01 * scale})
+
+
+def test_plan_shapes_cover_the_run():
+    shapes = plan_shapes([1, 3], [4, 8], [180], [1, 8])
+    assert (3, 9, "all") in shapes["target"] and (24, 9, "all") in shapes["target"]  # K x (L+1), batched B*K
+    assert (1, 180, "last") in shapes["target"] and (1, 180, "last") in shapes["draft"]  # prefill
+    assert (24, 1, "last") in shapes["draft"] and (8, 2, "last") in shapes["draft"]  # draft steps, pending
+
+
+def test_entries_are_kept_and_replaced(calibration_file):
+    write_calibration(_calibration("qwen25coder_1.5b_0.5b"))
+    write_calibration(_calibration("smollm2_135m_self"))
+    write_calibration(_calibration("qwen25coder_1.5b_0.5b", scale=2.0))
+    entries = read_calibrations()
+    assert set(entries) == {"cpu/qwen25coder_1.5b_0.5b/bfloat16", "cpu/smollm2_135m_self/bfloat16"}
+    assert entries["cpu/qwen25coder_1.5b_0.5b/bfloat16"].extra["overhead_s_per_call"] == 0.02
+    assert find_calibration("cuda", "qwen25coder_1.5b_0.5b", "bfloat16") is None
+    assert json.loads(calibration_file.read_text())["entries"]  # plain JSON a user can read
+    calibration_file.write_text("{ damaged")
+    assert read_calibrations() == {}  # a damaged file: the plan falls back to the cost model
+
+
+def test_measured_costs_cover_every_shape_on_the_tiny_model():
+    from spectr_repro.tiny import make_tiny_pair
+
+    target, _, _ = make_tiny_pair(seed=0)
+    shapes = [(1, 1, "last"), (3, 5, "all"), (1, 40, "last")]
+    costs = measure_forward_costs(target, shapes, repeats=1, context_tokens=16, vocab_size=259)
+    assert [(r, t, k) for r, t, k, _ in costs.points] == shapes
+    assert all(seconds > 0 for *_, seconds in costs.points)
+
+
+@pytest.fixture(scope="module")
+def cpu_quick_cells(tmp_path_factory):
+    """The cells of `plan experiment=cpu_quick` (composed once: composition is the slow part)."""
+    from spectr_repro.runner.config import Composer, expand, parse_arguments
+    from spectr_repro.runner.execute import plan_cells
+
+    args = parse_arguments(["experiment=cpu_quick", f"output_dir={tmp_path_factory.mktemp('plan') / 'results'}"])
+    with Composer() as composer:
+        return plan_cells(expand(composer, args, use_grid=True))
+
+
+def test_plan_uses_the_calibration_and_says_so(cpu_quick_cells):
+    from spectr_repro.runner.plan import build_plan, format_plan
+
+    assumed = build_plan(cpu_quick_cells)
+    assert "calibrated on" not in format_plan(assumed) and "cost model (no finished AR cell" in format_plan(assumed)
+    write_calibration(_calibration("qwen25coder_1.5b_0.5b"))
+    calibrated = build_plan(cpu_quick_cells)
+    assert "calibrated on Test CPU, 2026-12-01" in format_plan(calibrated)
+    assert calibrated.seconds != assumed.seconds
+    # every second of the estimate comes from the measured costs: twice the costs, twice the time
+    write_calibration(_calibration("qwen25coder_1.5b_0.5b", scale=2.0))
+    assert build_plan(cpu_quick_cells).seconds == pytest.approx(2 * calibrated.seconds, rel=1e-9)
+    # a calibration of another dtype is not this run's
+    write_calibration(_calibration("qwen25coder_1.5b_0.5b", dtype="float32"))
+    write_calibration(_calibration("qwen25coder_1.5b_0.5b", scale=3.0, dtype="float32"))
+    assert build_plan(cpu_quick_cells).seconds == pytest.approx(2 * calibrated.seconds, rel=1e-9)
+
+
+def test_calibrated_batched_cells_decode_their_untimed_prompts_together():
+    """cpu_quick decodes 6 of 8 prompts in one batch: the batch's calls cost more than one prompt's, and
+    less than six prompts' alone."""
+    from spectr_repro.runner.config import Composer
+    from spectr_repro.runner.plan import calibrated_cell_seconds
+
+    calibration = _calibration("qwen25coder_1.5b_0.5b")
+    with Composer() as composer:
+        alone = composer.compose(["experiment=cpu_quick", "method=sbv", "hardware.batch_prompts=1"])
+        batched = composer.compose(["experiment=cpu_quick", "method=sbv"])
+    per_prompt = (calibrated_cell_seconds(alone, calibration, 3.0)
+                  - calibrated_cell_seconds(OmegaConf.merge(alone, {"num_prompts": 7}), calibration, 3.0))
+    seconds = calibrated_cell_seconds(batched, calibration, 3.0)
+    two_alone = calibrated_cell_seconds(OmegaConf.merge(alone, {"num_prompts": 2}), calibration, 3.0)
+    assert two_alone + per_prompt < seconds < two_alone + 6 * per_prompt
