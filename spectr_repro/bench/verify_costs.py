@@ -151,4 +151,55 @@ def worst_by_rule(rows: Iterable[CostRow]) -> dict[tuple[str, int, int], tuple[i
     return worst
 
 
-__all__ = ["DRAFT_NOISES", "CostRow", "carried_state", "rule_costs", "worst_by_rule"]
+@dataclass(frozen=True)
+class TimeRow:
+    rule: str
+    K: int
+    L: int
+    block: str  # "<agreement>/<far|close>"
+    calls: int
+    median_ms: float  # wall time per verify call, median over the calls (indicative: depends on the machine)
+
+
+def rule_times(
+    *,
+    rules: Iterable[str] | None = None,
+    Ks: Iterable[int] = (3, 7),
+    Ls: Iterable[int] = (12,),
+    V: int = 151_936,
+    seeds: Iterable[int] = range(8),
+    block_seed: int = 0,
+    device: str | torch.device = "cpu",
+) -> list[TimeRow]:
+    """Wall time per verify call of each rule on the synthetic blocks of ``rule_costs`` (one warm-up call per
+    block first, so that buffers and caches are in place). All rules in one process: compare their ratios."""
+    import statistics
+    import time
+
+    names = list(VERIFIERS) if rules is None else list(rules)
+    rows: list[TimeRow] = []
+    for name in names:
+        verifier = get_verifier(name, check_inputs=False)
+        for K, L in itertools.product(Ks, Ls):
+            if VERIFIERS[name].single_draft and K != 1:
+                continue
+            for agreement, (noise_name, noise) in itertools.product(AGREEMENTS, DRAFT_NOISES.items()):
+                block = synthetic_block(K, L, V, agreement=agreement, seed=block_seed + K * 100 + L,
+                                        draft_noise=noise, device=device)
+                verifier(*block, generator=torch.Generator(device=block[1].device).manual_seed(-1 % 2**31))
+                elapsed = []
+                for seed in seeds:
+                    generator = torch.Generator(device=block[1].device).manual_seed(seed)
+                    if block[1].device.type == "cuda":
+                        torch.cuda.synchronize()
+                    start = time.perf_counter()
+                    verifier(*block, generator=generator)
+                    if block[1].device.type == "cuda":
+                        torch.cuda.synchronize()
+                    elapsed.append(time.perf_counter() - start)
+                rows.append(TimeRow(name, K, L, f"{agreement}/{noise_name}", len(elapsed),
+                                    1000 * statistics.median(elapsed)))
+    return rows
+
+
+__all__ = ["DRAFT_NOISES", "CostRow", "TimeRow", "carried_state", "rule_costs", "rule_times", "worst_by_rule"]

@@ -77,6 +77,22 @@ class Verifier:
         validate_inputs(draft_tokens, draft_probs, target_probs, self.name, self.single_draft)
         return self._law(draft_tokens, draft_probs, target_probs, state)
 
+    def expected_emitted(
+        self,
+        draft_tokens: torch.Tensor,
+        draft_probs: torch.Tensor,
+        target_probs: torch.Tensor,
+        state: Any = None,
+    ) -> torch.Tensor | None:
+        """E[tau + 1 | drafts]: the exact conditional expectation of the number of tokens this iteration emits
+        (the accepted prefix plus its one extra token), as a 0-dim float64 tensor on the inputs' device, with
+        buffers of the order of the inputs and few host reads (each rule states its count: none for sd, bv, gbv
+        and for K = 1; the draft tokens for spectr and rbv, plus spectr's rho* pieces). None when the rule has
+        no cheap closed form (callers then average draws of the sampler). Inputs are not validated here (the
+        engine's calls are not either); ``law`` gives the same number as sum(probability * len(tokens)) on
+        small inputs."""
+        return None
+
     def _sample(self, draft_tokens, draft_probs, target_probs, generator, state) -> VerifyResult:
         raise NotImplementedError
 

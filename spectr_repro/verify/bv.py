@@ -22,7 +22,16 @@ from dataclasses import dataclass
 import torch
 
 from spectr_repro.verify.base import Outcome, Verifier, VerifyResult
-from spectr_repro.verify.common import LawBuilder, residual, sample, token_ratios, uniform_list
+from spectr_repro.verify.common import (
+    LawBuilder,
+    clipped_stop_probability,
+    expected_emitted_from_stops,
+    residual,
+    running_ratio,
+    sample,
+    token_ratios,
+    uniform_list,
+)
 
 
 @dataclass
@@ -76,7 +85,7 @@ class BlockSegment:
         positions = [i for i in range(max(start, 0) + 1, n) if w[i] < 1.0]  # rows with w = 1 have h = 1
         if positions:
             for i, z in zip(positions, self._excess_on_host(positions)):
-                h[i] = stop_probability(z, w[i])
+                h[i] = host_stop_probability(z, w[i])
         return h
 
     def stop_law(self) -> list[float]:
@@ -108,7 +117,7 @@ class BlockSegment:
         candidates = [i for i in range(floor + 1, n) if eta[i - 1] < w[i]]
         if not candidates:
             return floor
-        passed = [i for i, z in zip(candidates, excess(candidates)) if eta[i - 1] < stop_probability(z, w[i])]
+        passed = [i for i, z in zip(candidates, excess(candidates)) if eta[i - 1] < host_stop_probability(z, w[i])]
         return max(passed, default=floor)
 
     def _excess_on_host(self, positions: list[int]) -> list[float]:
@@ -122,9 +131,9 @@ class BlockSegment:
         return residual(self.weights[tau] * target, self.drafts[tau], fallback=target)
 
 
-def stop_probability(z: float, w: float) -> float:
-    """h = Z / (Z + 1 - w) for w < 1 (denominator >= 1 - w > 0), clipped to w: Z <= w exactly, so h <= w,
-    and the clip keeps a scan that skips every position with eta >= w consistent with the law bit for bit."""
+def host_stop_probability(z: float, w: float) -> float:
+    """common.clipped_stop_probability on host floats, for w < 1 only (the denominator is >= 1 - w > 0, so the
+    0/0 case never reaches it: positions with w = 1 have h = 1 and are never evaluated)."""
     return min(z / (z + 1.0 - w), w)
 
 
@@ -170,6 +179,17 @@ class BlockVerification(Verifier):
         law = target_probs[0, L] if tau == L else segment.correction(tau)
         out = torch.cat([segment.tokens[:tau], sample(law, generator).view(1)])
         return VerifyResult(out, tau, 0, None)
+
+    def expected_emitted(self, draft_tokens, draft_probs, target_probs, state=None) -> torch.Tensor:
+        """From h_1..h_L on the device: h_i = min(Z_i / (Z_i + 1 - w_i), w_i) (1 where w_i = 1), h_L = w_L."""
+        L = draft_tokens.shape[1]
+        tokens = draft_tokens[0].long().to(draft_probs.device)
+        targets, drafts = target_probs[0, :L], draft_probs[0]
+        w = running_ratio(token_ratios(targets, drafts, tokens))  # w_0..w_L, float64
+        inner = w[1:L]
+        z = excess_mass(targets[1:], drafts[1:], inner).double()  # Z_1..Z_{L-1}, one [L-1, V] buffer
+        h = torch.cat([clipped_stop_probability(z, inner), w[L:]])
+        return expected_emitted_from_stops(h)
 
     def _law(self, draft_tokens, draft_probs, target_probs, state) -> list[Outcome]:
         segment = self._segment(draft_tokens.long(), draft_probs.double(), target_probs.double())

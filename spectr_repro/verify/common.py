@@ -11,8 +11,9 @@ from spectr_repro.sampling import sample, uniform
 from spectr_repro.verify.base import Outcome
 
 __all__ = [
-    "LawBuilder", "block_on_host", "normalize", "positive_part", "residual", "sample", "sample_residual",
-    "token_ratios", "uniform", "uniform_list",
+    "LawBuilder", "block_on_host", "clipped_stop_probability", "expected_emitted_from_stops", "normalize",
+    "positive_part", "residual", "running_ratio", "sample", "sample_residual", "stop_probability", "token_ratios",
+    "uniform", "uniform_list",
 ]
 
 EPS = 1e-300  # only guards 0/0; every rule states what happens when a mass is exactly 0
@@ -48,6 +49,43 @@ def sample_residual(
     if float(mass.sum()) > 0:
         return int(sample(mass, generator))
     return int(sample(fallback if fallback is not None else a, generator))
+
+
+def stop_probability(z: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """Block verification's stop probability h = Z / (Z + 1 - w) (tensors; Z = sum (w p - q)+ <= w <= 1).
+
+    The one treatment of 0/0: Z = 0 with w = 1 gives h = 1. (With w = 1 every earlier token passed with
+    certainty, so stopping there loses nothing; Z > 0 with w = 1 gives 1 by the formula itself, and w < 1
+    keeps the denominator >= 1 - w > 0.)
+    """
+    return torch.nan_to_num(z / (z + (1.0 - w)), nan=1.0)
+
+
+def clipped_stop_probability(z: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """``stop_probability`` clipped to w (bv, gbv): Z <= w in exact arithmetic, so h <= w, and the clip keeps a
+    scan that skips every position with eta >= w consistent with the exact law bit for bit."""
+    return torch.minimum(stop_probability(z, w), w)
+
+
+def running_ratio(ratios: torch.Tensor, with_start: bool = True) -> torch.Tensor:
+    """BV's running clipped ratio along the last dim: w_0 = 1, w_i = min(1, w_{i-1} ratio_i), computed as
+    exp(S_i - max(0, S_1..S_i)) with S the partial sums of log ratio (no loop). [..., n] -> [..., n + 1]
+    (w_0..w_n), or [..., n] (w_1..w_n) with ``with_start=False``.
+
+    A ratio of 0 makes every later w 0; ratios must not be +inf or NaN (callers decide what a zero draft
+    probability means and map it first).
+    """
+    s = torch.cumsum(torch.log(ratios), -1)
+    w = torch.exp(s - torch.cummax(s.clamp_min(0.0), -1).values)
+    return torch.cat([torch.ones_like(s[..., :1]), w], -1) if with_start else w
+
+
+def expected_emitted_from_stops(h: torch.Tensor) -> torch.Tensor:
+    """E[tau + 1] of a backward block-verification scan from its stop probabilities h_1..h_L ([L], float64):
+    tau = the largest i with a success (probability h_i, independent), 0 if none. P(tau < i) = prod_{m >= i}
+    (1 - h_m), so E[tau] = sum_i P(tau >= i) = L - sum_i prod_{m >= i} (1 - h_m). A 0-dim tensor, no host read."""
+    survive = (1.0 - h).flip(-1).cumprod(-1)  # [L]: entry j = prod over the last j + 1 positions
+    return 1.0 + h.shape[-1] - survive.sum(-1)
 
 
 def token_ratios(target_rows: torch.Tensor, draft_rows: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:

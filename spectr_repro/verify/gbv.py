@@ -32,7 +32,13 @@ from spectr_repro.verify.carry_over import (
     residual_weights,
     resolve_frames,
 )
-from spectr_repro.verify.common import normalize, sample, uniform
+from spectr_repro.verify.common import (
+    clipped_stop_probability,
+    expected_emitted_from_stops,
+    normalize,
+    sample,
+    uniform,
+)
 
 
 class GreedyBlockVerification(Verifier):
@@ -77,7 +83,7 @@ class GreedyBlockVerification(Verifier):
         # One fresh buffer, then in place: never modify the caller's rows.
         z = torch.mul(target, scale).sub_(draft).clamp_(min=0).sum(-1).double()
         g_at = g[index]
-        h = torch.minimum(z / (z + 1 - g_at), g_at)  # 1 − g_i > 0 here
+        h = clipped_stop_probability(z, g_at)  # 1 − g_i > 0 here
         return h.tolist()
 
     def _all_stop_probabilities(self, effective, draft_probs, g, L: int) -> list[float]:
@@ -157,6 +163,19 @@ class GreedyBlockVerification(Verifier):
         tokens = torch.cat([draft_tokens[0, :tau].long().to(last_token.device), last_token])
         new_state = self._state_after(effective, draft_probs, target_probs, log_ratio, tau, last_token, L)
         return VerifyResult(tokens, tau, 0, new_state)
+
+    def expected_emitted(self, draft_tokens, draft_probs, target_probs, state=None) -> torch.Tensor:
+        """From h_1..h_L on the device (the effective targets of ``state``; None: a fresh iteration)."""
+        L = draft_tokens.shape[1]
+        effective, _, g = self._block(draft_tokens, draft_probs, target_probs, state)
+        h_last = g[L:]
+        if L == 1:
+            return expected_emitted_from_stops(h_last)
+        inner = g[1:L]
+        target = effective.rows(0, list(range(1, L)))
+        z = torch.mul(target, inner.to(target.dtype).unsqueeze(-1)).sub_(draft_probs[0, 1:L]).clamp_(min=0).sum(-1)
+        h = clipped_stop_probability(z.double(), inner)  # 1 where g = 1, as in the sampler
+        return expected_emitted_from_stops(torch.cat([h, h_last]))
 
     def _law(self, draft_tokens, draft_probs, target_probs, state) -> list[Outcome]:
         L = draft_tokens.shape[1]

@@ -27,7 +27,13 @@ import torch
 
 from spectr_repro.verify.base import Outcome, Verifier, VerifyResult
 from spectr_repro.verify.bv import BlockSegment, clipped_weights, excess_mass, rows_at
-from spectr_repro.verify.common import LawBuilder, block_on_host, sample, token_ratios
+from spectr_repro.verify.common import (
+    LawBuilder,
+    block_on_host,
+    clipped_stop_probability,
+    sample,
+    token_ratios,
+)
 
 PRODUCT_CAP = 1e300  # running products of ratios are capped here (see _scan_later_segment)
 
@@ -73,6 +79,62 @@ def _scan_later_segment(tokens, draft_probs, target_probs, k: int, start: int, c
     return segment, segment.stop_position(eta, lambda positions: [excess[i] for i in positions])
 
 
+# A sort of a vocabulary row costs about as much as this many direct passes sum_x (w p - c q)+ over it (~5x
+# measured on CPU at V = 151,936; a sorted row also needs its cumulative sums): a draft whose masses are asked
+# at more than this many queries per row of its segment gets its rows sorted once, else each mass is one pass.
+SORT_ABOVE_QUERIES_PER_ROW = 6
+_DIRECT_ELEMENTS = 1 << 22  # rows of one direct pass at a time (memory: ~32 MiB of float64)
+
+
+class DirectExcess:
+    """H(w, c) = sum_x (w p(x) - c q(x))+ at rows p, q [n, V], one V-wide pass per query (few queries)."""
+
+    def __init__(self, p: torch.Tensor, q: torch.Tensor) -> None:
+        self.p, self.q = p, q
+
+    def __call__(self, row: torch.Tensor, w: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+        """H at rows ``row`` [Q] (long) for w, c [Q] float64 (w, c >= 0): [Q] float64."""
+        per_chunk = max(1, _DIRECT_ELEMENTS // self.p.shape[-1])
+        parts = []
+        for lo in range(0, row.shape[0], per_chunk):
+            index = row[lo : lo + per_chunk]
+            scale_p = w[lo : lo + per_chunk].to(self.p.dtype).unsqueeze(-1)
+            scale_q = c[lo : lo + per_chunk].to(self.q.dtype).unsqueeze(-1)
+            # In the rows' dtype, like bv's excess_mass, and in place on the gathered copies (memory-bound).
+            excess = self.p[index].mul_(scale_p).sub_(self.q[index].mul_(scale_q)).clamp_min_(0)
+            parts.append(excess.sum(-1).double())
+        return torch.cat(parts) if parts else torch.zeros(0, dtype=torch.float64, device=self.p.device)
+
+
+class SortedExcess:
+    """H(w, c) = sum_x (w p(x) - c q(x))+ at rows p, q [n, V] for many queries: one sort per row.
+
+    The tokens with w p > c q are those whose ratio p/q exceeds c/w: with the ratios sorted in decreasing
+    order they are a leading run, found by binary search, and H = w P - c Q with P, Q the sums of p, q over
+    that run (cumulative sums). Rounding: the sums are differences of float64 cumulative sums (~1e-16 of the
+    row's mass), and a token whose ratio is within rounding of c/w adds ~0 either way.
+    """
+
+    def __init__(self, p: torch.Tensor, q: torch.Tensor) -> None:
+        ratio = (p.double() / q).nan_to_num_(0.0)  # q = 0 < p: +inf (always counted); 0/0: 0 (adds nothing)
+        descending, order = ratio.neg_().sort(-1)  # -ratio ascending = ratio descending
+        self.neg_ratio = descending
+        zero = torch.zeros_like(descending[:, :1])
+        self.p_upto = torch.cat([zero, p.double().gather(-1, order).cumsum(-1)], -1)  # [n, V + 1]
+        self.q_upto = torch.cat([zero, q.double().gather(-1, order).cumsum(-1)], -1)
+
+    def __call__(self, row: torch.Tensor, w: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+        """H at rows ``row`` [Q] (long) for w, c [Q] float64 (w, c >= 0): [Q] float64."""
+        n = self.neg_ratio.shape[0]
+        threshold = torch.where(w > 0, c / w, torch.inf)  # w = 0: nothing is positive
+        # Every query is looked up in every row ([n, Q] binary searches, no [Q, V] gather), then its own kept.
+        count = torch.searchsorted(self.neg_ratio, (-threshold).expand(n, -1).contiguous())  # ratio > c / w
+        count = count.gather(0, row.unsqueeze(0)).squeeze(0)
+        flat = row * self.p_upto.shape[-1] + count
+        mass = w * self.p_upto.view(-1)[flat] - c * self.q_upto.view(-1)[flat]
+        return mass.clamp_min_(0.0)
+
+
 class RecursiveBlockVerification(Verifier):
     name = "rbv"
     lossless = True
@@ -100,6 +162,113 @@ class RecursiveBlockVerification(Verifier):
             current = segment.correction(tau)
         extra = sample(current, generator)
         return VerifyResult(torch.cat([tokens[owner, :committed], extra.view(1)]), committed, owner, None)
+
+    def expected_emitted(self, draft_tokens, draft_probs, target_probs, state=None) -> torch.Tensor:
+        """E[tau + 1 | drafts] by a recursion over the drafts, exact.
+
+        The current target is always r = norm((w p(. | z) - c q(. | z))+) for two scalars (w, c) at the
+        committed prefix z: (1, 0) at the start (r = p); after a segment stopping at tau > 0 the correction
+        norm((w_tau p - q)+) is (w_tau, 1); after tau = 0 it is norm((r - q)+) = norm((w p - (c + H(w, c)) q)+),
+        i.e. (w, c + H(w, c)) with H(w, c) = sum_x (w p - c q)+, as drafts at z share q(. | z); a residual
+        without mass falls back to its target: (1, 0), resp. (w, c) unchanged. A segment's stop law depends on
+        r only through r(X_{j+1}) = (w p - c q)+(X_{j+1}) / H(w, c), then on the raw Z_i = H(w_i, 1): every
+        V-wide quantity is an H at one of the draft's own rows (``DirectExcess`` / ``SortedExcess``).
+
+        A state is (committed length j, owner draft, w, c, mass). Its (j, owner) follow from the tokens alone
+        (which drafts carry the owner's first j tokens), so the histories are enumerated on the host and
+        (w, c, mass) are device tensors: each draft expands every state it matches into one per stop position
+        j..L-1, and adds mass * P(its segment reaches L) * (L + 1); the states left after the last draft add
+        mass * (j + 1). The number of states is at most C(L + K - 1, K) (K identical drafts; 31,824 at K = 7,
+        L = 12), usually far fewer (distinct drafts match only the states that stopped on their prefix).
+
+        V-wide work: per draft, its H queries (2 per matched state, plus one per position inside each matched
+        segment), each one pass over a row, or one sort of the draft's L rows when the queries exceed
+        SORT_ABOVE_QUERIES_PER_ROW per row (one sort shared by drafts with the same first L - 1 tokens). So
+        distinct drafts cost ~K * (L + 1) row passes (bv's expectation: L - 1). Identical drafts cost one sort of
+        L rows plus [L, states] binary searches. Host reads: one (the draft tokens) for K > 1, none for K = 1.
+        """
+        device = draft_probs.device
+        tokens = draft_tokens.long().to(device)
+        K, L = tokens.shape
+        rows = tokens.tolist() if K > 1 else None  # the tree's shape: the only host read
+        ratios = token_ratios(target_probs[:, :L], draft_probs, tokens)  # [K, L] float64, raw p/q
+        drawn = tokens.unsqueeze(-1)
+        p_drawn = target_probs[:, :L].gather(-1, drawn).squeeze(-1).double()  # [K, L]: p, q of each draft token
+        q_drawn = draft_probs.gather(-1, drawn).squeeze(-1).double()
+        positions = torch.arange(L + 1, device=device).unsqueeze(-1)  # [L + 1, 1]: absolute stop positions
+        committed, owners = [0], [0]  # host: each state's committed length and the draft it came from
+        w = torch.ones(1, dtype=torch.float64, device=device)
+        c = torch.zeros_like(w)
+        mass = torch.ones_like(w)
+        total = torch.zeros((), dtype=torch.float64, device=device)
+        sorted_rows: dict[tuple[int, ...], SortedExcess] = {}
+        for k in range(K):
+            match = [s for s, (j, o) in enumerate(zip(committed, owners))
+                     if rows is None or rows[k][:j] == rows[o][:j]]
+            if not match:
+                continue
+            matched = set(match)
+            keep = [s for s in range(len(committed)) if s not in matched]
+            M = len(match)
+            j_host = [committed[s] for s in match]
+            # Z queries: (position m, state i) for j_i < m < L, in the order of a [L + 1, M] flattening.
+            z_at = [(m, i) for i, start in enumerate(j_host) for m in range(start + 1, L)]
+            queries = 2 * M + len(z_at)
+            if queries <= SORT_ABOVE_QUERIES_PER_ROW * L:
+                excess = DirectExcess(target_probs[k, :L], draft_probs[k])  # H at row k's nodes of length 0..L-1
+            else:  # drafts with the same first L - 1 tokens share their rows: one sort serves them all
+                path = tuple(rows[k][: L - 1]) if rows is not None else ()
+                if path not in sorted_rows:
+                    sorted_rows[path] = SortedExcess(target_probs[k, :L], draft_probs[k])
+                excess = sorted_rows[path]
+            pick = torch.tensor(match, device=device)
+            j = torch.tensor(j_host, device=device)  # [M]
+            w_s, c_s, mass_s = w[pick], c[pick], mass[pick]
+            current_mass = excess(j, w_s, c_s)  # H(w, c): the unnormalised mass of r
+            p_x, q_x = p_drawn[k, j], q_drawn[k, j]  # p, q of draft k's token after z, per state
+            first_ratio = torch.where(current_mass > 0, (w_s * p_x - c_s * q_x).clamp_min(0) / (current_mass * q_x),
+                                      0.0).nan_to_num_(0.0)  # r(X) / q(X)
+            # w at absolute positions 0..L ([L + 1, M]): 1 up to j, min(1, r(X)/q(X)) at j + 1, then the raw
+            # clipped running product (bv.clipped_weights, one [M] row per position).
+            weights = [torch.ones_like(w_s)]
+            for m in range(1, L + 1):
+                step = torch.where(weights[-1] > 0, (weights[-1] * ratios[k, m - 1]).clamp(max=1.0), 0.0)
+                weights.append(torch.where(j + 1 == m, first_ratio.clamp(max=1.0),
+                                           torch.where(j + 1 < m, step, weights[-1])))
+            weights = torch.stack(weights)  # [L + 1, M]
+            # One batch of H queries: Z_m = H(w_m, 1) inside each segment, and H(w, c + H(w, c)) at z (the mass
+            # left after a stop at z itself).
+            z_flat = torch.tensor([m * M + i for m, i in z_at], dtype=torch.long, device=device)
+            z_rows = torch.tensor([m for m, _ in z_at], dtype=torch.long, device=device)
+            z_weights = weights.view(-1)[z_flat]
+            c_again = c_s + current_mass
+            asked = excess(torch.cat([z_rows, j]), torch.cat([z_weights, w_s]),
+                           torch.cat([torch.ones_like(z_weights), c_again]))
+            z = torch.zeros(L + 1, M, dtype=torch.float64, device=device)
+            z.view(-1)[z_flat] = asked[: len(z_at)]
+            again_mass = asked[len(z_at) :]
+            inner = (positions > j) & (positions < L)  # [L + 1, M]: positions with a Z
+            stop = torch.where(inner, clipped_stop_probability(z, weights), 0.0)
+            stop[L] = weights[L]
+            stop = torch.where(positions == j, 1.0, stop)  # h_j = 1; positions below j: 0 (never reached)
+            above = (1.0 - stop).flip(0).cumprod(0).flip(0)  # prod_{m' >= m} (1 - h_m')
+            stop_law = stop * torch.cat([above[1:], torch.ones_like(above[:1])])  # P(tau = m), [L + 1, M]
+            total = total + (L + 1) * (mass_s * stop_law[L]).sum()
+            # Next targets: a stop at m > j gives (w_m, 1) (no mass Z_m: the raw p, (1, 0)); at m = j it gives
+            # (w, c + H) (no mass left: r itself, (w, c)).
+            w_next = torch.where(positions == j, w_s, torch.where(z > 0, weights, 1.0))
+            c_next = torch.where(positions == j, torch.where(again_mass > 0, c_again, c_s), (z > 0).double())
+            # Children (host structure): state i of the batch stops at m in j_i..L-1.
+            child = torch.tensor([m * M + i for i, start in enumerate(j_host) for m in range(start, L)],
+                                 dtype=torch.long, device=device)
+            kept = torch.tensor(keep, dtype=torch.long, device=device)
+            w = torch.cat([w[kept], w_next.view(-1)[child]])
+            c = torch.cat([c[kept], c_next.view(-1)[child]])
+            mass = torch.cat([mass[kept], (mass_s * stop_law).view(-1)[child]])
+            committed = [committed[s] for s in keep] + [m for start in j_host for m in range(start, L)]
+            owners = [owners[s] for s in keep] + [k] * (len(committed) - len(keep))
+        j_final = torch.tensor(committed, dtype=torch.float64, device=device)
+        return total + (mass * (j_final + 1)).sum()
 
     def _law(self, draft_tokens, draft_probs, target_probs, state) -> list[Outcome]:
         tokens = draft_tokens.long()

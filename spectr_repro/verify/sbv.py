@@ -52,8 +52,10 @@ import torch
 
 from spectr_repro.sampling import uniform
 from spectr_repro.verify.base import Outcome, Verifier, VerifyResult
+from spectr_repro.verify.common import running_ratio, stop_probability
 
 __all__ = [
+    "Decision",
     "DepthRule",
     "SelectionBlockVerification",
     "choose_rho",
@@ -307,8 +309,9 @@ def _acceptance(rules: _Rules, tokens: torch.Tensor, count_index: torch.Tensor):
     return torch.where(ranked & (q > 0), m / q, 1.0), position
 
 
-def _select(rules: _Rules, tokens, member, count_index, u) -> torch.Tensor:
-    """The scan, for n prefixes at once: [n] the first member (draft row) carrying the selected token.
+def _select(rules: _Rules, tokens, member, count_index, u) -> tuple[torch.Tensor, torch.Tensor]:
+    """The scan, for n prefixes at once: ([n] the first member (draft row) carrying the selected token,
+    [n] the draft whose draw was accepted, -1 where none was and the token of top rank was taken).
 
     tokens [n, K]: each draft's token at the prefix's depth; member [n, K]: the drafts sharing the prefix;
     u [n, K] uniforms. Survivor j is accepted when u_j < a(token_j); none accepted: the token of top rank.
@@ -318,17 +321,23 @@ def _select(rules: _Rules, tokens, member, count_index, u) -> torch.Tensor:
     any_accepted, first = _first_true(accepted)
     chosen = torch.where(any_accepted, first, torch.where(member, position, -1).argmax(-1))
     token = tokens.gather(1, chosen[:, None])
-    return _first_true(member & (tokens == token))[1]
+    return _first_true(member & (tokens == token))[1], torch.where(any_accepted, first, -1)
 
 
-def _selection_events(rules: _Rules, tokens, member, count_index) -> torch.Tensor:
-    """[n, K]: the probability that the scan selects draft j's token at draft j (the law of ``_select``)."""
+def _scan_events(rules: _Rules, tokens, member, count_index) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The law of ``_select``'s scan: ([n, K] P(draft j's draw is the first accepted), [n] P(none is accepted),
+    [n, 1] the draft carrying the token of top rank, taken then)."""
     a, position = _acceptance(rules, tokens, count_index)
     a = torch.where(member, a, 0.0)
     survive = torch.cumprod(1.0 - a, -1)  # no acceptance among drafts 0..j
     probs = a * torch.cat([torch.ones_like(a[:, :1]), survive[:, :-1]], -1)
-    top = torch.where(member, position, -1).argmax(-1, keepdim=True)
-    return probs.scatter_add(1, top, survive[:, -1:])
+    return probs, survive[:, -1], torch.where(member, position, -1).argmax(-1, keepdim=True)
+
+
+def _selection_events(rules: _Rules, tokens, member, count_index) -> torch.Tensor:
+    """[n, K]: the probability that the scan selects draft j's token at draft j (the law of ``_select``)."""
+    probs, none, top = _scan_events(rules, tokens, member, count_index)
+    return probs.scatter_add(1, top, none[:, None])
 
 
 # ------------------------------------------------------------------------------------------------ count posterior
@@ -423,12 +432,6 @@ def _selected_law_rows(Q_rows, ids, ranked, head, q_scale) -> torch.Tensor:
     return rows.scatter_add_(1, ids, (head - rows.gather(1, ids)) * ranked)
 
 
-def _running_ratio(ratio: torch.Tensor) -> torch.Tensor:
-    """w [L+1]: w_0 = 1, w_i = min(1, w_{i-1} ratio_i), as exp(S_i - max(0, S_1..S_i)), S = cumsum log ratio."""
-    s = torch.cumsum(torch.log(ratio), 0)
-    return torch.cat([torch.ones_like(s[:1]), torch.exp(s - torch.cummax(s.clamp_min(0.0), 0).values)])
-
-
 def _tail_share(P_rows, Q_rows, ids, ranked, p_scale, q_scale) -> torch.Tensor:
     """The tail's exact share of Z = sum (p_scale P - q_sel)+ ([m]; rows [m, V], scales [m]): one pass.
 
@@ -442,11 +445,6 @@ def _tail_share(P_rows, Q_rows, ids, ranked, p_scale, q_scale) -> torch.Tensor:
     P_head, Q_head = P_rows.gather(1, ids).to(_F64), Q_rows.gather(1, ids).to(_F64)
     on_ranked = (torch.addcmul(P_head, Q_head, rho, value=-1.0).clamp_min(0.0) * ranked).sum(-1)
     return (c.squeeze(1) * (everywhere - on_ranked)).clamp_min(0.0)
-
-
-def _stop_probability(z: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """h = Z / (Z + 1 - w), 1 if 0/0 (Z = 0 and w = 1)."""
-    return torch.nan_to_num(z / (z + (1.0 - w)), nan=1.0)
 
 
 @dataclass
@@ -478,6 +476,20 @@ class _PathTerms:
                                    self.q_scale[index])
         return (self.P_rows[index] * self.p_scale[index][:, None] - q_sel).clamp_min(0.0)
 
+    def correction_row(self, depth: int) -> torch.Tensor:
+        """The law of the token emitted after stopping at ``depth``, unnormalised [V]: the residual, or P (as
+        given) where the residual has no mass (what the sampler draws from)."""
+        residual = self.residual(slice(depth, depth + 1))[0]
+        return torch.where(residual.sum() > 0, residual, self.P_rows[depth])
+
+    def correction_law(self, index: slice) -> torch.Tensor:
+        """The law of the token emitted after stopping at depths ``index``, float64 [m, V]: the residual
+        normalised, or P (normalised) where it has no mass."""
+        residual = self.residual(index)
+        mass = residual.sum(-1, keepdim=True)
+        return torch.where(mass > 0, residual / mass.clamp_min(1e-300), self.P_rows[index].to(_F64) /
+                           self.rules.psum[index][:, None])
+
 
 def _path_terms(rules: _Rules, P_rows, Q_rows, path: torch.Tensor, weights_of) -> _PathTerms:
     """q_sel and BV's terms on ``path`` [L] (rules and rows along it); ``weights_of(q_at)`` gives the law over
@@ -494,7 +506,7 @@ def _path_terms(rules: _Rules, P_rows, Q_rows, path: torch.Tensor, weights_of) -
     position, ranked = _locate(rules, tokens)
     q_sel_at = torch.where(ranked.squeeze(1), head.gather(1, position).squeeze(1), Q_at * q_scale)
     p_at = P_rows.gather(1, tokens).squeeze(1) / rules.psum
-    w = _running_ratio(torch.nan_to_num(p_at / q_sel_at, nan=0.0, posinf=0.0))  # q_sel(x) = 0: w = 0
+    w = running_ratio(torch.nan_to_num(p_at / q_sel_at, nan=0.0, posinf=0.0))  # q_sel(x) = 0: w = 0
     z_head = ((w[:L, None] * rules.p - head).clamp_min(0.0) * rules.ranked).sum(-1)
     # the tail's masses (exactly 0 when every token is ranked)
     has_tail = rules.ranked.sum(-1) < P_rows.shape[-1]
@@ -660,6 +672,26 @@ def count_likelihood_host(q_v: float, a_v: float, alpha: float, g_minus_v: float
     return out
 
 
+@dataclass
+class Decision:
+    """What SBV's sampler decided on one block before emitting its last token (what sbvf's fallback reads)."""
+
+    tokens: list[list[int]]  # the drafts, on the host
+    leaders: list[list[int]]  # leaders[i][j]: the first draft sharing draft j's first i tokens
+    rows: list[int]  # [L + 1] the draft whose rows the selected path reads at each depth (the group's leader)
+    path: list[int]  # [L] the selected path
+    counts: list[int]  # [L] survivors at each depth of the path
+    terms: _PathTerms  # q_sel and BV's terms along the path
+    tau: int  # BV's stop depth
+    last_uniform: torch.Tensor  # [1] the uniform of the emitted token
+    groups: list[tuple[int, int]]  # the (depth, leader) of every prefix shared by >= 2 drafts, in batch order
+    accepted_draft: torch.Tensor | None  # [len(groups)] the draft whose draw the scan accepted there, -1: none
+
+    def survivors(self, depth: int) -> list[int]:
+        """The drafts whose first ``depth`` tokens are the selected path's, in draft order."""
+        return [j for j, leader in enumerate(self.leaders[depth]) if leader == self.rows[depth]]
+
+
 # ------------------------------------------------------------------------------------------------ the verifier
 class SelectionBlockVerification(Verifier):
     """SBV: select one path through the K drafts with a known law, then BV on it (lossless).
@@ -787,6 +819,10 @@ class SelectionBlockVerification(Verifier):
 
     # ---------------------------------------------------------------- sampler
     def _sample(self, draft_tokens, draft_probs, target_probs, generator, state) -> VerifyResult:
+        return self._finish(self._decide(draft_tokens, draft_probs, target_probs, generator), target_probs)
+
+    def _decide(self, draft_tokens, draft_probs, target_probs, generator) -> Decision:
+        """Stages 1 and 2 of the sampler: the selected path and BV's stop depth on it (not the emitted token)."""
         K, L = draft_tokens.shape
         device = draft_probs.device
         tokens = draft_tokens.tolist()  # host read: which drafts share which prefix
@@ -798,7 +834,7 @@ class SelectionBlockVerification(Verifier):
 
         # Stage 1: the selection at every prefix shared by >= 2 drafts, in one batch.
         next_row: dict[tuple[int, int], int] = {}
-        shared = None
+        shared, accepted_draft = None, None
         if groups:
             depth = [i for i, _ in groups]
             rows = [row for _, row in groups]
@@ -807,7 +843,7 @@ class SelectionBlockVerification(Verifier):
             member = levels == torch.tensor(rows, device=device)[:, None]
             count_index = torch.tensor([sizes[i][row] - 2 for i, row in groups], device=device)
             candidates = draft_tokens.T[depth].long()  # [n, K]
-            chosen = _select(shared, candidates, member, count_index, u[: n * K].view(n, K))
+            chosen, accepted_draft = _select(shared, candidates, member, count_index, u[: n * K].view(n, K))
             next_row = dict(zip(groups, chosen.tolist()))  # host read: the selections
         rows = [0]
         for i in range(L):
@@ -836,22 +872,26 @@ class SelectionBlockVerification(Verifier):
         # tau = the largest i with eta_{i-1} <= h_i (h_0 = 1; h_L = w_L). h increases with Z: the bracket on
         # the tail's share decides most depths; the tail is summed exactly only where it does not.
         w, z_head, eta = terms.w, terms.z_head, u[n * K : n * K + L]
-        h_low = torch.cat([_stop_probability(z_head + terms.low, w[:L])[1:], w[L:]])
-        h_high = torch.cat([_stop_probability(z_head + terms.high, w[:L])[1:], w[L:]])
+        h_low = torch.cat([stop_probability(z_head + terms.low, w[:L])[1:], w[L:]])
+        h_high = torch.cat([stop_probability(z_head + terms.high, w[:L])[1:], w[L:]])
         sure, possible = torch.stack([eta <= h_low, eta <= h_high]).tolist()  # host read: the decisions
         tau = max([i + 1 for i in range(L) if sure[i]], default=0)
         open_depths = [i + 1 for i in range(tau, L) if possible[i] and not sure[i]]
         if open_depths:  # host read: the exact decisions where eta fell inside the bracket
-            h = _stop_probability(terms.exact_z(open_depths), w[open_depths])
+            h = stop_probability(terms.exact_z(open_depths), w[open_depths])
             success = (eta[[i - 1 for i in open_depths]] <= h).tolist()
             tau = max([i for i, ok in zip(open_depths, success) if ok], default=tau)
+        return Decision(tokens, leaders, rows, path, counts, terms, tau, u[-1:], groups, accepted_draft)
+
+    def _finish(self, decision: Decision, target_probs) -> VerifyResult:
+        """SBV's last step: the accepted prefix, then a bonus from p or a correction from the residual."""
+        terms, tau, rows, L = decision.terms, decision.tau, decision.rows, len(decision.path)
         if tau == L:
             row = target_probs[rows[L], L]  # the bonus
         else:  # the correction; p itself if the residual has no mass
-            residual = terms.residual(slice(tau, tau + 1))[0]
-            row = torch.where(residual.sum() > 0, residual, terms.P_rows[tau])
-        extra = _inverse_cdf(row, u[-1:])
-        out = torch.cat([torch.tensor(path[:tau], dtype=torch.long, device=device), extra])
+            row = terms.correction_row(tau)
+        extra = _inverse_cdf(row, decision.last_uniform)
+        out = torch.cat([torch.tensor(decision.path[:tau], dtype=torch.long, device=extra.device), extra])
         return VerifyResult(tokens=out, num_accepted=tau, draft_index=rows[L], state=None)
 
     # ---------------------------------------------------------------- exact law
@@ -862,76 +902,121 @@ class SelectionBlockVerification(Verifier):
         a batch). A toy vocabulary revisits the same prefixes across draft tuples: the rule at each (P, Q),
         the events at each (rule, candidates) and BV's law at each (rules, path, counts) are memoised.
         """
+        law: dict[tuple[int, ...], float] = {}
+
+        def leaf(walk: LawWalk, prob: float) -> None:
+            block = lambda: self._block_law(target_probs, draft_probs, walk)  # noqa: E731
+            for outcome, p in (self._memo("blocks", walk.key(target_probs), block) if walk.toy else block()):
+                law[outcome] = law.get(outcome, 0.0) + prob * p
+
+        self._walk(draft_tokens, draft_probs, target_probs, leaf, by_draw=False)
+        return [Outcome(probability=p, tokens=t) for t, p in law.items() if p > 0]
+
+    def _walk(self, draft_tokens, draft_probs, target_probs, leaf, by_draw: bool) -> None:
+        """Call ``leaf(walk, probability)`` for every selected path with positive probability.
+
+        by_draw=False merges the scan's events by the selected token (all SBV needs); True keeps them apart
+        by the draw the scan accepted (walk.accepted_draft[i], -1: none accepted, the token of top rank),
+        which sbvf's fallback conditions on.
+        """
         K, L = draft_tokens.shape
         tokens = draft_tokens.tolist()
         columns = draft_tokens.T.long()  # [L, K]
         toy = draft_probs.shape[-1] <= _CACHE_MAX_VOCAB
-        law: dict[tuple[int, ...], float] = {}
 
-        def events_at(serial, rule, i, survivors) -> dict[int, float]:
+        def events_at(serial, rule, i, survivors) -> list[tuple[int, float, int]]:
             def compute():
                 member = torch.zeros(1, K, dtype=torch.bool, device=columns.device)
                 member[0, survivors] = True
                 count_index = torch.full((1,), len(survivors) - 2, device=columns.device)
-                probs = _selection_events(rule, columns[i][None], member, count_index)[0, survivors].tolist()
+                probs, none, top = _scan_events(rule, columns[i][None], member, count_index)
+                probs, none, top = probs[0].tolist(), float(none[0]), int(top[0, 0])
+                if by_draw:
+                    return [(tokens[j][i], probs[j], j) for j in survivors] + [(tokens[top][i], none, -1)]
+                probs[top] += none
                 events: dict[int, float] = {}
-                for j, p_j in zip(survivors, probs):
-                    events[tokens[j][i]] = events.get(tokens[j][i], 0.0) + p_j
-                return events
+                for j in survivors:
+                    events[tokens[j][i]] = events.get(tokens[j][i], 0.0) + probs[j]
+                return [(v, p_v, -1) for v, p_v in events.items()]
 
             if not toy:
                 return compute()
-            return self._memo("events", (serial, tuple(tokens[j][i] for j in survivors)), compute)
+            return self._memo("events", (serial, tuple(tokens[j][i] for j in survivors), by_draw), compute)
 
-        def descend(i, survivors, path, prob, trail):
+        def descend(i, survivors, prob, walk: LawWalk):
             if i == L:
-                rows = [row for _, _, row, _ in trail] + [survivors[0]]
-                compute = lambda: self._block_law(target_probs, draft_probs, path, trail, rows, K)  # noqa: E731
-                key = (tuple(serial for serial, _, _, _ in trail), tuple(path),
-                       tuple(count for _, _, _, count in trail), target_probs[rows[L], L].cpu().numpy().tobytes())
-                for outcome, p in (self._memo("blocks", key, compute) if toy else compute()):
-                    law[outcome] = law.get(outcome, 0.0) + prob * p
+                leaf(walk.done(survivors[0]), prob)
                 return
             row = survivors[0]
             serial, rule = self._rule_at(target_probs[row, i], draft_probs[row, i], K)
-            events = {tokens[row][i]: 1.0} if len(survivors) == 1 else events_at(serial, rule, i, survivors)
-            for v, p_v in events.items():
+            events = [(tokens[row][i], 1.0, row)] if len(survivors) == 1 else events_at(serial, rule, i, survivors)
+            for v, p_v, accepted_draft in events:
                 if p_v > 0:
-                    descend(i + 1, [j for j in survivors if tokens[j][i] == v], path + [v], prob * p_v,
-                            trail + [(serial, rule, row, len(survivors))])
+                    descend(i + 1, [j for j in survivors if tokens[j][i] == v], prob * p_v,
+                            walk.step(v, serial, rule, row, survivors, accepted_draft))
 
-        descend(0, list(range(K)), [], 1.0, [])
-        return [Outcome(probability=p, tokens=t) for t, p in law.items() if p > 0]
+        descend(0, list(range(K)), 1.0, LawWalk(tokens, K, toy))
 
-    def _block_law(self, target_probs, draft_probs, path, trail, rows, K) -> list[tuple[tuple[int, ...], float]]:
-        """The law of BV on ``path`` with the sampler's own q_sel, stop probabilities and outcome laws.
-
-        trail[i] = (serial, rule, row, observed count) at depth i; rows = the L + 1 rows along the path.
-        Returns [(tokens, probability)].
-        """
-        L = len(path)
-        counts = [count for _, _, _, count in trail]
+    def _block_terms(self, target_probs, draft_probs, walk: LawWalk) -> tuple[list[float], torch.Tensor]:
+        """(P(tau = i) for i = 0..L, the law of the emitted token after stopping at each i < L [L, V] float64)
+        for BV on ``walk``'s path with the sampler's own q_sel, stop probabilities and outcome laws."""
+        L, K, path, rows = len(walk.path), walk.K, walk.path, walk.rows
         if draft_probs.shape[-1] <= _CACHE_MAX_VOCAB:
-            terms = self._toy_path_terms(target_probs, draft_probs, rows, path, counts, K)
+            terms = self._toy_path_terms(target_probs, draft_probs, rows, path, walk.counts, K)
         else:
             depths = list(range(L))
-            terms = self._path_terms(_Rules.concat([rule for _, rule, _, _ in trail]), target_probs[rows[:L], depths],
-                                     draft_probs[rows[:L], depths], path, counts, K)
+            terms = self._path_terms(_Rules.concat(walk.rules), target_probs[rows[:L], depths],
+                                     draft_probs[rows[:L], depths], path, walk.counts, K)
         w = terms.w
         z = terms.exact_z(slice(0, L)) if bool((terms.tail_p > 0).any()) else terms.z_head
-        stop = torch.cat([_stop_probability(z, w[:L])[1:], w[L:]])
-        residual = terms.residual(slice(0, L))
-        mass = residual.sum(-1, keepdim=True)
-        outcome_laws = torch.where(mass > 0, residual / mass.clamp_min(1e-300),
-                                   terms.P_rows.to(_F64) / terms.rules.psum[:, None])
-        bonus = target_probs[rows[L], L].to(_F64)
-        outcome_laws = torch.cat([outcome_laws, (bonus / bonus.sum())[None]]).tolist()
-        h = [1.0] + stop.tolist()  # h_0 = 1: the scan always has depth 0 to fall back on
-        out = []
-        survive = 1.0  # P(no success at the depths above i)
+        h = [1.0] + torch.cat([stop_probability(z, w[:L])[1:], w[L:]]).tolist()  # h_0 = 1: depth 0 is the floor
+        stop_law, survive = [0.0] * (L + 1), 1.0  # survive: P(no success at the depths above i)
         for i in range(L, -1, -1):
-            stopped = survive * h[i]
+            stop_law[i] = survive * h[i]
             survive *= 1.0 - h[i]
-            if stopped > 0:
-                out += [(tuple(path[:i]) + (y,), stopped * p_y) for y, p_y in enumerate(outcome_laws[i]) if p_y > 0]
+        return stop_law, terms.correction_law(slice(0, L))
+
+    def _block_law(self, target_probs, draft_probs, walk: LawWalk) -> list[tuple[tuple[int, ...], float]]:
+        """The law of BV on ``walk``'s path: [(tokens, probability)]."""
+        L, path = len(walk.path), walk.path
+        stop_law, corrections = self._block_terms(target_probs, draft_probs, walk)
+        bonus = target_probs[walk.rows[L], L].to(_F64)
+        outcome_laws = torch.cat([corrections, (bonus / bonus.sum())[None]]).tolist()
+        out = []
+        for i in range(L, -1, -1):
+            if stop_law[i] > 0:
+                out += [(tuple(path[:i]) + (y,), stop_law[i] * p_y) for y, p_y in enumerate(outcome_laws[i]) if p_y > 0]
         return out
+
+
+@dataclass(frozen=True)
+class LawWalk:
+    """A selected path as the exact law enumerates it: at each depth the rule, the draft whose rows it read,
+    the survivors and the draw the scan accepted (-1: none, or events merged by token)."""
+
+    tokens: list[list[int]]
+    K: int
+    toy: bool
+    path: tuple[int, ...] = ()
+    serials: tuple[int, ...] = ()
+    rules: tuple[_Rules, ...] = ()
+    rows: tuple[int, ...] = ()  # L + 1 once done
+    survivors: tuple[tuple[int, ...], ...] = ()
+    accepted_draft: tuple[int, ...] = ()
+
+    def step(self, token, serial, rule, row, survivors, accepted_draft) -> LawWalk:
+        return replace(self, path=self.path + (token,), serials=self.serials + (serial,), rules=self.rules + (rule,),
+                       rows=self.rows + (row,), survivors=self.survivors + (tuple(survivors),),
+                       accepted_draft=self.accepted_draft + (accepted_draft,))
+
+    def done(self, row: int) -> LawWalk:
+        return replace(self, rows=self.rows + (row,))
+
+    @property
+    def counts(self) -> list[int]:
+        return [len(survivors) for survivors in self.survivors]
+
+    def key(self, target_probs) -> tuple:
+        """What BV's law on this path depends on (the memo key on toy vocabularies)."""
+        L = len(self.path)
+        return (self.serials, self.path, tuple(self.counts), target_probs[self.rows[L], L].cpu().numpy().tobytes())

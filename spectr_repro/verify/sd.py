@@ -46,6 +46,12 @@ class SpeculativeDecoding(Verifier):
         out = torch.cat([tokens[:tau], extra.view(1)])
         return VerifyResult(out, tau, 0, None)
 
+    def expected_emitted(self, draft_tokens, draft_probs, target_probs, state=None) -> torch.Tensor:
+        """1 + sum_i prod_{j <= i} a_j: tau >= i exactly when the first i tokens pass."""
+        tokens = draft_tokens[0].long().to(draft_probs.device)
+        accept = token_ratios(target_probs[0, : tokens.shape[0]], draft_probs[0], tokens).clamp(max=1.0)
+        return 1.0 + accept.cumprod(0).sum()
+
     def _law(self, draft_tokens, draft_probs, target_probs, state) -> list[Outcome]:
         tokens = draft_tokens[0].long()
         L = tokens.shape[0]

@@ -190,6 +190,31 @@ class _GroupRho:
         self.pieces.update({(depth, first): piece for depth, first, piece in zip(depths, firsts, pieces)})
 
 
+# Rows of one batched rho_pieces call in expected_emitted: R * V elements per [R, V] buffer (rho_pieces holds
+# several at once), ~32 MiB of float64 each, so K = 7, L = 12 at V = 151,936 (at most 36 groups) is <= 2 calls.
+_PIECE_ELEMENTS = 1 << 22
+
+
+def survivor_groups(rows: list[list[int]]) -> list[tuple[int, list[int]]]:
+    """(depth t, members) of every tree node with two or more survivors: the drafts (in row order) whose first
+    t tokens agree, for t = 0..L-1. Nodes of one survivor need no rho* (K-SEQ with k = 1 is SD, rho* = 1)."""
+    groups = []
+    for depth in range(len(rows[0])):
+        by_prefix: dict[tuple[int, ...], list[int]] = {}
+        for s, row in enumerate(rows):
+            by_prefix.setdefault(tuple(row[:depth]), []).append(s)
+        groups += [(depth, members) for members in by_prefix.values() if len(members) > 1]
+    return groups
+
+
+def shared_prefix(tokens: torch.Tensor) -> torch.Tensor:
+    """[K, K, L + 1] bool: entry (s, i, t) says drafts s and i agree on their first t tokens (same tree node)."""
+    K = tokens.shape[0]
+    same_token = (tokens.unsqueeze(1) == tokens.unsqueeze(0)).long()  # [K, K, L]
+    start = torch.ones(K, K, 1, dtype=torch.long, device=tokens.device)
+    return torch.cat([start, same_token.cumprod(-1)], dim=-1).bool()
+
+
 class SpecTr(Verifier):
     name = "spectr"
     lossless = True
@@ -237,6 +262,55 @@ class SpecTr(Verifier):
         first = survivors[0]
         extra = sample(target_probs[first, L], generator)
         return VerifyResult(torch.cat([tokens[first], extra.view(1)]), L, first, None)
+
+    def expected_emitted(self, draft_tokens, draft_probs, target_probs, state=None) -> torch.Tensor:
+        """E[tau + 1 | drafts] = 1 + sum over the draft tree's nodes at depths 1..L of P(the scan reaches them).
+
+        A node at depth t is a distinct prefix of the draft rows; its survivors S are the rows carrying it, in
+        row order. With a_s = min(1, ratio_s / rho*) (rho* = the node's K-SEQ solution, 1 when |S| = 1), the
+        scan accepts survivor s first with probability a_s * prod_{i in S, i < s} (1 - a_i) and moves to the
+        child of the token it carries, so P(reach child) = P(reach node) * sum over the child's rows of that.
+        Every row s holds the reach probability of its own node at each depth, so the tree is a [K, L] tensor:
+        g[s, t] = sum over the rows of s's depth-(t+1) node of their first-acceptance probability at t, and
+        P(reach s's node at depth t) = prod_{t' < t} g[s, t'] (a cumprod); each node is counted once, at its
+        first row. Same numbers as ``_law`` (its sum of probability * len(tokens)), without enumerating outcomes.
+
+        Host reads: none for K = 1; else one for the draft tokens (the tree's shape) and one per batch of
+        rho_pieces rows (every node of two or more survivors, all depths together; one batch unless the nodes
+        exceed _PIECE_ELEMENTS / V rows), each rho* then finished on the host by ``solve_piece``. V-wide work:
+        one rho_pieces row (one sort) per node of two or more survivors, the sampler's work for a full scan.
+        """
+        device = draft_probs.device
+        tokens = draft_tokens.long().to(device)
+        K, L = tokens.shape
+        V = draft_probs.shape[-1]
+        ratios = token_ratios(target_probs[:, :L], draft_probs, tokens)  # [K, L] float64
+        rho = torch.ones(K, L, dtype=torch.float64, device=device)
+        groups = survivor_groups(tokens.tolist()) if K > 1 else []
+        if groups:
+            solved = [[1.0] * L for _ in range(K)]  # rho* of each row's node at each depth (host floats)
+            per_call = max(1, _PIECE_ELEMENTS // V)
+            for lo in range(0, len(groups), per_call):
+                batch = groups[lo : lo + per_call]
+                index = (torch.tensor([members[0] for _, members in batch], device=device),
+                         torch.tensor([depth for depth, _ in batch], device=device))
+                sizes = [len(members) for _, members in batch]
+                pieces = rho_pieces(target_probs[index], draft_probs[index], sizes).tolist()
+                for (depth, members), size, piece in zip(batch, sizes, pieces):
+                    value = solve_piece(piece, size, V)
+                    for s in members:
+                        solved[s][depth] = value
+            rho = torch.tensor(solved, dtype=torch.float64, device=device)  # a host-to-device copy, no read
+        accept = (ratios / rho).clamp_(max=1.0)  # a_s at each depth, [K, L]
+        shared = shared_prefix(tokens)  # [K, K, L + 1]
+        earlier = torch.ones(K, K, dtype=torch.bool, device=device).tril_(-1)  # (s, i): i < s
+        same_node = shared[:, :, :L]  # (s, i, t): i survives with s at depth t
+        rejected = torch.where(same_node & earlier.unsqueeze(-1), (1.0 - accept).unsqueeze(0), 1.0)
+        first_accept = accept * rejected.prod(1)  # [K, L]: survivor s is the first accepted at its node
+        reach_step = torch.einsum("sit,it->st", shared[:, :, 1:].double(), first_accept)  # g[s, t]
+        reach = reach_step.cumprod(-1)  # [K, L]: entry t-1 = P(reach s's node at depth t)
+        node_head = ~(shared[:, :, 1:] & earlier.unsqueeze(-1)).any(1)  # s is its depth-t node's first row
+        return 1.0 + (reach * node_head).sum()
 
     def _law(self, draft_tokens, draft_probs, target_probs, state) -> list[Outcome]:
         rows = draft_tokens.long().tolist()
