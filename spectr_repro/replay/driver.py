@@ -36,6 +36,7 @@ from tqdm.auto import tqdm
 
 from spectr_repro.replay.core import block_estimates, check_grid
 from spectr_repro.runner.config import Composer, UsageError, expand, parse_arguments, validate
+from spectr_repro.runner.store import atomic_write_text
 from spectr_repro.verify import VERIFIERS, Verifier, get_verifier
 
 GRID_KEYS = ("method", "K", "L")  # command-line keys that set the replay's grid, not one cell's value
@@ -231,12 +232,6 @@ def _check_group_folder(folder: Path, meta: dict[str, Any], force: bool) -> None
                              f"the same ones to resume, force=true to start it over, or another experiment=")
 
 
-def _write(path: Path, text: str) -> None:
-    from spectr_repro.runner.store import _atomic_write  # the runner's one atomic write (cells use it too)
-
-    _atomic_write(path, text)
-
-
 def prompt_finished(directory: Path) -> bool:
     return (directory / "done.json").exists() and (directory / "blocks.jsonl").exists()
 
@@ -295,7 +290,7 @@ def _run_group(session, runner, cfg: DictConfig, settings: ReplaySettings) -> tu
 
     folder = replay_root(cfg) / group_name(cfg, settings)
     folder.mkdir(parents=True, exist_ok=True)
-    _write(folder / "replay.json", json.dumps(group_meta(cfg, settings), indent=2) + "\n")
+    atomic_write_text(folder / "replay.json", json.dumps(group_meta(cfg, settings), indent=2) + "\n")
     pair = session.pair(cfg)
     cfg_prompts = OmegaConf.merge(cfg, {"num_prompts": settings.num_prompts})
     examples = session.examples(cfg_prompts, pair.tokenizer)
@@ -317,8 +312,8 @@ def _run_group(session, runner, cfg: DictConfig, settings: ReplaySettings) -> tu
             stops = tuple(getattr(example, "stop_strings", ()) or ())
             blocks, summary = replay_prompt(pair, input_ids, settings, cfg, seed=int(cfg.seed) * 100_003 + index,
                                             should_stop=stop_checker(pair.tokenizer, stops))
-            _write(directory / "blocks.jsonl", "".join(json.dumps(b) + "\n" for b in blocks))
-            _write(directory / "done.json", json.dumps({"prompt_id": str(example.id), "index": index,
+            atomic_write_text(directory / "blocks.jsonl", "".join(json.dumps(b) + "\n" for b in blocks))
+            atomic_write_text(directory / "done.json", json.dumps({"prompt_id": str(example.id), "index": index,
                                                         **summary}, indent=2) + "\n")
         finally:
             runner.release(directory)
