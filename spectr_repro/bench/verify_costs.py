@@ -177,6 +177,12 @@ def rule_times(
     import time
 
     names = list(VERIFIERS) if rules is None else list(rules)
+    unknown = [name for name in names if name not in VERIFIERS]
+    if unknown:
+        raise ValueError(f"rule_times: unknown rules {unknown}; known: {', '.join(VERIFIERS)}")
+    seeds = list(seeds)
+    if not seeds:
+        raise ValueError("rule_times: need at least one seed")
     rows: list[TimeRow] = []
     for name in names:
         verifier = get_verifier(name, check_inputs=False)
@@ -186,7 +192,7 @@ def rule_times(
             for agreement, (noise_name, noise) in itertools.product(AGREEMENTS, DRAFT_NOISES.items()):
                 block = synthetic_block(K, L, V, agreement=agreement, seed=block_seed + K * 100 + L,
                                         draft_noise=noise, device=device)
-                verifier(*block, generator=torch.Generator(device=block[1].device).manual_seed(-1 % 2**31))
+                verifier(*block, generator=torch.Generator(device=block[1].device).manual_seed(2**31 - 1))  # warm-up
                 elapsed = []
                 for seed in seeds:
                     generator = torch.Generator(device=block[1].device).manual_seed(seed)

@@ -32,6 +32,7 @@ class VerifierSpec:
     description: str
     carries_state: bool = False  # default options thread a state into later iterations (gbv's carry-over)
     in_theory: bool = True  # included in `theory` (exact E[tau] on toys, LP comparison) and `audit`
+    reduces_at_K1_to: str | None = None  # the single-draft rule whose law this one's equals at K = 1 (tested)
 
     @property
     def lossless_as_is(self) -> bool:
@@ -49,21 +50,23 @@ VERIFIERS: dict[str, VerifierSpec] = {
         VerifierSpec("sd", "spectr_repro.verify.sd:SpeculativeDecoding", "SD", True, True, True,
                      "token-level rejection sampling (Leviathan et al. 2023; Chen et al. 2023)"),
         VerifierSpec("spectr", "spectr_repro.verify.spectr:SpecTr", "SpecTr", True, True, False,
-                     "SpecTr K-SEQ optimal-transport selection per depth (Sun et al. 2023)"),
+                     "SpecTr K-SEQ optimal-transport selection per depth (Sun et al. 2023)", reduces_at_K1_to="sd"),
         VerifierSpec("bv", "spectr_repro.verify.bv:BlockVerification", "BV", True, True, True,
                      "block verification (Sun et al., ICLR 2025)"),
         VerifierSpec("gbv", "spectr_repro.verify.gbv:GreedyBlockVerification", "GBV", True, True, True,
                      "greedy block verification (SpecTr-GBV at K=1), lossless with its carry-over target",
                      carries_state=True),
         VerifierSpec("spectr_gbv", "spectr_repro.verify.spectr_gbv:SpecTrGBV", "SpecTr-GBV", False, True, False,
-                     "the authors' released SpecTr-GBV rule, run as published (not lossless for K >= 2)"),
+                     "the authors' released SpecTr-GBV rule, run as published (not lossless for K >= 2)",
+                     reduces_at_K1_to="gbv"),
         VerifierSpec("rbv", "spectr_repro.verify.rbv:RecursiveBlockVerification", "RBV", True, True, False,
-                     "recursive block verification over K drafts (ours, lossless)"),
+                     "recursive block verification over K drafts (ours, lossless)", reduces_at_K1_to="bv"),
         VerifierSpec("sbv", "spectr_repro.verify.sbv:SelectionBlockVerification", "SBV", True, True, False,
-                     "selection block verification: BV on a randomly selected path (ours, lossless)"),
+                     "selection block verification: BV on a randomly selected path (ours, lossless)",
+                     reduces_at_K1_to="bv"),
         VerifierSpec("sbvf", "spectr_repro.verify.sbvf:SelectionBlockVerificationFallback", "SBV-F", True, True,
                      False, "SBV with fallback: where BV rejects the selected path, the drafts that left it there "
-                     "are tried against the residual (ours, lossless, never below SBV)"),
+                     "are tried against the residual (ours, lossless, never below SBV)", reduces_at_K1_to="bv"),
     ]
 }
 

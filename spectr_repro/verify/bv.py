@@ -105,20 +105,11 @@ class BlockSegment:
         return self.stop_position(eta, self._excess_on_host)
 
     def stop_position(self, eta: list[float], excess: Callable[[list[int]], list[float]]) -> int:
-        """tau = the largest i with eta_i < h_i, asking ``excess`` for Z_i only where the test can pass.
-
-        eta_n < w_n: the whole block passes (no vocabulary work at all). Below the last position with
-        w = 1 (h = 1) the scan cannot go; above it h_i <= w_i rules out every position with eta_i >= w_i.
-        """
-        n, w = self.length, self.weights
-        if eta[n - 1] < w[n]:
-            return n
-        floor = max(i for i in range(n) if w[i] >= 1.0)
-        candidates = [i for i in range(floor + 1, n) if eta[i - 1] < w[i]]
-        if not candidates:
-            return floor
-        passed = [i for i, z in zip(candidates, excess(candidates)) if eta[i - 1] < host_stop_probability(z, w[i])]
-        return max(passed, default=floor)
+        """tau = the largest i with eta_i < h_i (``backward_scan``), asking ``excess`` for Z_i only where the test
+        can pass."""
+        w = self.weights
+        return backward_scan(eta, w, lambda positions: [host_stop_probability(z, w[i])
+                                                        for i, z in zip(positions, excess(positions))])
 
     def _excess_on_host(self, positions: list[int]) -> list[float]:
         scale = torch.tensor([self.weights[i] for i in positions], dtype=self.targets.dtype,
@@ -129,6 +120,25 @@ class BlockSegment:
         """Law of the token after X^tau when tau < n: norm((w_tau * T_{tau+1} - q_{tau+1})+)."""
         target = self.target(tau)
         return residual(self.weights[tau] * target, self.drafts[tau], fallback=target)
+
+
+def backward_scan(eta: list[float], w: list[float], stop_probabilities: Callable[[list[int]], list[float]]) -> int:
+    """tau = the largest i in 1..n with eta_i < h_i (0 if none), given w_0..w_n (host floats; eta[i - 1] belongs
+    to position i) and ``stop_probabilities(positions)`` = h at 0 < i < n (clipped to w, h_n = w_n), asked only
+    where the test can pass (BV's and GBV's scan; w is BV's running ratio or GBV's joint one).
+
+    eta_n < w_n: the whole block passes (no vocabulary work at all). Below the last position with w = 1 (h = 1)
+    the scan cannot go; above it h_i <= w_i rules out every position with eta_i >= w_i.
+    """
+    n = len(w) - 1
+    if eta[n - 1] < w[n]:
+        return n
+    floor = max(i for i in range(n) if w[i] >= 1.0)
+    candidates = [i for i in range(floor + 1, n) if eta[i - 1] < w[i]]
+    if not candidates:
+        return floor
+    passed = [i for i, h in zip(candidates, stop_probabilities(candidates)) if eta[i - 1] < h]
+    return max(passed, default=floor)
 
 
 def host_stop_probability(z: float, w: float) -> float:

@@ -11,9 +11,9 @@ from spectr_repro.sampling import sample, uniform
 from spectr_repro.verify.base import Outcome
 
 __all__ = [
-    "LawBuilder", "block_on_host", "clipped_stop_probability", "expected_emitted_from_stops", "normalize",
+    "LawBuilder", "ValueMemo", "block_on_host", "clipped_stop_probability", "expected_emitted_from_stops", "normalize",
     "positive_part", "residual", "running_ratio", "sample", "sample_residual", "stop_probability", "token_ratios",
-    "uniform", "uniform_list",
+    "tensor_key", "uniform", "uniform_list",
 ]
 
 EPS = 1e-300  # only guards 0/0; every rule states what happens when a mass is exactly 0
@@ -135,3 +135,28 @@ class LawBuilder:
 
     def outcomes(self) -> list[Outcome]:
         return [Outcome(prob, tokens, None) for tokens, prob in self.mass.items() if prob > 0]
+
+
+def tensor_key(*tensors: torch.Tensor) -> tuple:
+    """A hashable key for the values of ``tensors`` (dtype, shape and bytes of each, read to the host): for
+    memo tables of the exact laws, whose inputs are small by contract."""
+    return tuple((str(t.dtype), tuple(t.shape), t.detach().cpu().numpy().tobytes()) for t in tensors)
+
+
+class ValueMemo:
+    """Named memo tables keyed by value (``tensor_key``), for the exact laws on toy vocabularies: ``law()`` is
+    called for every draft tuple of a toy and revisits the same rows each time. A table is emptied when it
+    reaches ``max_entries`` (a bound on memory over long test sessions, not an eviction policy)."""
+
+    def __init__(self, max_entries: int = 100_000) -> None:
+        self.max_entries = max_entries
+        self.tables: dict[str, dict] = {}
+
+    def get(self, table: str, key, compute):
+        """``compute()`` memoised under ``key`` in ``table``."""
+        memo = self.tables.setdefault(table, {})
+        if key not in memo:
+            if len(memo) >= self.max_entries:
+                memo.clear()
+            memo[key] = compute()
+        return memo[key]

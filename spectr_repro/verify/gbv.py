@@ -25,6 +25,7 @@ from __future__ import annotations
 import torch
 
 from spectr_repro.verify.base import Outcome, Verifier, VerifyResult
+from spectr_repro.verify.bv import backward_scan
 from spectr_repro.verify.carry_over import (
     EffectiveTargets,
     effective_targets,
@@ -143,15 +144,8 @@ class GreedyBlockVerification(Verifier):
         every position with η_i ≥ g_i: Z is needed only for the remaining candidates (one batched pass,
         one host read). eta[i − 1] belongs to position i; g_values = g on the host.
         """
-        if eta[L - 1] < g_values[L]:
-            return L
-        floor = max(i for i in range(L) if g_values[i] >= 1)
-        candidates = [i for i in range(floor + 1, L) if eta[i - 1] < g_values[i]]
-        if not candidates:
-            return floor
-        h = self._stop_probabilities(effective, draft_probs, g, candidates)
-        accepted = [i for i, h_i in zip(candidates, h) if eta[i - 1] < h_i]
-        return max(accepted, default=floor)
+        return backward_scan(eta, g_values[: L + 1],
+                             lambda positions: self._stop_probabilities(effective, draft_probs, g, positions))
 
     def _sample(self, draft_tokens, draft_probs, target_probs, generator, state) -> VerifyResult:
         L = draft_tokens.shape[1]

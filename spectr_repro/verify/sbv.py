@@ -52,7 +52,7 @@ import torch
 
 from spectr_repro.sampling import uniform
 from spectr_repro.verify.base import Outcome, Verifier, VerifyResult
-from spectr_repro.verify.common import running_ratio, stop_probability
+from spectr_repro.verify.common import ValueMemo, running_ratio, stop_probability, tensor_key
 
 __all__ = [
     "Decision",
@@ -60,7 +60,6 @@ __all__ = [
     "SelectionBlockVerification",
     "choose_rho",
     "count_likelihood",
-    "count_likelihood_host",
     "selection_law",
 ]
 
@@ -648,30 +647,6 @@ def count_likelihood(q_v: float, a_v: float, alpha: float, g_minus_v: float, c: 
     return [0.0] + lik[0, c - 1].tolist()
 
 
-def count_likelihood_host(q_v: float, a_v: float, alpha: float, g_minus_v: float, c: int) -> list[float]:
-    """count_likelihood in Python floats, term by term (no tensor op: for callers that already hold these
-    scalars on the host, e.g. sbvf's fallback, where each tensor op would be a kernel launch)."""
-    out = [0.0] * (c + 1)
-    reject_v = q_v * (1.0 - a_v)  # P(a draw is v and rejected)
-    reject = 1.0 - alpha
-    s_v = reject_v / reject if reject > 0 else 0.0
-    accept_v = q_v * a_v
-    if accept_v > 0:
-        for j in range(1, c + 1):
-            weight = reject ** (j - 1) * accept_v
-            if weight == 0:
-                continue
-            before = [math.comb(j - 1, t) * s_v**t * (1 - s_v) ** (j - 1 - t) for t in range(j)]
-            after = [math.comb(c - j, t) * q_v**t * (1 - q_v) ** (c - j - t) for t in range(c - j + 1)]
-            for t1, b1 in enumerate(before):
-                for t2, b2 in enumerate(after):
-                    out[1 + t1 + t2] += weight * b1 * b2
-    if reject_v > 0:
-        for m in range(1, c + 1):
-            out[m] += math.comb(c, m) * reject_v**m * g_minus_v ** (c - m)
-    return out
-
-
 @dataclass
 class Decision:
     """What SBV's sampler decided on one block before emitting its last token (what sbvf's fallback reads)."""
@@ -734,7 +709,7 @@ class SelectionBlockVerification(Verifier):
         self.head_size = int(head_size)
         self.tail_threshold = float(tail_threshold)
         self.rank_size = int(rank_size)
-        self._cache: dict[str, dict] = {}  # memo tables (toy vocabularies)
+        self._memos = ValueMemo(_CACHE_MAX_ENTRIES)  # memo tables (toy vocabularies)
         self._buffers: dict[str, torch.Tensor] = {}  # scratch space kept between calls
         self._serials = itertools.count()  # names each memoised rule (never reused)
 
@@ -758,7 +733,7 @@ class SelectionBlockVerification(Verifier):
         compute = lambda: (next(self._serials), self._compute_rules(P[None], Q[None], K))  # noqa: E731
         if P.shape[-1] > _CACHE_MAX_VOCAB:
             return compute()
-        return self._memo("rules", (P.cpu().numpy().tobytes(), Q.cpu().numpy().tobytes(), K), compute)
+        return self._memo("rules", (*tensor_key(P, Q), K), compute)
 
     def _scratch(self, shape, dtype: torch.dtype, device: torch.device, name: str) -> torch.Tensor:
         """A buffer kept between calls for the [n, V] temporaries: on the CPU a fresh tensor of megabytes costs
@@ -784,12 +759,7 @@ class SelectionBlockVerification(Verifier):
 
     def _memo(self, table: str, key, compute):
         """Memoise ``compute()`` under ``key`` in one of the memo tables (toy vocabularies only)."""
-        memo = self._cache.setdefault(table, {})
-        if key not in memo:
-            if len(memo) >= _CACHE_MAX_ENTRIES:
-                memo.clear()
-            memo[key] = compute()
-        return memo[key]
+        return self._memos.get(table, key, compute)
 
     def _weights(self, posterior: torch.Tensor | None, counts: torch.Tensor, K: int) -> torch.Tensor:
         """[L, K]: the law over counts 1..K that q_sel mixes at each depth (the posterior, or the observed count)."""
@@ -941,7 +911,9 @@ class SelectionBlockVerification(Verifier):
 
             if not toy:
                 return compute()
-            return self._memo("events", (serial, tuple(tokens[j][i] for j in survivors), by_draw), compute)
+            # by_draw events name the drafts (rows), merged ones only the tokens
+            rows = tuple(survivors) if by_draw else None
+            return self._memo("events", (serial, tuple(tokens[j][i] for j in survivors), rows), compute)
 
         def descend(i, survivors, prob, walk: LawWalk):
             if i == L:
@@ -1019,4 +991,4 @@ class LawWalk:
     def key(self, target_probs) -> tuple:
         """What BV's law on this path depends on (the memo key on toy vocabularies)."""
         L = len(self.path)
-        return (self.serials, self.path, tuple(self.counts), target_probs[self.rows[L], L].cpu().numpy().tobytes())
+        return (self.serials, self.path, tuple(self.counts), *tensor_key(target_probs[self.rows[L], L]))

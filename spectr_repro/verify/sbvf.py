@@ -80,7 +80,7 @@ def candidate_laws(rules: _Rules, depth: int, Q_row: torch.Tensor, count: int, t
     rows = []
     for kind in kinds:
         if kind == FREE:
-            rows.append(Q_row.to(_F64))
+            rows.append(Q_row.to(_F64, copy=True))  # a copy: v's entry is zeroed below, never the caller's row
             continue
         rejected = rules.q[depth] - rules.accepted[depth, count - 2]  # Q (1 - a) in rank order, 0 where unranked
         if kind == BELOW:  # the ranked tokens before v's slot (rank order: lower ranks first)

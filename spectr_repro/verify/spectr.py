@@ -34,7 +34,15 @@ from collections.abc import Sequence
 import torch
 
 from spectr_repro.verify.base import Outcome, Verifier, VerifyResult
-from spectr_repro.verify.common import LawBuilder, block_on_host, normalize, sample, token_ratios
+from spectr_repro.verify.common import (
+    LawBuilder,
+    ValueMemo,
+    block_on_host,
+    normalize,
+    sample,
+    tensor_key,
+    token_ratios,
+)
 
 # Slack on the K-SEQ condition: near rho = 1 with p ~ q the excess below is flat (order (rho - 1)^k) and
 # its sign is decided by float64 round-off of beta; a residual at most this far below 0 is clipped to 0.
@@ -225,7 +233,7 @@ class SpecTr(Verifier):
         super().__init__(check_inputs, **options)
         # The exact law is called for every draft tuple of a toy, and the depth-t step (rho*, residual)
         # depends only on (p, q, k): memoise it across calls by value (law inputs are small by contract).
-        self._law_steps: dict[tuple[bytes, bytes, int], tuple[float, torch.Tensor]] = {}
+        self._memos = ValueMemo()
 
     def correction(self, p: torch.Tensor, q: torch.Tensor, rho: float, k: int) -> torch.Tensor:
         """Law of the token emitted when all k survivors are rejected (see ``kseq_residual``)."""
@@ -235,13 +243,12 @@ class SpecTr(Verifier):
         if p.numel() > 256:  # not a toy: no memo (it would hold full-vocabulary rows)
             rho = optimal_rho(p, q, k)
             return rho, self.correction(p, q, rho, k)
-        key = (p.numpy().tobytes(), q.numpy().tobytes(), k)
-        if key not in self._law_steps:
-            if len(self._law_steps) > 100_000:
-                self._law_steps.clear()
+
+        def step() -> tuple[float, torch.Tensor]:
             rho = optimal_rho(p, q, k)
-            self._law_steps[key] = (rho, self.correction(p, q, rho, k))
-        return self._law_steps[key]
+            return rho, self.correction(p, q, rho, k)
+
+        return self._memos.get("law steps", (*tensor_key(p, q), k), step)
 
     def _sample(self, draft_tokens, draft_probs, target_probs, generator, state) -> VerifyResult:
         # One host read: every draft token, its ratio p/q and one uniform per test slot (draft, depth).

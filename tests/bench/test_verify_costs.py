@@ -62,3 +62,17 @@ def test_bad_arguments_are_value_errors():
         rule_costs(rules=["spectre"], Ks=(1,), Ls=(4,), V=V)
     with pytest.raises(ValueError, match="real block"):
         rule_costs([(torch.zeros(3),)], rules=["sd"], Ks=(), Ls=())
+
+
+def test_rule_times_one_row_per_rule_shape_and_block_kind():
+    """rule_times (wall time per call, indicative): a row for each requested rule, K and block kind, with the
+    number of timed calls and a positive median; unknown rules are refused."""
+    from spectr_repro.bench.verify_costs import rule_times
+
+    rows = rule_times(rules=["sd", "sbv"], Ks=(1, 3), Ls=(4,), V=V, seeds=range(2))
+    keys = {(r.rule, r.K, r.block) for r in rows}
+    kinds = ("independent/far", "independent/close", "shared/far", "shared/close")
+    assert keys == {("sd", 1, k) for k in kinds} | {("sbv", K, k) for K in (1, 3) for k in kinds}
+    assert all(r.calls == 2 and r.median_ms > 0 for r in rows)
+    with pytest.raises(ValueError, match="unknown rules"):
+        rule_times(rules=["nope"], V=V)

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from spectr_repro.lawcheck import chi_square_test, total_variation
+from spectr_repro.theory.exact import iteration_law  # noqa: F401 - re-exported for the rule tests
 from spectr_repro.toy import (
     block_tensors,
     draft_tuples,
@@ -23,9 +24,7 @@ from spectr_repro.toy import (
     toy_pair,
 )
 from spectr_repro.verify import get_verifier
-
-ALPHA = 1e-4  # chi-square p-value threshold for lossless rules (stated in docs/methods.md)
-POWER_ALPHA = 1e-6  # negative controls must fall far below ALPHA, not just below it
+from spectr_repro.verify.thresholds import ALPHA, EXACT_TV, POWER_ALPHA  # noqa: F401 - re-exported
 
 
 @pytest.fixture(scope="session")
@@ -63,15 +62,6 @@ def exact_mean_accepted(verifier, target, draft, K: int, L: int, context=()) -> 
                for outcome in verifier.law(tokens, dp, tp))
 
 
-def iteration_law(verifier, target, draft, K: int, L: int, context=()) -> dict[tuple[int, ...], float]:
-    """Law of one iteration's output averaged over the drafts."""
-    law: dict[tuple[int, ...], float] = {}
-    for prob, tokens, dp, tp in iteration_inputs(target, draft, K, L, context):
-        for key, p in law_dict(verifier.law(tokens, dp, tp)).items():
-            law[key] = law.get(key, 0.0) + prob * p
-    return law
-
-
 def sampler_check(verifier, draft_tokens, draft_probs, target_probs, num_samples: int, seed: int):
     """Chi-square of the sampler's outcomes on fixed inputs against the rule's own exact law."""
     generator = torch.Generator().manual_seed(seed)
@@ -85,7 +75,6 @@ def sampler_check(verifier, draft_tokens, draft_probs, target_probs, num_samples
 # ---------------------------------------------------------------------------------------------------
 # Checks shared by the per-rule files. Each returns its measurement so tests can print / compare it.
 
-EXACT_TV = 1e-9  # exact laws: float64 round-off is ~1e-16; a biased rule is off by >= 1e-3 on these toys
 MC_SAMPLES = 1500  # joint law of 3 tokens (27 bins): sampling TV ~0.04; controls are rejected at p < 1e-6
 
 

@@ -19,12 +19,12 @@ from .conftest import (
 
 
 @pytest.mark.parametrize("toy_index", [0, 1, 2])
-def test_single_draft_is_bv(toys, toy_index):
-    """K = 1 runs the very same scan as BV: identical laws, and identical samples under one seed."""
+def test_single_draft_samples_like_bv(toys, toy_index):
+    """K = 1 runs the very same scan as BV: identical samples under one seed (the laws: the registry suite's
+    K = 1 test, test_registry_contract.py)."""
     rbv, bv = get_verifier("rbv"), get_verifier("bv")
     target, draft = toys[toy_index]
     for _, tokens, dp, tp in iteration_inputs(target, draft, 1, 2, context=(0,)):
-        assert total_variation(law_dict(rbv.law(tokens, dp, tp)), law_dict(bv.law(tokens, dp, tp))) == 0.0
         for seed in range(3):
             a = rbv(tokens, dp, tp, generator=torch.Generator().manual_seed(seed))
             b = bv(tokens, dp, tp, generator=torch.Generator().manual_seed(seed))

@@ -26,6 +26,7 @@ from spectr_repro.lawcheck import total_variation
 from spectr_repro.toy import block_tensors, exact_decoded_law, target_law, toy_pair
 from spectr_repro.verify import VERIFIERS, VerifierSpec, get_verifier
 from spectr_repro.verify.sd import SpeculativeDecoding
+from spectr_repro.verify.thresholds import BIASED_TV
 
 from .conftest import (
     ALPHA,
@@ -35,12 +36,12 @@ from .conftest import (
     assert_greedy_is_argmax,
     exact_tv,
     fixed_drafts,
+    iteration_inputs,
+    law_dict,
     monte_carlo_check,
     sampler_check,
 )
 from .test_controls import AlwaysAccept
-
-BIASED_TV = 1e-4  # the smallest bias of any rule flagged not lossless is > 1e-3 on these toys
 
 
 def supported_Ks(name: str) -> tuple[int, ...]:
@@ -126,9 +127,31 @@ def test_draft_with_zero_probabilities_is_handled(name):
     assert total_variation(law, target_law(target, 2)) < EXACT_TV
 
 
-@pytest.mark.parametrize("name", [name for name, spec in VERIFIERS.items() if spec.lossless])
-def test_draft_equal_to_target_accepts_every_block(name, toys):
-    assert_draft_equal_target_accepts_all(get_verifier(name), toys[2], K=max(supported_Ks(name)[:2]))
+@pytest.mark.parametrize("name, K", [(name, K) for name, spec in VERIFIERS.items() if spec.lossless
+                                     for K in (supported_Ks(name)[1:] or (1,))])
+def test_draft_equal_to_target_accepts_every_block(name, K, toys):
+    assert_draft_equal_target_accepts_all(get_verifier(name), toys[2], K=K)
+
+
+K1_CASES = [(name, toy_index, L) for name, spec in VERIFIERS.items() if spec.reduces_at_K1_to
+            for toy_index, L in [(0, 2), (1, 2), (2, 2), (0, 3)]]
+
+
+@pytest.mark.parametrize("name, toy_index, L", K1_CASES)
+def test_single_draft_reduces_to_the_named_rule(name, toy_index, L, toys):
+    """K = 1: the law equals that of the single-draft rule the registry names (``reduces_at_K1_to``), draft
+    tuple by draft tuple after a context token, to 1e-12 (both exact; observed 0 to ~1e-16). Control: another
+    single-draft rule differs from the named one on these draft tuples (by > 1e-6), so the check can fail."""
+    reduced = VERIFIERS[name].reduces_at_K1_to
+    ours, theirs = get_verifier(name), get_verifier(reduced)
+    other = get_verifier(next(n for n, s in VERIFIERS.items() if s.single_draft and n != reduced))
+    target, draft = toys[toy_index]
+    control_gap = 0.0
+    for _, tokens, dp, tp in iteration_inputs(target, draft, 1, L, context=(0,)):
+        reference = law_dict(theirs.law(tokens, dp, tp))
+        assert total_variation(law_dict(ours.law(tokens, dp, tp)), reference) < 1e-12
+        control_gap = max(control_gap, total_variation(law_dict(other.law(tokens, dp, tp)), reference))
+    assert control_gap > 1e-6
 
 
 # --- a rule registered on the fly is tested by the same battery ---------------------------------------

@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from spectr_repro.lawcheck import chi_square_test, total_variation
+from spectr_repro.theory.exact import expected_accepted_length, iteration_law
 from spectr_repro.toy import (
     ToyLM,
     block_tensors,
@@ -33,14 +34,13 @@ from spectr_repro.verify.sbv import (
     _rules_at,
     choose_rho,
     count_likelihood,
-    count_likelihood_host,
     selection_law,
 )
+from spectr_repro.verify.thresholds import ALPHA, EXACT_TV
 
 from .conftest import law_dict
 
-EXACT_TV = 1e-9
-P_VALUE = 1e-4
+P_VALUE = ALPHA
 
 
 class DraftLawControl(SelectionBlockVerification):
@@ -53,23 +53,8 @@ class DraftLawControl(SelectionBlockVerification):
 
 
 def expected_accepted(verifier, target, draft, K, L, context=()):
-    """Exact E[accepted draft tokens] of one iteration: sum over draft tuples and outcomes."""
-    total = 0.0
-    for prob, tokens in draft_tuples(draft, context, K, L):
-        draft_probs, target_probs = block_tensors(target, draft, context, tokens)
-        for outcome in verifier.law(tokens, draft_probs, target_probs):
-            total += prob * outcome.probability * (len(outcome.tokens) - 1)
-    return total
-
-
-def iteration_law(verifier, target, draft, K, L, context=()):
-    """Exact law of one iteration's output, integrated over the draft tuples."""
-    law: dict = {}
-    for prob, tokens in draft_tuples(draft, context, K, L):
-        draft_probs, target_probs = block_tensors(target, draft, context, tokens)
-        for outcome in verifier.law(tokens, draft_probs, target_probs):
-            law[outcome.tokens] = law.get(outcome.tokens, 0.0) + prob * outcome.probability
-    return law
+    """Exact E[accepted draft tokens] of one iteration (drafts enumerated, the rule's law integrated)."""
+    return expected_accepted_length(iteration_law(verifier, target, draft, K, L, context))
 
 
 # ---------------------------------------------------------------------------------------------- validity
@@ -115,26 +100,6 @@ def test_negative_control_is_not_lossless_exactly():
     target, draft = toy_pair(3, 1)
     law = exact_decoded_law(DraftLawControl(), target, draft, K=2, L=2, n=2)
     assert total_variation(law, target_law(target, 2)) > 0.03  # 0.0715 on this toy
-
-
-# ---------------------------------------------------------------------------------------------- reductions
-@pytest.mark.parametrize("vocab, L, seed", [(3, 2, 0), (4, 2, 1), (3, 3, 2)])
-def test_single_draft_is_block_verification(vocab, L, seed):
-    target, draft = toy_pair(vocab, seed)
-    sbv, bv = get_verifier("sbv"), get_verifier("bv")
-    for _, tokens in draft_tuples(draft, (), 1, L):
-        draft_probs, target_probs = block_tensors(target, draft, (), tokens)
-        ours = {o.tokens: o.probability for o in sbv.law(tokens, draft_probs, target_probs)}
-        theirs = {o.tokens: o.probability for o in bv.law(tokens, draft_probs, target_probs)}
-        assert max(abs(ours.get(t, 0.0) - theirs.get(t, 0.0)) for t in set(ours) | set(theirs)) < 1e-12
-
-
-def test_draft_equal_to_target_accepts_everything():
-    target, _ = toy_pair(3, 0)
-    verifier = get_verifier("sbv")
-    for _, tokens in draft_tuples(target, (), 2, 2):
-        draft_probs, target_probs = block_tensors(target, target, (), tokens)
-        assert all(len(o.tokens) == 3 for o in verifier.law(tokens, draft_probs, target_probs))
 
 
 # ---------------------------------------------------------------------------------------------- closed forms
@@ -192,10 +157,8 @@ def test_closed_form_selection_law_matches_enumeration(c, tail_threshold):
             for v in range(V):
                 q_v, a_v, alpha, g_minus = rule.token_terms(c, v)
                 lik = count_likelihood(q_v, a_v, alpha, g_minus, c)
-                lik_host = count_likelihood_host(q_v, a_v, alpha, g_minus, c)
                 for m in range(1, c + 1):
                     assert abs(lik[m] - joint.get((v, m), 0.0)) < 1e-12
-                    assert abs(lik_host[m] - joint.get((v, m), 0.0)) < 1e-12
 
 
 def _brute_force_selected_paths(target, draft, K, L, choose):

@@ -26,9 +26,6 @@ from .conftest import (
     ALPHA,
     EXACT_TV,
     POWER_ALPHA,
-    assert_contract,
-    assert_draft_equal_target_accepts_all,
-    assert_greedy_is_argmax,
     iteration_inputs,
     iteration_law,
     law_dict,
@@ -94,15 +91,6 @@ def test_negative_controls_are_not_lossless_exactly(control):
     assert total_variation(law, target_law(target, 3)) > 1e-4  # measured 4.8e-4 (fresh) and 0.017 (plain target)
 
 
-# ---------------------------------------------------------------------------------------------- reductions
-@pytest.mark.parametrize("vocab, L, seed", [(3, 2, 0), (4, 2, 1), (3, 3, 2)])
-def test_single_draft_is_block_verification(vocab, L, seed):
-    target, draft = toy_pair(vocab, seed)
-    ours, bv = get_verifier("sbvf"), get_verifier("bv")
-    for _, tokens, dp, tp in iteration_inputs(target, draft, 1, L):
-        assert total_variation(law_dict(ours.law(tokens, dp, tp)), law_dict(bv.law(tokens, dp, tp))) < 1e-12
-
-
 @pytest.mark.parametrize("vocab, L, K, seed", [(3, 2, 2, 0), (2, 3, 2, 1), (3, 1, 3, 2), (2, 2, 3, 3)])
 def test_without_fallback_it_is_sbv_and_with_it_never_below(vocab, L, K, seed):
     """fallback=False gives SBV's law draft tuple by draft tuple; with the fallback, the expected accepted
@@ -141,14 +129,6 @@ def test_without_fallback_it_is_sbv_on_a_real_vocabulary(agreement):
         assert fallback.num_accepted >= 0 and fallback.tokens.shape[0] == fallback.num_accepted + 1
     if agreement == "independent":
         assert differs > 0  # the fallback runs after an early stop with candidates (q far from p: most seeds)
-
-
-def test_draft_equal_to_target_accepts_every_block(toys):
-    assert_draft_equal_target_accepts_all(get_verifier("sbvf"), toys[0], K=3)
-
-
-def test_one_hot_distributions_emit_the_target_argmax(toys):
-    assert_greedy_is_argmax(get_verifier("sbvf"), toys[1], K=2)
 
 
 # ---------------------------------------------------------------------------------------------- closed forms
@@ -257,12 +237,6 @@ def test_monte_carlo_joint_law_matches_target():
     assert check.p_value > ALPHA and check.tv < 3 * check.expected_tv, check
 
 
-# ---------------------------------------------------------------------------------------------- contract
-@pytest.mark.parametrize("K", [1, 3])
-def test_contract(K):
-    assert_contract("sbvf", K=K)
-
-
 def test_bad_options_are_refused():
     with pytest.raises(ValueError, match="grid_size"):
         get_verifier("sbvf", grid_size=1)
@@ -278,3 +252,16 @@ def test_float32_inputs_give_the_float64_law():
         law64 = law_dict(verifier.law(tokens, dp, tp))
         law32 = law_dict(verifier.law(tokens, dp.float(), tp.float()))
         assert total_variation(law64, law32) < 1e-5
+
+
+@pytest.mark.parametrize("statuses", [[FREE, FREE], [REJECTED], [BELOW, BELOW], [REJECTED, FREE]])
+def test_candidate_laws_leave_the_draft_row_intact(statuses):
+    """candidate_laws zeroes v's entry in its laws: on copies, never in the caller's draft row (a float64 row
+    reaches it as a view of the inputs, and a FREE law is that row)."""
+    P, Q = _random_rows(5, 4)
+    rules = _rules_at(_ranked_head(P[None], Q[None], None, 0.0), torch.tensor([[1.3, 1.1]], dtype=torch.float64), 3)
+    before = Q.clone()
+    v = int(rules.ids[0, -1])  # the token of top rank: every status is possible for it
+    laws = candidate_laws(rules, 0, Q, 3, v, statuses)
+    assert torch.equal(Q, before)
+    assert torch.all(laws[:, v] == 0) and torch.allclose(laws.sum(-1), torch.ones(len(statuses), dtype=torch.float64))
