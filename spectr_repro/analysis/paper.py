@@ -13,6 +13,9 @@ import pandas as pd
 
 PAPER_COLUMNS = ["model_pair", "dataset", "method", "metric", "value", "note"]
 PAPER_SOURCE = 'arXiv 2604.25925 (SpecTr-GBV), as summarised in docs/methods.md, "The paper\'s numbers"'
+# The optional ``source`` column: blank = the paper (PAPER_SOURCE); rows from the authors' code release say so.
+DEFAULT_ROW_SOURCE = "arXiv 2604.25925"
+RELEASE_SOURCE_PREFIX = "github junemily/SpecTr-GBV"
 DEFAULT_PAPER_CSV = Path(__file__).resolve().parent / "paper_numbers.csv"  # package data
 
 
@@ -25,7 +28,7 @@ def load_paper_numbers(path: str | Path | None = None) -> pd.DataFrame:
     if not path.is_file():
         raise ValueError(f"paper numbers file {str(path)!r} not found")
     table = pd.read_csv(
-        path, dtype={"model_pair": str, "dataset": str, "method": str, "metric": str, "note": str}
+        path, dtype={"model_pair": str, "dataset": str, "method": str, "metric": str, "note": str, "source": str}
     )
     missing = [c for c in PAPER_COLUMNS if c not in table]
     if missing:
@@ -33,7 +36,14 @@ def load_paper_numbers(path: str | Path | None = None) -> pd.DataFrame:
     for column in ("model_pair", "dataset", "method", "metric", "note"):
         table[column] = table[column].fillna("")
     table["value"] = pd.to_numeric(table["value"], errors="raise").astype(float)
-    return table[PAPER_COLUMNS]
+    source = table["source"].fillna("") if "source" in table else pd.Series("", index=table.index)
+    table["source"] = source.astype(str).where(source != "", DEFAULT_ROW_SOURCE)
+    return table[[*PAPER_COLUMNS, "source"]]
+
+
+def release_numbers(paper: pd.DataFrame) -> pd.DataFrame:
+    """Rows reported by the authors' code release (its README), not by the paper: a different setting."""
+    return paper[paper["source"].str.startswith(RELEASE_SOURCE_PREFIX)].reset_index(drop=True)
 
 
 def paper_table(paper: pd.DataFrame, model_pair: str, metric: str) -> pd.DataFrame:

@@ -36,7 +36,7 @@ from spectr_repro.analysis.load import (
     order_methods,
     ordered,
 )
-from spectr_repro.analysis.paper import PAPER_SOURCE, load_paper_numbers, unlabelled_numbers
+from spectr_repro.analysis.paper import PAPER_SOURCE, load_paper_numbers, release_numbers, unlabelled_numbers
 from spectr_repro.analysis.stats import RESAMPLES, SEED, quality_parity
 from spectr_repro.analysis.tables import (
     AVERAGE,
@@ -318,7 +318,33 @@ def paper_section(paper: pd.DataFrame) -> str:
                 f"- {METHOD_LABELS.get(row.method, row.method)}, {where}, {row.metric}: {row.value:g}"
             )
         lines.append("")
+    lines += release_lines(paper)
     return "\n".join(lines)
+
+
+# How the authors' release measures (its README and code), where it differs from this harness's definitions.
+RELEASE_METRIC_NOTE = (
+    "The release's metrics are not ours: its block efficiency counts every token generated before the output is "
+    "truncated (a last block that runs past the end of the text or the token budget counts whole); ours is the new "
+    "tokens kept (emission stops at EOS and at max_new_tokens, and the last block is drafted only as long as the "
+    "tokens still wanted) per target call, bonus or correction included (AR = 1.00). Its acceptance rate is "
+    "accepted draft tokens / (K·L), over all K drafts; ours is per position (P(depth i accepted | reached)). Its "
+    "numbers are therefore set beside ours, never differenced with them."
+)
+
+
+def release_lines(paper: pd.DataFrame) -> list[str]:
+    """The authors' code release's own numbers (experiment=release_humaneval) and how its metrics differ."""
+    rows = release_numbers(paper)
+    if rows.empty:
+        return []
+    wide = rows.pivot_table(index="method", columns=["model_pair", "metric"], values="value")
+    wide.index = [METHOD_LABELS.get(m, m.upper()) for m in wide.index]
+    wide.columns = [f"{pair} {'BE' if metric == 'block_efficiency' else 'tok/s'}" for pair, metric in wide.columns]
+    table = wide.map(lambda v: "" if pd.isna(v) else f"{v:.2f}").rename_axis("method")
+    return ["### The authors' code release (its own HumanEval setting, `experiment=release_humaneval`)", "",
+            f"Source: {rows['source'].iloc[0]}.", "", table.to_markdown(disable_numparse=True), "",
+            RELEASE_METRIC_NOTE, ""]
 
 
 def find_audit(results_dirs: list[Path]) -> Path | None:

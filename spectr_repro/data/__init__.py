@@ -31,6 +31,8 @@ from spectr_repro.data.mgsm import MGSM
 DATASETS: dict[str, DatasetSpec] = {
     spec.name: spec for spec in (HumanEval(), GSM8K(), MGSM(), LM1B(), Alpaca())
 }
+# How a dataset config orders its records before num_prompts are taken (see load_examples).
+PROMPT_ORDERS = ("seeded", "file")
 
 
 def get_dataset(name: str) -> DatasetSpec:
@@ -55,8 +57,11 @@ def load_examples(
 
     ``dataset`` is a name or a dataset config (``name``, optional ``prompt_style`` and ``options``); explicit
     arguments override the config. ``prompt_style``: ``auto`` (default; chat template when ``tokenizer`` has
-    one), ``base`` (raw text) or ``chat`` (force the template).
+    one), ``base`` (raw text) or ``chat`` (force the template). A config may also set ``prompt_order``
+    (``seeded``, the default, or ``file``: the records in file order, whatever the seed) and ``skip_prompts``
+    (the first n of that order are left out, e.g. a warm-up prompt a published setting does not report).
     """
+    prompt_order, skip = "seeded", 0
     if isinstance(dataset, Mapping):
         config = dict(dataset)
         name = config.get("name")
@@ -64,13 +69,31 @@ def load_examples(
             raise ValueError(f"dataset config lacks 'name': {config}")
         dataset_options = {**dict(config.get("options") or {}), **dataset_options}
         prompt_style = prompt_style or config.get("prompt_style")
+        prompt_order, skip = config.get("prompt_order") or "seeded", int(config.get("skip_prompts") or 0)
     else:
         name = dataset
     spec = get_dataset(name)
     style = resolve_prompt_style(prompt_style or "auto", tokenizer)
     records = spec.load_records(data_dir, **dataset_options)
-    indices = select_indices(len(records), num_prompts, seed)
+    indices = _prompt_indices(len(records), num_prompts, seed, prompt_order, skip)
     return [spec.to_example(records[i], i, tokenizer, style) for i in indices]
+
+
+def _prompt_indices(num_records: int, num_prompts: int | None, seed: int, prompt_order: str, skip: int) -> list[int]:
+    """The record indices of a dataset config's prompts: ``num_prompts`` after the first ``skip`` of the order."""
+    if prompt_order not in PROMPT_ORDERS:
+        raise ValueError(f"unknown prompt_order {prompt_order!r}; known: {', '.join(PROMPT_ORDERS)}")
+    if skip < 0:
+        raise ValueError(f"skip_prompts must be >= 0, got {skip}")
+    if prompt_order == "file":
+        order = select_indices(num_records, None, seed)
+        if num_prompts is not None and not 1 <= num_prompts <= num_records - skip:
+            raise ValueError(f"num_prompts={num_prompts} after skip_prompts={skip} but the dataset has only "
+                             f"{num_records} records")
+        return order[skip:][:num_prompts] if num_prompts is not None else order[skip:]
+    if num_prompts is None:
+        return select_indices(num_records, None, seed)[skip:]
+    return select_indices(num_records, num_prompts + skip, seed)[skip:]
 
 
 def encode_prompt(tokenizer, example: Example):

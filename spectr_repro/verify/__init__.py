@@ -67,6 +67,9 @@ VERIFIERS: dict[str, VerifierSpec] = {
         VerifierSpec("sbvf", "spectr_repro.verify.sbvf:SelectionBlockVerificationFallback", "SBV-F", True, True,
                      False, "SBV with fallback: where BV rejects the selected path, the drafts that left it there "
                      "are tried against the residual (ours, lossless, never below SBV)", reduces_at_K1_to="bv"),
+        VerifierSpec("mpbv", "spectr_repro.verify.mpbv:GreedyMultiPathBlockVerification", "MP-BV", True, True,
+                     False, "greedy multi-path block verification (Thomas & Pal 2026, their 'GBV'): BV on the "
+                     "highest-ratio path with that path's exact law", reduces_at_K1_to="bv"),
     ]
 }
 

@@ -308,3 +308,25 @@ def test_load_from_the_composed_hydra_config():
         cfg = compose(config_name="config", overrides=["dataset=mgsm", "dataset.options.language=[de,fr]"])
     examples = load_examples(cfg.dataset, 6, seed=cfg.seed)
     assert len(examples) == 6 and {e.meta["language"] for e in examples} <= {"de", "fr"}
+
+
+def test_file_order_takes_the_first_records_whatever_the_seed():
+    """prompt_order=file: the first records in file order, the same for every seed; skip_prompts drops the
+    first n (a published warm-up prompt); seeded order skips within its own permutation."""
+    config = {"name": "humaneval", "prompt_order": "file", "skip_prompts": 1}
+    ids = [e.id for e in load_examples(config, 4, seed=1001)]
+    assert ids == ["HumanEval/1", "HumanEval/2", "HumanEval/3", "HumanEval/4"]
+    assert [e.id for e in load_examples(config, 4, seed=1002)] == ids
+    seeded = [e.id for e in load_examples({"name": "humaneval"}, 5, seed=3)]
+    assert [e.id for e in load_examples({"name": "humaneval", "skip_prompts": 1}, 4, seed=3)] == seeded[1:]
+    assert seeded[:4] != ["HumanEval/0", "HumanEval/1", "HumanEval/2", "HumanEval/3"]  # seeded is not file order
+
+
+@pytest.mark.parametrize("config, message", [
+    ({"name": "humaneval", "prompt_order": "sorted"}, "unknown prompt_order 'sorted'"),
+    ({"name": "humaneval", "prompt_order": "file", "skip_prompts": 160}, "after skip_prompts=160"),
+    ({"name": "humaneval", "skip_prompts": -1}, "skip_prompts must be >= 0"),
+])
+def test_bad_prompt_order_is_refused(config, message):
+    with pytest.raises(ValueError, match=message):
+        load_examples(config, 8)

@@ -18,6 +18,10 @@ EXPECTED_PAIRS = {
     "qwen25coder_1.5b_0.5b",
     "smollm2_135m_self",
     "tiny_random",
+    "llama2_7b_68m",
+    "llama2_7b_160m",
+    "llama2_13b_68m",
+    "llama2_13b_160m",
 }
 
 

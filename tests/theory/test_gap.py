@@ -13,7 +13,7 @@ from spectr_repro.toy import toy_pair
 
 
 def test_gap_rules_come_from_the_registry():
-    assert {"spectr", "rbv", "sbv", "sbvf"} <= set(GAP_RULES)
+    assert {"spectr", "rbv", "sbv", "sbvf", "mpbv"} <= set(GAP_RULES)
     assert not {"sd", "bv", "gbv", "spectr_gbv"} & set(GAP_RULES)  # single-draft, carried state, not lossless
 
 

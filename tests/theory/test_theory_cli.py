@@ -11,8 +11,8 @@ def test_theory_quick_writes_table_figure_and_claims(tmp_path):
     out = tmp_path / "theory"
     assert main_theory(["--quick", "--out", str(out)]) == 0
     df = pd.read_csv(out / "theory.csv")
-    assert {"sd", "spectr", "bv", "rbv", "sbv", "sbvf", "spectr_gbv", "gbv", "lp_optimum", "lp_optimum_draft_sets",
-            "paper_bound"} <= set(df.quantity)
+    assert {"sd", "spectr", "bv", "rbv", "sbv", "sbvf", "mpbv", "spectr_gbv", "gbv", "lp_optimum",
+            "lp_optimum_draft_sets", "paper_bound"} <= set(df.quantity)
     assert (out / "theory.png").stat().st_size > 1000
     text = (out / "THEORY.md").read_text()
     for claim in (
