@@ -5,12 +5,12 @@
 
 Keys are those of ``sweep`` (composed and validated by :mod:`spectr_repro.runner.config`: the same keys,
 the same messages), plus ``bias.*`` (conf/config.yaml). Cells sharing everything but the method form one
-setting: for each of its contexts (the first ``num_prompts`` prompts, each cut after ``bias.cuts`` tokens of
-an AR continuation sampled from the target) it draws ``bias.samples`` independent draft sets, B =
-``bias.batch`` at a time (the draft model on B*K rows, then the target on the same B*K rows), and every
-method of the setting -- plus the negative controls -- is applied to the SAME draft sets and target rows.
-p(.|context) is the target's row 0, from the same forward. Estimators and the test:
-:mod:`spectr_repro.bias.estimators`.
+setting. For each of its contexts (per prompt, ``bias.contexts_per_prompt`` cuts of an AR continuation
+sampled from the target, where the target is least sure of its next token: see ``contexts_of``) it draws
+``bias.samples`` independent draft sets, B = ``bias.batch`` at a time (the draft model on B*K rows, then
+the target on the same B*K rows), and every method of the setting -- plus the negative controls -- is
+applied to the SAME draft sets and target rows. p(.|context) is the target's row 0, from the same
+forward. Estimators and the test: :mod:`spectr_repro.bias.estimators`.
 
 Output: ``<output_dir>/<experiment>/bias/bias.csv`` (rebuilt from one JSON per (setting, context, method)
 under ``bias/contexts/``, written as each context finishes: a rerun skips finished contexts, so an
@@ -62,22 +62,17 @@ def check_bias_config(cfg: DictConfig) -> None:
     settings = cfg.get("bias")
     if not isinstance(settings, DictConfig):
         raise UsageError("the config has no `bias` section (conf/config.yaml)")
-    for key in ("samples", "batch", "rule_calls", "continuation_tokens"):
+    for key in ("samples", "batch", "rule_calls", "continuation_tokens", "contexts_per_prompt"):
         value = settings.get(key)
         if not isinstance(value, int) or isinstance(value, bool):
             raise UsageError(f"bias.{key} must be an integer, got {value!r}")
     if settings.samples < 1:
         raise UsageError(f"bias.samples must be >= 1 (draft sets per context), got {settings.samples}")
-    for key in ("batch", "rule_calls"):
+    for key in ("batch", "rule_calls", "contexts_per_prompt"):
         if settings[key] < 1:
             raise UsageError(f"bias.{key} must be >= 1, got {settings[key]}")
     if settings.continuation_tokens < 0:
         raise UsageError(f"bias.continuation_tokens must be >= 0, got {settings.continuation_tokens}")
-    cuts = list(settings.get("cuts") or [])
-    if not cuts or any(not isinstance(c, int) or isinstance(c, bool) or c < 0 or c > settings.continuation_tokens
-                       for c in cuts):
-        raise UsageError(f"bias.cuts must be a non-empty list of integers in [0, bias.continuation_tokens="
-                         f"{settings.continuation_tokens}], got {cuts}")
     draft_temperature = settings.get("draft_temperature")
     if draft_temperature is not None and (isinstance(draft_temperature, bool)
                                           or not isinstance(draft_temperature, int | float) or draft_temperature <= 0):
@@ -102,7 +97,9 @@ def setting_of(cfg: DictConfig) -> dict:
         "temperature": float(cfg.temperature), "draft_temperature": _draft_temperature(cfg),
         "seed": int(cfg.seed), "num_prompts": int(cfg.num_prompts),
         "samples": int(cfg.bias.samples), "batch": int(cfg.bias.batch), "rule_calls": int(cfg.bias.rule_calls),
-        "continuation_tokens": int(cfg.bias.continuation_tokens), "cuts": [int(c) for c in cfg.bias.cuts],
+        "continuation_tokens": int(cfg.bias.continuation_tokens),
+        "contexts_per_prompt": int(cfg.bias.contexts_per_prompt),
+        "sample_cap": {str(k): int(v) for k, v in (cfg.bias.get("sample_cap") or {}).items()},
         "hardware": OmegaConf.to_container(cfg.hardware, resolve=True),
         "model_pair_config": OmegaConf.to_container(cfg.model_pair, resolve=True),
     }
@@ -186,22 +183,36 @@ def _raise_keyboard_interrupt(signum, frame):
 
 
 def contexts_of(pair, cfg: DictConfig, examples) -> list[tuple[str, list[int]]]:
-    """(name, token ids): each prompt, cut after each of ``bias.cuts`` tokens of an AR continuation from p."""
-    from spectr_repro.data import encode_prompt
-    from spectr_repro.engine.loop import generate
+    """(name, token ids): per prompt, the ``bias.contexts_per_prompt`` cuts of an AR continuation from p
+    (``bias.continuation_tokens`` long; cut 0 is the prompt itself) where the target is least sure of its next
+    token (smallest max_y p(y | context)). Why: where p is (nearly) a point mass every rule emits that token
+    and no bias can show; code at T=0.4 is like that at most positions."""
+    from transformers import DynamicCache
 
+    from spectr_repro.data import encode_prompt
+    from spectr_repro.engine.forward import forward_chunked
+    from spectr_repro.engine.loop import generate
+    from spectr_repro.sampling import probs_from_logits
+
+    temperature, chunk = float(cfg.temperature), cfg.hardware.get("prefill_chunk")
     contexts = []
     for index, example in enumerate(examples):
         prompt = encode_prompt(pair.tokenizer, example)[0].tolist()
         continuation: list[int] = []
-        if max(cfg.bias.cuts) > 0:
-            continuation = generate(pair.target, None, prompt, method="ar", temperature=float(cfg.temperature),
-                                    max_new_tokens=max(cfg.bias.cuts), seed=int(cfg.seed) * 100_003 + index,
+        if cfg.bias.continuation_tokens > 0:
+            continuation = generate(pair.target, None, prompt, method="ar", temperature=temperature,
+                                    max_new_tokens=cfg.bias.continuation_tokens, seed=int(cfg.seed) * 100_003 + index,
                                     eos_token_ids=pair.eos_token_ids, vocab_size=pair.vocab_size,
-                                    prefill_chunk=cfg.hardware.get("prefill_chunk")).new_tokens
-        for cut in cfg.bias.cuts:
-            if cut <= len(continuation):  # an early EOS leaves fewer cut points
-                contexts.append((f"{example.id}+{cut}", prompt + continuation[:cut]))
+                                    prefill_chunk=chunk).new_tokens
+        eos = set(pair.eos_token_ids)
+        usable = next((i for i, token in enumerate(continuation) if token in eos), len(continuation))
+        ids = torch.tensor([prompt + continuation[:usable]], device=pair.device)
+        with torch.inference_mode():  # p at every cut 0..usable: one target forward
+            logits = forward_chunked(pair.target, ids, DynamicCache(), pair.vocab_size, usable + 1, chunk)[0]
+            top = probs_from_logits(logits, temperature).amax(-1).float().cpu()
+        cuts = sorted(torch.argsort(top, stable=True)[: cfg.bias.contexts_per_prompt].tolist())
+        for cut in cuts:
+            contexts.append((f"{example.id}+{cut}", prompt + continuation[:cut]))
     return contexts
 
 
@@ -266,9 +277,11 @@ def measure_context(pair, cfg: DictConfig, setting: dict, ids: list[int], method
     caps = {m: min(S, int((cfg.bias.get("sample_cap") or {}).get(m, S))) for m in methods}
     verifiers = {m: get_verifier(m, check_inputs=False) for m in methods if m in VERIFIERS}
     parts: dict[str, list] = {m: [] for m in methods}
+    seconds = dict.fromkeys(["models", *methods], 0.0)  # indicative: where the time goes (host clock)
     done = 0
     while done < S:
         n = min(B, S - done)
+        started = time.perf_counter()
         rows = DynamicRows(pair.draft, V, chunk)
         rows.cache = copy.deepcopy(draft_cache)
         draft_tokens, draft_probs = draft_block(rows, q0, n * K, L, draft_temperature, draw_generator)
@@ -279,10 +292,12 @@ def measure_context(pair, cfg: DictConfig, setting: dict, ids: list[int], method
         draft_tokens = draft_tokens.view(n, K, L)
         draft_probs = draft_probs.view(n, K, L, V)
         target_probs = target_probs.view(n, K, L + 1, V)
+        seconds["models"] += time.perf_counter() - started
         for method in methods:
             take = min(n, caps[method] - done)
             if take <= 0:
                 continue
+            started = time.perf_counter()
             width = 1 if method in estimators.CONTROLS else K  # the controls verify draft 0 of each set
             if method in verifiers and method not in estimators.EXACT_GIVEN_DRAFTS:
                 draws = estimators.counted_draws(method, draft_tokens[:take, :width], draft_probs[:take, :width],
@@ -291,6 +306,7 @@ def measure_context(pair, cfg: DictConfig, setting: dict, ids: list[int], method
             else:
                 draws = estimators.closed_form_draws(method, p0, q0, draft_tokens[:take, :width, 0], draw_generator)
             parts[method].append(draws)
+            seconds[method] += time.perf_counter() - started
         done += n
         bar.update(n)
         del cache, logits, target_probs, draft_probs
@@ -302,6 +318,7 @@ def measure_context(pair, cfg: DictConfig, setting: dict, ids: list[int], method
         if draws.samples not in calibrations:
             calibrations[draws.samples] = estimators.calibrate(p0, draws.samples, generator)
         records[method] = _record(method, draws, p0, q0, setting, calibrations[draws.samples], generator)
+        records[method]["seconds"] = {"draft_and_target_forwards": seconds["models"], "rule": seconds[method]}
     return records
 
 
