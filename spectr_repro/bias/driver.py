@@ -236,7 +236,8 @@ def run_setting(setting: dict, cfg: DictConfig, methods: list[str]) -> None:
         results = measure_context(pair, cfg, setting, ids, missing, number, bar)
         directory.mkdir(parents=True, exist_ok=True)
         for method, record in results.items():
-            record.update(context=name, context_tokens=len(ids))
+            record.update(context=name, context_tokens=len(ids),
+                          top_strings=[pair.tokenizer.decode([token]) for token in record["top_tokens"]])
             _write_json(directory / f"{method}.json", record)
         _write_json(folder / "setting.json", setting)
         write_csv(bias_folder(cfg))
