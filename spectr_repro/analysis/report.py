@@ -696,7 +696,10 @@ def build_report(
     (executes model-written HumanEval code, see ``quality_section``)."""
     folders = [Path(d) for d in results_dirs]
     # Damaged or unfinished cell folders refuse the report (each named) unless allow_incomplete.
-    results = _merge([load_results(folder, strict=not allow_incomplete) for folder in folders])
+    # A folder holding only `bias` output (no cells/) feeds the bias section alone, beside folders with cells.
+    bias_only = [f for f in folders if (f / BIAS_CSV).is_file() and not (f / "cells").is_dir()]
+    cell_folders = [f for f in folders if f not in bias_only] or folders
+    results = _merge([load_results(folder, strict=not allow_incomplete) for folder in cell_folders])
     paper = load_paper_numbers(paper_csv)
     audit_path = Path(audit) if audit is not None else find_audit(folders)
     if audit is not None and not audit_path.is_file():

@@ -56,8 +56,8 @@ def fake_record(method, context, tv, p_value, top_rule):
             "top_target": [0.6, 0.4], "top_rule": top_rule, "top_strings": ["def", " x"], "context": context}
 
 
-def test_bias_section_has_one_line_per_method_and_setting_and_the_figure_of_the_worst_context(tmp_path):
-    folder = tmp_path / "bias"
+def write_bias_folder(root):
+    folder = root / "bias"
     records = [fake_record("spectr_gbv", "P/1+0", 0.30, 0.001, [0.9, 0.1]),
                fake_record("spectr_gbv", "P/2+4", 0.05, 0.4, [0.6, 0.4]),
                fake_record("sbv", "P/1+0", 0.02, 0.7, [0.6, 0.4]), fake_record("sbv", "P/2+4", 0.01, 0.9, [0.6, 0.4]),
@@ -67,6 +67,10 @@ def test_bias_section_has_one_line_per_method_and_setting_and_the_figure_of_the_
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(record))
     driver.write_csv(folder)
+
+
+def test_bias_section_has_one_line_per_method_and_setting_and_the_figure_of_the_worst_context(tmp_path):
+    write_bias_folder(tmp_path)
     section = bias_section([tmp_path], tmp_path)
     table = [line for line in section.splitlines() if line.startswith("| qwen")]
     assert len(table) == 3  # spectr_gbv, sbv, the control: pooled rows only
@@ -75,3 +79,12 @@ def test_bias_section_has_one_line_per_method_and_setting_and_the_figure_of_the_
     assert "no bias detected" in next(line for line in table if "| sbv" in line)
     assert (tmp_path / "figures" / "bias_first_token.png").stat().st_size > 1000
     assert bias_section([tmp_path / "nothing"], tmp_path) is None
+
+
+def test_a_bias_only_folder_beside_a_results_folder_adds_the_section_to_the_report(synthetic, tmp_path):
+    from spectr_repro.analysis.report import build_report
+
+    write_bias_folder(tmp_path / "bias_run")
+    report = build_report([synthetic.root, tmp_path / "bias_run"], output=tmp_path / "out" / "REPORT.md")
+    text = report.read_text()
+    assert "## Bias on real models" in text and "figures/bias_first_token.png" in text
