@@ -633,7 +633,8 @@ def bias_section(results_dirs: list[Path], out_dir: Path) -> str | None:
         "sets: `control_draft` emits the drafted token (law q: exact TV = TV(p, q)) and `control_lenient_sd` "
         "accepts with min(1, 2p/q) (deliberately biased; exact TV shown); `exact TV` 0 marks rules proven "
         "lossless on toys. acceptance: SD's first-token acceptance, sum_y min(p, q), mean over contexts. "
-        "The TV estimate (a plug-in) is biased upward by sampling noise: read it against the detectable TV.",
+        "The TV estimate (a plug-in, here the mean over contexts; per-context values and bootstrap intervals in "
+        "bias.csv) is biased upward by sampling noise: read it against the detectable TV.",
         "",
         _markdown(shown.astype(str)),
         "",
