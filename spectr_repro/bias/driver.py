@@ -216,6 +216,9 @@ def contexts_of(pair, cfg: DictConfig, examples) -> list[tuple[str, list[int]]]:
     return contexts
 
 
+_CONTEXTS: dict[tuple, list[tuple[str, list[int]]]] = {}  # this process's contexts, by what fixes them
+
+
 def run_setting(setting: dict, cfg: DictConfig, methods: list[str]) -> None:
     from spectr_repro.runner.execute import Session
 
@@ -223,7 +226,11 @@ def run_setting(setting: dict, cfg: DictConfig, methods: list[str]) -> None:
     session = Session(progress=False)
     pair = session.pair(cfg)
     examples = session.examples(cfg, pair.tokenizer)
-    contexts = contexts_of(pair, cfg, examples)
+    key = (setting["model_pair"], setting["dataset"], setting["temperature"], setting["seed"],
+           setting["num_prompts"], setting["continuation_tokens"], setting["contexts_per_prompt"])
+    if key not in _CONTEXTS:  # settings that differ only by method, K or L share their contexts
+        _CONTEXTS[key] = contexts_of(pair, cfg, examples)
+    contexts = _CONTEXTS[key]
     all_methods = [*methods, *estimators.CONTROLS]
     bar = tqdm(total=len(contexts) * setting["samples"], desc=f"bias K={setting['K']} T={setting['temperature']:g}",
                unit="draft set", file=sys.stderr)
