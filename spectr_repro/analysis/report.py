@@ -624,7 +624,8 @@ def bias_section(results_dirs: list[Path], out_dir: Path) -> str | None:
         "",
         "Law of the FIRST token one iteration emits, from S independent first iterations per context (draft "
         "sets of K drafts x L tokens, drawn in batches), against the target's exact p(.|context) from the same "
-        "target forward. Contexts: cuts of an AR continuation of each prompt where the target is least sure. "
+        "target forward. Contexts: cuts of an AR continuation of each prompt where the target's top token has "
+        "probability nearest 1/2. "
         "Estimator `exact given drafts`: the rule's closed-form first-token law given the drafts (sd, spectr, "
         "the controls); `counted`: the rule's own first token. Test: TV between the empirical law of one "
         "first token per draft set and p, its null law simulated from p (valid at any vocabulary size); "

@@ -6,7 +6,7 @@
 Keys are those of ``sweep`` (composed and validated by :mod:`spectr_repro.runner.config`: the same keys,
 the same messages), plus ``bias.*`` (conf/config.yaml). Cells sharing everything but the method form one
 setting. For each of its contexts (per prompt, ``bias.contexts_per_prompt`` cuts of an AR continuation
-sampled from the target, where the target is least sure of its next token: see ``contexts_of``) it draws
+sampled from the target, where its top token has probability nearest 1/2: see ``contexts_of``) it draws
 ``bias.samples`` independent draft sets, B = ``bias.batch`` at a time (the draft model on B*K rows, then
 the target on the same B*K rows), and every method of the setting -- plus the negative controls -- is
 applied to the SAME draft sets and target rows. p(.|context) is the target's row 0, from the same
@@ -100,6 +100,7 @@ def setting_of(cfg: DictConfig) -> dict:
         "continuation_tokens": int(cfg.bias.continuation_tokens),
         "contexts_per_prompt": int(cfg.bias.contexts_per_prompt),
         "sample_cap": {str(k): int(v) for k, v in (cfg.bias.get("sample_cap") or {}).items()},
+        "contexts": "cuts where max p is nearest 1/2",  # the rule of contexts_of (a change of it is a new setting)
         "hardware": OmegaConf.to_container(cfg.hardware, resolve=True),
         "model_pair_config": OmegaConf.to_container(cfg.model_pair, resolve=True),
     }
@@ -184,9 +185,10 @@ def _raise_keyboard_interrupt(signum, frame):
 
 def contexts_of(pair, cfg: DictConfig, examples) -> list[tuple[str, list[int]]]:
     """(name, token ids): per prompt, the ``bias.contexts_per_prompt`` cuts of an AR continuation from p
-    (``bias.continuation_tokens`` long; cut 0 is the prompt itself) where the target is least sure of its next
-    token (smallest max_y p(y | context)). Why: where p is (nearly) a point mass every rule emits that token
-    and no bias can show; code at T=0.4 is like that at most positions."""
+    (``bias.continuation_tokens`` long; cut 0 is the prompt itself) where the target's most likely next token
+    has probability nearest 1/2. Why: where p is (nearly) a point mass every rule emits that token and no bias
+    can show (code at T=0.4 is like that at most positions); where p is flat the stated alternatives (mass
+    moved off the top token, at most p_top) cannot reach a detectable TV."""
     from transformers import DynamicCache
 
     from spectr_repro.data import encode_prompt
@@ -210,7 +212,7 @@ def contexts_of(pair, cfg: DictConfig, examples) -> list[tuple[str, list[int]]]:
         with torch.inference_mode():  # p at every cut 0..usable: one target forward
             logits = forward_chunked(pair.target, ids, DynamicCache(), pair.vocab_size, usable + 1, chunk)[0]
             top = probs_from_logits(logits, temperature).amax(-1).float().cpu()
-        cuts = sorted(torch.argsort(top, stable=True)[: cfg.bias.contexts_per_prompt].tolist())
+        cuts = sorted(torch.argsort((top - 0.5).abs(), stable=True)[: cfg.bias.contexts_per_prompt].tolist())
         for cut in cuts:
             contexts.append((f"{example.id}+{cut}", prompt + continuation[:cut]))
     return contexts
