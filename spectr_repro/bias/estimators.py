@@ -378,9 +378,11 @@ def pooled(p_values: Sequence[float], alternatives: Sequence[Sequence[Sequence[f
 
 
 def verdict(p_value: float, detectable_tv: float, alpha: float = ALPHA) -> str:
-    """'biased' when rejected at ``alpha``; else 'no bias detected (TV < x at 90 % power)' or 'underpowered'."""
+    """'bias detected (p <= alpha)' when rejected; else 'no bias detected (TV < x at 90 % power)' or
+    'underpowered'. Per context there is no correction for multiplicity: among many lossless contexts about
+    5 % are rejected by chance; the pooled row (Fisher over contexts) is one test per method and setting."""
     if p_value <= alpha:
-        return "biased"
+        return f"bias detected (p <= {alpha:g})"
     if math.isinf(detectable_tv):
         return "underpowered"
     return f"no bias detected (TV < {detectable_tv:.3f} at 90 % power)"

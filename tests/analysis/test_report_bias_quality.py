@@ -75,7 +75,7 @@ def test_bias_section_has_one_line_per_method_and_setting_and_the_figure_of_the_
     table = [line for line in section.splitlines() if line.startswith("| qwen")]
     assert len(table) == 3  # spectr_gbv, sbv, the control: pooled rows only
     release = next(line for line in table if "spectr_gbv" in line)
-    assert "biased" in release and "| 2 " in release  # two contexts, Fisher's p small
+    assert "bias detected" in release and "| 2 " in release  # two contexts, Fisher's p small
     assert "no bias detected" in next(line for line in table if "| sbv" in line)
     assert (tmp_path / "figures" / "bias_first_token.png").stat().st_size > 1000
     assert bias_section([tmp_path / "nothing"], tmp_path) is None

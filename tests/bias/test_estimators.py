@@ -127,7 +127,7 @@ def test_release_first_token_bias_is_estimated_within_its_interval_and_detected(
     assert low <= exact_tv <= high
     assert exact_tv > result.detectable_tv  # the power statement covers this bias ...
     assert result.p_value <= E.ALPHA  # ... and the test rejects
-    assert E.verdict(result.p_value, result.detectable_tv) == "biased"
+    assert E.verdict(result.p_value, result.detectable_tv) == "bias detected (p <= 0.05)"
 
 
 @pytest.mark.parametrize("method", ["spectr", "sd", "control_draft"])
