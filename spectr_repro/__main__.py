@@ -22,6 +22,8 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "report": ("spectr_repro.analysis.report", "main", "tables, figures and REPORT.md from a results folder"),
     "theory": ("spectr_repro.theory.cli", "main_theory", "exact laws, LP limit, paper's bound (toys)"),
     "audit": ("spectr_repro.theory.cli", "main_audit", "validity audit of every verification rule"),
+    "bias": ("spectr_repro.bias.driver", "main",
+             "the law of each rule's first emitted token vs the target's, on real models (test with power)"),
     "quality": ("spectr_repro.quality", "main", "pass@1 / accuracy of each method next to AR (runs model code)"),
     "bench": ("spectr_repro.bench.cli", "main", "speed benchmarks: our loops vs transformers' (--quick: minutes)"),
     "check": ("spectr_repro.check", "main", "does it work here, and what does a run cost: correctness, timing, "

@@ -478,13 +478,15 @@ def _options_cell(options) -> str:
     return "" if options is None else str(options)
 
 
-def paired_quality_lines(results_dirs: list[Path]) -> list[str]:
+def paired_quality_lines(results_dirs: list[Path], collapsed: list[dict] | None = None) -> list[str]:
     """Each method against AR on the same prompts (McNemar exact, Wilson intervals) from the folders'
     per-prompt outcomes (``QUALITY_OUTCOMES_FILE``); nothing when no folder has them."""
     paths = [folder / QUALITY_OUTCOMES_FILE for folder in results_dirs if (folder / QUALITY_OUTCOMES_FILE).is_file()]
     if not paths:
         return []
     parity = quality_parity(pd.concat([pd.read_csv(path) for path in paths], ignore_index=True))
+    if collapsed:  # settings collapsed to one line in the table (collapse_uninformative_quality)
+        parity = _drop_collapsed(parity, collapsed)
     lines = [
         "### Paired with AR on the same prompts",
         "",
@@ -509,6 +511,52 @@ def paired_quality_lines(results_dirs: list[Path]) -> list[str]:
         }
     )
     return lines + [_markdown(shown.astype(str)), ""]
+
+
+QUALITY_SETTING = ("experiment", "dataset", "model_pair", "temperature", "max_new_tokens")
+UNINFORMATIVE_WIDTH = 0.5  # an AR interval wider than half the [0, 1] range cannot tell methods apart
+
+
+def collapse_uninformative_quality(df: pd.DataFrame) -> tuple[pd.DataFrame, list[str], list[dict]]:
+    """Settings whose AR accuracy is 0, or whose AR Wilson interval spans more than half the range, become one
+    line each: (the rows kept, those lines, the collapsed settings as {column: value}). A table of zeros (AR
+    cannot finish its answers in max_new_tokens) says nothing about the rules and buries the report."""
+    if df.empty or "method" not in df or "accuracy" not in df:
+        return df, [], []
+    columns = [c for c in QUALITY_SETTING if c in df]
+    if not columns or not {"ci_low", "ci_high", "correct", "n"} <= set(df):
+        return df, [], []
+    kept, lines, collapsed = [], [], []
+    for key, group in df.groupby(columns, dropna=False, sort=False):
+        ar = group[group.method == "ar"]
+        if ar.empty:
+            kept.append(group)
+            continue
+        row = ar.iloc[0]
+        width = float(row.ci_high - row.ci_low)
+        if float(row.accuracy) > 0 and width <= UNINFORMATIVE_WIDTH:
+            kept.append(group)
+            continue
+        reason = ("AR accuracy is 0 (its answers do not finish or are all wrong)" if float(row.accuracy) == 0
+                  else f"AR's 95 % interval spans {width:.2f} of the range (too few prompts)")
+        tokens = f", {int(row.max_new_tokens)} new tokens" if "max_new_tokens" in row and pd.notna(
+            row.max_new_tokens) else ""
+        lines.append(f"- {row.dataset}, {row.get('model_pair')}, T={row.get('temperature')}{tokens}: AR "
+                     f"{int(row.correct)}/{int(row.n)} [{row.ci_low:.3f}, {row.ci_high:.3f}]; {reason}: its "
+                     f"{len(group)} rows say nothing about the rules and are not shown.")
+        collapsed.append(dict(zip(columns, key if isinstance(key, tuple) else (key,))))
+    frame = pd.concat(kept, ignore_index=True) if kept else df.iloc[:0]
+    return frame, lines, collapsed
+
+
+def _drop_collapsed(parity: pd.DataFrame, collapsed: list[dict]) -> pd.DataFrame:
+    for setting in collapsed:
+        match = pd.Series(True, index=parity.index)
+        for column, value in setting.items():
+            if column in parity:
+                match &= parity[column].astype(str) == str(value)
+        parity = parity[~match]
+    return parity
 
 
 def quality_section(results_dirs: list[Path], compute: bool = False) -> str | None:
@@ -550,13 +598,17 @@ def quality_section(results_dirs: list[Path], compute: bool = False) -> str | No
                     "",
                 ]
             )
-        text = quality.quality_markdown(pd.concat(frames, ignore_index=True))
+        scored, collapsed_lines, collapsed = collapse_uninformative_quality(pd.concat(frames, ignore_index=True))
+        paired = paired_quality_lines(results_dirs, collapsed)
+        text = quality.quality_markdown(scored)
     except Exception as error:  # an optional section must not lose the report's tables and figures
         return "\n".join(heading + [f"Quality scoring failed: {type(error).__name__}: {error}", ""])
     # the module writes a stand-alone document: demote its headings below this report's
     body = [("#" + line) if line.startswith("#") else line for line in text.splitlines()]
     if body and body[0].startswith("## "):
         body = body[1:]
+    if collapsed_lines:
+        body += ["", "Settings that cannot tell the rules apart (collapsed):", "", *collapsed_lines]
     if missing:
         body += ["", f"Not scored (no quality.csv): {', '.join(str(f) for f in missing)}."]
     return "\n".join(heading + body + [""] + paired)
@@ -573,6 +625,95 @@ def theory_section(results_dirs: list[Path], out_dir: Path) -> str | None:
     return None
 
 
+BIAS_CSV = Path("bias") / "bias.csv"  # written by `python -m spectr_repro bias` (spectr_repro.bias.driver)
+
+
+def bias_section(results_dirs: list[Path], out_dir: Path) -> str | None:
+    """"Bias on real models": one line per method and setting (the pooled rows of ``bias/bias.csv``) and a
+    figure of the first-token law at the context where a rule's estimated bias is largest. None: no bias.csv."""
+    paths = [folder / BIAS_CSV for folder in results_dirs if (folder / BIAS_CSV).is_file()]
+    if not paths:
+        return None
+    table = pd.concat([pd.read_csv(path) for path in paths], ignore_index=True)
+    pooled = table[table.context.astype(str).str.startswith("pooled")]
+    shown = pd.DataFrame({
+        "model_pair": pooled.model_pair, "K": pooled.K, "L": pooled.L, "T": pooled.temperature,
+        "T draft": pooled.draft_temperature, "method": pooled.method, "estimator": pooled.estimator,
+        "contexts": pooled.context.str.extract(r"\((\d+) contexts\)")[0], "draft sets": pooled.samples,
+        "TV estimate": pooled.tv_estimate.map("{:.4f}".format),
+        "p (Fisher)": pooled.p_value.map("{:.3g}".format), "detectable TV": pooled.detectable_tv.map("{:.3f}".format),
+        "exact TV": pooled.exact_tv.map(lambda v: "" if pd.isna(v) else f"{v:.4f}"),
+        "acceptance": pooled.acceptance.map("{:.3f}".format), "verdict": pooled.verdict,
+    })
+    lines = [
+        "## Bias on real models",
+        "",
+        "Law of the FIRST token one iteration emits, from S independent first iterations per context (draft "
+        "sets of K drafts x L tokens, drawn in batches), against the target's exact p(.|context) from the same "
+        "target forward. Contexts: cuts of an AR continuation of each prompt where the target's top token has "
+        "probability nearest 1/2. "
+        "Estimator `exact given drafts`: the rule's closed-form first-token law given the drafts (sd, spectr, "
+        "the controls); `counted`: the rule's own first token. Test: TV between the empirical law of one "
+        "first token per draft set and p, its null law simulated from p (valid at any vocabulary size); "
+        "p: Fisher's combination over contexts; detectable TV: the smallest TV moved off the target's most "
+        "likely token that the pooled test detects with 90 % power at level 0.05. Controls on the same draft "
+        "sets: `control_draft` emits the drafted token (law q: exact TV = TV(p, q)) and `control_lenient_sd` "
+        "accepts with min(1, 2p/q) (deliberately biased; exact TV shown); `exact TV` 0 marks rules proven "
+        "lossless on toys. acceptance: SD's first-token acceptance, sum_y min(p, q), mean over contexts. "
+        "The TV estimate (a plug-in, here the mean over contexts; per-context values and bootstrap intervals in "
+        "bias.csv) is biased upward by sampling noise: read it against the detectable TV.",
+        "",
+        _markdown(shown.astype(str)),
+        "",
+    ]
+    figure = bias_figure(table, paths, out_dir)
+    if figure is not None:
+        lines += [f"![first-token law where the bias is largest]({_relative(figure, out_dir)})", ""]
+    return "\n".join(lines)
+
+
+def bias_figure(table: pd.DataFrame, csv_paths: list[Path], out_dir: Path) -> Path | None:
+    """Bars of p and of the rule's estimated first-token law, at the (rule, context) with the strongest evidence
+    of a bias (smallest p-value, then largest TV estimate)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rules = table[~table.context.astype(str).str.startswith("pooled") & ~table.method.str.startswith("control")]
+    if rules.empty:
+        return None
+    # "Largest bias" = most evidence of one (smallest p, then largest estimate): at small S the largest plug-in
+    # estimate alone is mostly noise (a counted rule on 8 draft sets).
+    worst = rules.sort_values(["p_value", "tv_estimate"], ascending=[True, False]).iloc[0]
+    record = None
+    for path in csv_paths:
+        for candidate in sorted(path.parent.glob(f"contexts/*/*/{worst.method}.json")):
+            data = json.loads(candidate.read_text())
+            if (data["context"], data["K"], data["L"], data["temperature"], data["model_pair"]) == (
+                    worst.context, worst.K, worst.L, worst.temperature, worst.model_pair):
+                record = data
+    if record is None:
+        return None
+    labels = record.get("top_strings") or [str(t) for t in record["top_tokens"]]
+    positions = range(len(labels))
+    fig, ax = plt.subplots(figsize=(8, 3.5))
+    ax.bar([x - 0.2 for x in positions], record["top_target"], 0.4, label="target p(.|context)")
+    ax.bar([x + 0.2 for x in positions], record["top_rule"], 0.4,
+           label=f"{METHOD_LABELS.get(worst.method, worst.method)} (estimate, S={record['samples']})")
+    ax.set_xticks(list(positions), [repr(label)[1:-1][:12] for label in labels], rotation=45, ha="right")
+    ax.set_ylabel("probability of the first token")
+    ax.set_title(f"{worst.model_pair}, {worst.context}, K={worst.K} L={worst.L} T={worst.temperature:g}: "
+                 f"TV estimate {worst.tv_estimate:.3f}, p = {worst.p_value:.3g}", fontsize=9)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    path = out_dir / "figures" / "bias_first_token.png"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
 def build_report(
     results_dirs: list[str | Path],
     output: str | Path | None = None,
@@ -586,7 +727,10 @@ def build_report(
     (executes model-written HumanEval code, see ``quality_section``)."""
     folders = [Path(d) for d in results_dirs]
     # Damaged or unfinished cell folders refuse the report (each named) unless allow_incomplete.
-    results = _merge([load_results(folder, strict=not allow_incomplete) for folder in folders])
+    # A folder holding only `bias` output (no cells/) feeds the bias section alone, beside folders with cells.
+    bias_only = [f for f in folders if (f / BIAS_CSV).is_file() and not (f / "cells").is_dir()]
+    cell_folders = [f for f in folders if f not in bias_only] or folders
+    results = _merge([load_results(folder, strict=not allow_incomplete) for folder in cell_folders])
     paper = load_paper_numbers(paper_csv)
     audit_path = Path(audit) if audit is not None else find_audit(folders)
     if audit is not None and not audit_path.is_file():
@@ -621,7 +765,8 @@ def build_report(
         sections.append(
             "## Lossless status (audit)\n\nNo audit found (run `python -m spectr_repro audit`).\n"
         )
-    for optional in (quality_section(folders, compute=quality), theory_section(folders, out_dir)):
+    for optional in (quality_section(folders, compute=quality), theory_section(folders, out_dir),
+                     bias_section(folders, out_dir)):
         if optional:
             sections.append(optional)
     report_path.write_text("\n".join(sections).rstrip() + "\n", encoding="utf-8")

@@ -1,0 +1,77 @@
+"""`python -m spectr_repro bias` on the tiny random pair: end to end, resume after an interruption, bad input."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+
+from spectr_repro.__main__ import main as cli
+from spectr_repro.bias import driver
+
+SMALL = ["model_pair=tiny_random", "K=2", "L=3", "num_prompts=1", "bias.samples=8", "bias.batch=4",
+         "bias.continuation_tokens=6", "logger=disabled"]
+
+
+@pytest.fixture(autouse=True)
+def isolated_runner_registry(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECTR_REPRO_RUNNERS", str(tmp_path / "runners"))
+
+
+@pytest.mark.parametrize("arguments,message", [
+    (["bias.samples=0"], "bias.samples must be >= 1"),
+    (["method=sd", "K=3"], "method sd verifies a single draft"),
+    (["method=nosuch"], "unknown method 'nosuch'"),
+    (["method=spectr_gbv,sd"], "method sd verifies a single draft"),
+    (["bias.colour=1"], "unknown key 'bias.colour'"),
+])
+def test_bad_input_is_refused_with_one_message_before_any_model_loads(tmp_path, capsys, monkeypatch, arguments,
+                                                                     message):
+    def no_models(*args, **kwargs):
+        raise AssertionError("a model was loaded")
+
+    monkeypatch.setattr("spectr_repro.models.load_pair", no_models)
+    code = cli(["bias", *SMALL, f"output_dir={tmp_path / 'out'}", "method=spectr_gbv", *arguments])
+    err = capsys.readouterr().err.strip()
+    assert code == 2
+    assert message in err and len(err.splitlines()) == 1, err
+    assert not (tmp_path / "out").exists()
+
+
+def test_runs_end_to_end_and_resumes_after_an_interruption(tmp_path, monkeypatch):
+    arguments = ["bias", *SMALL, "method=spectr_gbv,spectr", f"output_dir={tmp_path}", "bias.contexts_per_prompt=2"]
+    measure = driver.measure_context
+    calls = []
+
+    def interrupted_on_the_second(*args, **kwargs):
+        calls.append(args[5])  # the context number
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return measure(*args, **kwargs)
+
+    monkeypatch.setattr(driver, "measure_context", interrupted_on_the_second)
+    assert cli(arguments) == 130
+    folder = tmp_path / "default" / "bias"
+    first = pd.read_csv(folder / "bias.csv")
+    assert set(first.context.str.startswith("pooled")) == {False, True}
+    assert first.context[~first.context.str.startswith("pooled")].nunique() == 1  # the finished context
+
+    calls.clear()
+    monkeypatch.setattr(driver, "measure_context", lambda *a, **k: (calls.append(a[5]), measure(*a, **k))[1])
+    assert cli(arguments) == 0
+    assert calls == [1]  # only the context that was interrupted is computed again
+    table = pd.read_csv(folder / "bias.csv")
+    assert list(table.columns[:14]) == ["model_pair", "dataset", "method", "K", "L", "temperature",
+                                        "draft_temperature", "context", "samples", "tv_estimate", "interval",
+                                        "p_value", "detectable_tv", "verdict"]
+    per_context = table[~table.context.str.startswith("pooled")]
+    assert sorted(per_context.method.unique()) == sorted(["spectr_gbv", "spectr", "control_draft",
+                                                          "control_lenient_sd"])
+    assert per_context.context.nunique() == 2 and len(per_context) == 8
+    assert (per_context.samples == 8).all()
+    assert ((table.p_value > 0) & (table.p_value <= 1)).all()
+    kept = first[~first.context.str.startswith("pooled")].set_index(["method", "context"]).tv_estimate
+    again = per_context.set_index(["method", "context"]).tv_estimate
+    assert (again.loc[kept.index] == kept).all()  # the finished context was kept, not redone
+    # The tiny draft is far from the target: the control that emits the drafted token must be detected.
+    control = table[(table.method == "control_draft") & table.context.str.startswith("pooled")]
+    assert float(control.p_value.iloc[0]) <= 0.05
