@@ -15,7 +15,8 @@ Records: ``<output_dir>/<experiment>/replay/<group>/prompts/<index>/blocks.jsonl
 and ``done.json`` (written last: a prompt is finished when it exists); ``replay.json`` holds the group's
 settings. Prompts are claimed like cells (several runners over one folder compute each prompt once), an
 interrupted replay resumes with the prompts it had not finished. The summary (``replay_summary.csv``,
-``replay_differences.csv``) is rebuilt from the records at the end (``spectr_repro.analysis.replay``).
+``replay_differences.csv``) is rebuilt at the end from every finished prompt of the folders (a larger
+num_prompts extends a replay in its folder: the seeded prompt selection keeps its first prompts).
 Bad input: one message, exit 2, before any model loads.
 """
 
@@ -200,9 +201,11 @@ def replay_prompt(pair, input_ids, settings: ReplaySettings, cfg: DictConfig, se
 
 
 def group_name(cfg: DictConfig, settings: ReplaySettings) -> str:
-    """One folder per (pair, dataset, temperature, prompts, length, seed, reference, dtype)."""
+    """One folder per (pair, dataset, temperature, length, seed, reference, dtype). Not the number of prompts:
+    a larger num_prompts extends a smaller one (the seeded selection keeps its first prompts), so a replay
+    grows in its folder, prompt by prompt."""
     identity = {"model_pair": cfg.choices.model_pair, "dataset": cfg.choices.dataset,
-                "temperature": float(cfg.temperature), "num_prompts": settings.num_prompts,
+                "temperature": float(cfg.temperature),
                 "max_new_tokens": int(cfg.max_new_tokens), "seed": int(cfg.seed),
                 "reference": [settings.reference, settings.reference_K, settings.reference_L],
                 "dtype": str(cfg.hardware.get("dtype")), "device": str(cfg.hardware.get("device"))}
@@ -226,7 +229,7 @@ def _check_group_folder(folder: Path, meta: dict[str, Any], force: bool) -> None
     path = folder / "replay.json"
     if path.exists() and not force:
         old = json.loads(path.read_text())
-        changed = [key for key in meta if old.get(key) != meta[key]]
+        changed = [key for key in meta if key != "num_prompts" and old.get(key) != meta[key]]
         if changed:
             raise UsageError(f"{folder} holds a replay with other settings ({', '.join(changed)}): rerun with "
                              f"the same ones to resume, force=true to start it over, or another experiment=")

@@ -120,3 +120,12 @@ def test_records_name_the_estimator_and_the_reference(tmp_path):
     assert 1 <= line["reference_tokens"] <= 7
     meta = json.loads(next((tmp_path / "out").glob("default/replay/*/replay.json")).read_text())
     assert meta["reference"] == "sbv" and meta["methods"] == ["gbv", "sbv"]
+
+
+def test_more_prompts_extend_a_replay_in_its_folder(tmp_path, capsys):
+    args = ["method=sd", "K=1", "L=2", "max_new_tokens=4"]
+    assert run(tmp_path, *args, "num_prompts=1") == 0
+    capsys.readouterr()
+    assert run(tmp_path, *args, "num_prompts=2") == 0
+    assert "1 prompt(s) replayed, 1 finished earlier" in capsys.readouterr().out
+    assert len(block_files(tmp_path)) == 2
