@@ -85,6 +85,21 @@ def _comparator_cell(comparator: str, K: int, L: int) -> tuple[str, int, int]:
     return (comparator, 1 if VERIFIERS[comparator].single_draft else K, L)
 
 
+def _comparator_cells(per_prompt: pd.DataFrame, comparators, method: str, K: int, L: int):
+    """(comparator, its cell) pairs for one cell: the same (K, L) (a single-draft comparator at K=1); a
+    single-draft method is also set against a multi-draft comparator at every K it was replayed at (SD at
+    K=1 against the release at K=3 is the paper's comparison)."""
+    present = per_prompt.groupby("method")["K"].unique().to_dict()
+    for comparator in comparators:
+        if comparator not in present:
+            continue
+        if VERIFIERS[method].single_draft and not VERIFIERS[comparator].single_draft:
+            for other_K in sorted(int(k) for k in present[comparator]):
+                yield comparator, (comparator, other_K, L)
+        else:
+            yield comparator, _comparator_cell(comparator, K, L)
+
+
 def differences(frame: pd.DataFrame, comparators=COMPARATORS, resamples: int = RESAMPLES) -> pd.DataFrame:
     """Every method against each comparator, paired on the same blocks: per dataset and on the average."""
     columns = [*GROUP_KEYS, "dataset", *CELL_KEYS, "comparator", "comparator_K", "difference", "ci_low",
@@ -96,9 +111,8 @@ def differences(frame: pd.DataFrame, comparators=COMPARATORS, resamples: int = R
     rows = []
     for keys, cell in per_prompt.groupby([*GROUP_KEYS, *CELL_KEYS], sort=False):
         group, (method, K, L) = keys[:2], keys[2:]
-        for comparator in comparators:
-            other = _comparator_cell(comparator, K, L)
-            if other == (method, K, L) or comparator not in set(per_prompt["method"]):
+        for comparator, other in _comparator_cells(per_prompt, comparators, method, K, L):
+            if other == (method, K, L):
                 continue
             strata = {}
             for dataset, part in cell.groupby("dataset", sort=False):

@@ -251,7 +251,8 @@ def table1_markdown(table: pd.DataFrame, K: int, L: int) -> str:
 def differences_markdown(diffs: pd.DataFrame, K: int, L: int) -> str:
     if diffs.empty:
         return "(no comparator replayed)"
-    part = diffs[((diffs["K"] == K) | (diffs["K"] == 1)) & (diffs["L"] == L)].copy()
+    part = diffs[((diffs["K"] == K) | (diffs["K"] == 1)) & (diffs["L"] == L)
+                 & ((diffs["comparator_K"] == K) | (diffs["comparator_K"] == 1))].copy()
     labels = method_labels()
     part = part[[not (VERIFIERS[m].single_draft is False and k != K) for m, k in zip(part["method"], part["K"])]]
     part["vs"] = [f"{labels[c]} (K={k})" for c, k in zip(part["comparator"], part["comparator_K"])]

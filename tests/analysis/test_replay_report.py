@@ -22,6 +22,9 @@ def test_report_opens_with_verdicts_and_shows_the_replay(tmp_path):
               "logger=disabled"]
     assert replay_main([*common, "method=sd,gbv,spectr,spectr_gbv", "K=1,2", "L=2,3", "replay.draws=2"]) == 0
     assert main_sweep([*common, "method=sd", "K=1", "L=2"]) == 0
+    diffs = pd.read_csv(tmp_path / "default" / "replay" / "replay_differences.csv")
+    sd_vs_release = diffs[(diffs["method"] == "sd") & (diffs["comparator"] == "spectr_gbv")]
+    assert set(sd_vs_release["comparator_K"]) == {1, 2}  # a single-draft rule against the release at every K
     report = build_report([tmp_path / "default"]).read_text()
     headings = [line for line in report.splitlines() if line.startswith("## ")]
     assert headings[0].startswith("## Verdicts")
