@@ -14,6 +14,8 @@ that outcome for small inputs, by integrating the rule's uniform draws analytica
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from dataclasses import dataclass
 from typing import Any
 
@@ -92,6 +94,25 @@ class Verifier:
         engine's calls are not either); ``law`` gives the same number as sum(probability * len(tokens)) on
         small inputs."""
         return None
+
+    def expected_emitted_by_length(
+        self,
+        draft_tokens: torch.Tensor,
+        draft_probs: torch.Tensor,
+        target_probs: torch.Tensor,
+        lengths: Sequence[int],
+        state: Any = None,
+    ) -> dict[int, torch.Tensor] | None:
+        """``expected_emitted`` of the sub-blocks of the first L tokens (rows [:, :L], targets [:, :L + 1]), for
+        every L in ``lengths``, or None when the rule has no closed form. One call per length here; a rule whose
+        work on the longest block contains the shorter ones' (mpbv's path) overrides it to share that work."""
+        values = {}
+        for L in lengths:
+            value = self.expected_emitted(draft_tokens[:, :L], draft_probs[:, :L], target_probs[:, :L + 1], state)
+            if value is None:
+                return None
+            values[L] = value
+        return values
 
     def _sample(self, draft_tokens, draft_probs, target_probs, generator, state) -> VerifyResult:
         raise NotImplementedError

@@ -39,10 +39,10 @@ Choices where the published description is not specific enough for an implementa
   * no carry-over state: each iteration restarts from the plain target.
 
 Cost (docs/methods.md): the path is chosen on the host from one read of the draft tokens, their ratios and
-the uniforms; then one sort of the L path rows ([L, V]), the order statistics f(.|c) for every count at once
-([L, K, V] float64), one read of 2L scalars for the count posterior (a [K, K] recursion per depth, on the host),
-and BV's stop probabilities and every correction law in one batch; one last read for (tau, token).
-Three host reads and a constant number of ops whatever K and L.
+the uniforms; then one sort of the L path rows ([L, V]), the order statistics f(.|c) mixed over the counts
+by Horner's rule (2K in-place steps on [L, V] float64), one read of 2L scalars for the count posterior (a
+[K, K] recursion per depth, on the host), and BV's stop probabilities and every correction law in one batch;
+one last read for (tau, token). Three host reads and O(K) ops whatever L.
 
 Shapes: draft_tokens [K, L], draft_probs [K, L, V], target_probs [K, L+1, V] (see verify.base).
 """
@@ -57,6 +57,7 @@ import torch
 
 from spectr_repro.sampling import sample, uniform
 from spectr_repro.verify.base import Outcome, Verifier, VerifyResult
+from spectr_repro.verify.common import expected_emitted_from_stops
 
 __all__ = ["GreedyMultiPathBlockVerification", "GreedyPath", "greedy_path", "path_block_test"]
 
@@ -153,7 +154,8 @@ def greedy_path(draft_tokens: torch.Tensor, draft_probs: torch.Tensor, target_pr
     K, L = tokens.shape
     if host is None:
         keys = _rank_keys(target_probs[:, :L].gather(-1, tokens[..., None]), draft_probs.gather(-1, tokens[..., None]))
-        host = (tokens.tolist(), keys.squeeze(-1).double().tolist())
+        rows = torch.cat([tokens.double(), keys.squeeze(-1).double()]).tolist()  # one host read
+        host = ([[int(t) for t in row] for row in rows[:K]], rows[K:])
     path, carrier, counts = _select(*host)
     path_t = torch.tensor(path, device=device)
     carrier_t = torch.tensor(carrier, device=device)
@@ -181,10 +183,13 @@ def greedy_path(draft_tokens: torch.Tensor, draft_probs: torch.Tensor, target_pr
                         class_start.gather(-1, at_selected)], dim=-1).tolist()  # one host read
     posteriors = _count_posteriors(masses, K)
     weights = torch.from_numpy(posteriors[:, 1:]).to(device=device, dtype=_F64)  # [L, K] over c = 1..K
-    powers = torch.arange(1, K + 1, device=device, dtype=_F64)[None, :, None]
-    # f(v | c) = (G_end^c - G_start^c) Q(v) / Q(class of v), in rank order, every count at once: [L, K, V]
-    maxima = class_end[:, None, :].pow(powers) - class_start[:, None, :].pow(powers)
-    ranked_law = torch.einsum("lc,lcv->lv", weights, maxima).mul_(share)
+    # f(v | c) = (G_end^c - G_start^c) Q(v) / Q(class of v) in rank order, mixed over the count posterior:
+    # sum_c pi(c) (G_end^c - G_start^c) by Horner's rule in each of G_end, G_start ([L, V] buffers, K steps)
+    end_sum, start_sum = (weights[:, K - 1:K].expand_as(class_end).clone() for _ in range(2))
+    for c in range(K - 2, -1, -1):
+        end_sum.mul_(class_end).add_(weights[:, c:c + 1])
+        start_sum.mul_(class_start).add_(weights[:, c:c + 1])
+    ranked_law = end_sum.mul_(class_end).sub_(start_sum.mul_(class_start)).mul_(share)
     draft_law = torch.empty_like(ranked_law).scatter_(-1, order, ranked_law)
     return GreedyPath(path_t, tuple(carrier), tuple(counts), targets.to(_F64), draft_law, posteriors)
 
@@ -234,6 +239,23 @@ class GreedyMultiPathBlockVerification(Verifier):
         tau_host, token_host = torch.stack([tau, token]).tolist()  # one host read
         out = torch.cat([path.tokens[:tau_host], torch.tensor([token_host], device=device)])
         return VerifyResult(out, tau_host, path.draft_index[tau_host], None)
+
+    def expected_emitted(self, draft_tokens, draft_probs, target_probs, state=None) -> torch.Tensor:
+        """E[τ + 1 | drafts], exact: the greedy path and its q_sel are fixed by the drafts (no randomness), so
+        only BV's stops on the path are random: E = 1 + Σ_i P(τ ≥ i) from h_1..h_L. One host read (the path)."""
+        L = draft_tokens.shape[1]
+        return self.expected_emitted_by_length(draft_tokens, draft_probs, target_probs, [L])[L]
+
+    def expected_emitted_by_length(self, draft_tokens, draft_probs, target_probs, lengths, state=None):
+        """One greedy path for the longest length serves every shorter one: the selection and the count
+        posterior at depth i read depths <= i only, so the path (and q_sel) of the first L tokens is a prefix."""
+        longest = max(lengths)
+        path = greedy_path(draft_tokens[:, :longest], draft_probs[:, :longest], target_probs[:, :longest + 1])
+        values = {}
+        for L in lengths:
+            stop, _, _ = path_block_test(path.targets[:L + 1], path.draft_law[:L], path.tokens[:L])
+            values[L] = expected_emitted_from_stops(stop[1:])
+        return values
 
     def _law(self, draft_tokens, draft_probs, target_probs, state) -> list[Outcome]:
         path = greedy_path(draft_tokens, draft_probs.double(), target_probs.double())

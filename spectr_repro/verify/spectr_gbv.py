@@ -163,14 +163,15 @@ class SpecTrGBV(Verifier):
         return self._prefix_h(target_rows, draft_rows, P[j, index], Q[j, index], K).tolist()
 
     def _h_table(self, effective, draft_probs, P, Q, K: int, L: int) -> list[list[float]]:
-        """The whole table h[j][i] (prefix length i + 1), for the exact law."""
-        h_last = self._full_block_h(P, Q, K).tolist()
-        table = []
-        for j in range(K):
-            inner = (self._draft_prefix_h(effective, draft_probs, P, Q, j, list(range(L - 1)), K)
-                     if L > 1 else [])
-            table.append(inner + [h_last[j]])
-        return table
+        """The whole table h[j][i] (prefix length i + 1): every draft's prefixes in one batch, one host read."""
+        h_last = self._full_block_h(P, Q, K)
+        if L == 1:
+            return h_last[:, None].tolist()
+        lengths = list(range(1, L))
+        target_rows = torch.cat([effective.rows(j, lengths) for j in range(K)])  # [K (L - 1), V]
+        draft_rows = draft_probs[:, 1:L].reshape(K * (L - 1), -1)
+        inner = self._prefix_h(target_rows, draft_rows, P[:, 1:L].reshape(-1), Q[:, 1:L].reshape(-1), K)
+        return torch.cat([inner.view(K, L - 1), h_last[:, None]], 1).tolist()
 
     def _correction_weights(self, target_rows, draft_rows, P, Q, K: int):
         """Unnormalised correction [..., V]: P·p·(1 − min(1, Q·q/(P·p + eps))^K) / max(Q, P, eps).
@@ -250,42 +251,69 @@ class SpecTrGBV(Verifier):
                                       K, L)
         return VerifyResult(tokens, tau, selected, new_state)
 
-    def _scan_law(self, drafts: list[list[int]], h_table: list[list[float]], K: int, L: int) -> dict:
-        """Exact law of (τ, selected) after the scan: a dynamic programme over (τ, selected, seen)."""
+    def _scan_law(self, drafts: list[list[int]], h_table: list[list[float]], K: int, L: int,
+                  track_selected: bool = True) -> dict:
+        """Exact law of (τ, selected) after the scan: a dynamic programme over (τ, selected, seen).
+
+        ``seen`` only matters through the prefixes a later draft can test, so each state keeps seen ∩ the
+        later drafts' prefixes (states that differ elsewhere are merged): the programme stays small when the
+        drafts share prefixes, as real drafts do. ``track_selected=False`` merges states over the selected
+        draft (selected = 0 in the keys): enough for the law of τ alone (``expected_emitted``).
+        """
+        later = [set() for _ in range(K + 1)]  # later[j]: prefixes of drafts j..K-1 a test can meet
+        for j in range(K - 1, -1, -1):
+            later[j] = later[j + 1] | {tuple(drafts[j][: i + 1]) for i in range(L - 1)}
 
         def accept_probability(value: float) -> float:
             return 0.0 if value != value else min(1.0, max(0.0, value))  # P(u < h), NaN never accepts
 
+        def add(table: dict, key, weight: float) -> None:
+            table[key] = table.get(key, 0.0) + weight
+
         finished: dict[tuple[int, int], float] = {}
         states: dict[tuple[int, int, frozenset], float] = {(0, 0, frozenset()): 1.0}
         for j in range(K):
+            useful = later[j + 1]  # a rejection of draft j matters only if a later draft can test it
+            mark = j if track_selected else 0
             following: dict[tuple[int, int, frozenset], float] = {}
             for (tau_start, sel_start, seen_start), weight in states.items():
-                branches = [(tau_start, sel_start, seen_start, weight)]
+                branches = {(tau_start, sel_start, seen_start): weight}
                 for i in range(tau_start, L - 1):
                     prefix = tuple(drafts[j][: i + 1])
                     a = accept_probability(h_table[j][i])
-                    grown = []
-                    for tau, sel, seen, w in branches:
+                    grown: dict[tuple[int, int, frozenset], float] = {}
+                    for (tau, sel, seen), w in branches.items():
                         if prefix in seen:
-                            grown.append((tau, sel, seen, w))
+                            add(grown, (tau, sel, seen), w)
                             continue
                         if a > 0:
-                            grown.append((i + 1, j, seen, w * a))
+                            add(grown, (i + 1, mark, seen), w * a)
                         if a < 1:
-                            grown.append((tau, sel, seen | {prefix}, w * (1 - a)))
+                            add(grown, (tau, sel, seen | {prefix} if prefix in useful else seen), w * (1 - a))
                     branches = grown
                 a_full = accept_probability(h_table[j][L - 1])
-                for tau, sel, seen, w in branches:
+                for (tau, sel, seen), w in branches.items():
                     if a_full > 0:
-                        finished[(L, j)] = finished.get((L, j), 0.0) + w * a_full
-                    if a_full < 1:
-                        key = (tau, sel, seen)
-                        following[key] = following.get(key, 0.0) + w * (1 - a_full)
+                        add(finished, (L, mark), w * a_full)
+                    if a_full < 1:  # an earlier draft's rejection no later draft can test is dropped
+                        add(following, (tau, sel, seen & useful), w * (1 - a_full))
             states = following
         for (tau, sel, _), weight in states.items():
             finished[(tau, sel)] = finished.get((tau, sel), 0.0) + weight
         return finished
+
+    def expected_emitted(self, draft_tokens, draft_probs, target_probs, state=None) -> torch.Tensor:
+        """E[τ + 1 | drafts], exact: the scan's law of τ (the programme of ``_law``, merged over the selected
+        draft) from the table of every prefix's h, one [L − 1, V] pass per draft; no correction law is built.
+        Host reads: the draft tokens and the h table (one each)."""
+        K, L = draft_tokens.shape
+        draft_probs, target_probs = self._rows_for_arithmetic(draft_probs, target_probs)
+        effective, P, Q = self._block(draft_tokens, draft_probs, target_probs, state)
+        drafts = draft_tokens.tolist()
+        h_table = self._h_table(effective, draft_probs, P, Q, K, L)
+        law = self._scan_law(drafts, h_table, K, L, track_selected=False)
+        mean = sum(weight * (tau + 1) for (tau, _), weight in law.items())
+        return torch.tensor(mean, dtype=torch.float64, device=draft_probs.device)
 
     def _law(self, draft_tokens, draft_probs, target_probs, state) -> list[Outcome]:
         K, L = draft_tokens.shape

@@ -21,8 +21,8 @@ from spectr_repro.verify import rbv as rbv_module
 
 from .conftest import EXACT_TV
 
-CLOSED_FORM = ("sd", "bv", "gbv", "spectr", "rbv")  # the rules that must have one (others may return None)
-MULTI_DRAFT = ("spectr", "rbv")
+CLOSED_FORM = ("sd", "bv", "gbv", "spectr", "rbv", "spectr_gbv", "mpbv")  # the rules that must have one (others may return None)
+MULTI_DRAFT = ("spectr", "rbv", "spectr_gbv", "mpbv")
 
 
 def _random_block(V: int, K: int, L: int, generator: torch.Generator):
@@ -140,6 +140,11 @@ def test_gbv_closed_form_with_a_carried_state():
     assert checked > 0
 
 
+# Host reads at K = 1: none, except the rules whose closed form is a scan on the host (spectr_gbv reads the
+# tokens and its h table; mpbv the path's tokens and ratios, then its 2L count masses).
+READS_AT_K1 = {"spectr_gbv": 2, "mpbv": 2}
+
+
 @pytest.mark.parametrize("name", CLOSED_FORM)
 def test_closed_form_at_qwen_vocabulary_reads_nothing(name):
     L = 12
@@ -147,7 +152,7 @@ def test_closed_form_at_qwen_vocabulary_reads_nothing(name):
     verifier = get_verifier(name, check_inputs=False)
     with count_ops() as counts:
         value = verifier.expected_emitted(*block)
-    assert counts.host_reads == 0
+    assert counts.host_reads == READS_AT_K1.get(name, 0)
     assert value.dtype == torch.float64 and value.dim() == 0 and value.device == block[1].device
     assert 1.0 <= float(value) <= L + 1
 
@@ -155,7 +160,8 @@ def test_closed_form_at_qwen_vocabulary_reads_nothing(name):
 # rbv computes its masses H(w, c) by one pass per query ("direct") or from sorted rows ("sorted"), chosen by
 # the number of queries: each path is forced in turn, and both must give the law's mean.
 RULE_PATHS = [pytest.param("spectr", None, id="spectr"), pytest.param("rbv", "direct", id="rbv-direct"),
-              pytest.param("rbv", "sorted", id="rbv-sorted")]
+              pytest.param("rbv", "sorted", id="rbv-sorted"), pytest.param("spectr_gbv", None, id="spectr_gbv"),
+              pytest.param("mpbv", None, id="mpbv")]
 
 
 def _force_excess_path(monkeypatch, excess_path: str | None) -> None:
@@ -206,7 +212,7 @@ def test_rbv_closed_form_at_a_wider_vocabulary(excess_path, monkeypatch):
 
 # Host reads of one call at K = 7, L = 12, V = 151,936: spectr reads the tokens, then the rho* pieces of every
 # survivor group (<= 3 groups a depth: <= 36 rows, <= 2 batches of _PIECE_ELEMENTS); rbv reads the tokens only.
-MULTI_DRAFT_READS = {"spectr": 3, "rbv": 1}
+MULTI_DRAFT_READS = {"spectr": 3, "rbv": 1, "spectr_gbv": 2, "mpbv": 2}
 
 
 @pytest.fixture(scope="module", params=["independent", "shared"])
@@ -225,3 +231,19 @@ def test_multi_draft_closed_form_at_qwen_vocabulary(name, qwen_block):
     assert counts.host_reads <= MULTI_DRAFT_READS[name]
     assert value.dtype == torch.float64 and value.dim() == 0 and value.device == qwen_block[1].device
     assert torch.isfinite(value) and 1.0 <= float(value) <= L + 1
+
+
+@pytest.mark.parametrize("name", CLOSED_FORM)
+def test_by_length_equals_each_sub_block(name):
+    """expected_emitted_by_length (mpbv shares one path across lengths) = the closed form of each sub-block."""
+    generator = torch.Generator().manual_seed(8)
+    K = 1 if VERIFIERS[name].single_draft else 3
+    verifier = get_verifier(name)
+    for _ in range(4):
+        tokens, dp, tp = _random_block(4, K, 4, generator)
+        values = verifier.expected_emitted_by_length(tokens, dp, tp, [1, 2, 4])
+        assert sorted(values) == [1, 2, 4]
+        for L, value in values.items():
+            alone = verifier.expected_emitted(tokens[:, :L], dp[:, :L], tp[:, :L + 1])
+            assert abs(float(value) - float(alone)) < EXACT_TV
+            assert abs(float(value) - _law_mean(verifier, (tokens[:, :L], dp[:, :L], tp[:, :L + 1]))) < EXACT_TV
