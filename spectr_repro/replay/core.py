@@ -13,6 +13,10 @@ Estimators (``BlockEstimate.estimator``):
     "monte_carlo"  the mean of tau + 1 over ``draws`` runs of the rule's sampler on the block. Draw j of
                    every (rule, K, L) is seeded alike (common random numbers), which correlates the
                    rules' noise on a block and so shrinks the variance of their paired differences;
+    "control_variate"  for a rule whose registry entry names ``shares_draws_with`` (sbvf: sbv's sampler
+                   plus a fallback): that rule's exact value plus the mean of (this draw - that draw) over
+                   ``draws`` paired draws (same seed). Unbiased; its noise comes only from the draws where
+                   the two rules decide differently (sbvf's fallback), so it is near-exact where they rarely do;
     "law"          sum of probability x length over the rule's exact outcome law (``Verifier.law``):
                    exact for every rule but for small vocabularies only (the toy tests use it).
 Rules that carry state across iterations (gbv's carry-over) are run from a fresh state: their values are
@@ -29,7 +33,7 @@ import torch
 
 from spectr_repro.verify import VERIFIERS, get_verifier
 
-ESTIMATORS = ("exact", "monte_carlo", "law")
+ESTIMATORS = ("exact", "control_variate", "monte_carlo", "law")
 # "auto": each rule's exact expectation where it has one, else Monte-Carlo draws of its sampler.
 MODES = ("auto", "monte_carlo", "law")
 
@@ -40,7 +44,7 @@ class BlockEstimate:
     K: int
     L: int
     tokens: float  # E[tau + 1] on this block: the tokens the rule emits for one target call
-    estimator: str  # "exact" or "monte_carlo"
+    estimator: str  # "exact", "control_variate" or "monte_carlo" (or "law")
     draws: int  # Monte-Carlo draws averaged (0 for exact)
     first_iteration: bool  # the rule carries state: this is its value from a fresh state
 
@@ -105,24 +109,43 @@ def block_estimates(
     seeds = torch.randint(0, 2**62, (draws,), generator=generator, device=generator.device if generator
                           is not None else "cpu").tolist()  # one read per block
     options = options or {}
-    verifiers = {m: get_verifier(m, **{"check_inputs": False, **options.get(m, {})}) for m in methods}
+    controls = {VERIFIERS[m].shares_draws_with for m in methods} - {None} if mode == "auto" else set()
+    verifiers = {m: get_verifier(m, **{"check_inputs": False, **options.get(m, {})}) for m in {*methods, *controls}}
+    exact_values: dict[tuple[str, int], dict[int, float] | None] = {}
+
+    def exact_value(method: str, K: int, L: int) -> float | None:
+        """The rule's closed form at (K, L); every L of a (rule, K) in one call (rules share work across L)."""
+        if mode != "auto":
+            return None
+        if (method, K) not in exact_values:
+            values = verifiers[method].expected_emitted_by_length(
+                draft_tokens[:K], draft_probs[:K], target_probs[:K], sorted(set(L_values)))
+            exact_values[(method, K)] = None if values is None else {L: float(v) for L, v in values.items()}
+        values = exact_values[(method, K)]
+        return None if values is None else values[L]
+
+    def mean_draw(verifier, block) -> float:
+        total = 0
+        for seed in seeds:
+            draw = torch.Generator(device=device).manual_seed(seed)
+            total += int(verifier(*block, generator=draw).num_accepted) + 1
+        return total / draws
+
     estimates = []
     for method, K, L in grid(methods, K_values, L_values):
         verifier = verifiers[method]
         block = (draft_tokens[:K, :L], draft_probs[:K, :L], target_probs[:K, :L + 1])
-        exact = getattr(verifier, "expected_emitted", None) if mode == "auto" else None
-        value = exact(*block) if exact is not None else None
+        control = VERIFIERS[method].shares_draws_with if mode == "auto" else None
         if mode == "law":
             outcomes = verifier.law(*block)
             tokens, estimator, used = sum(o.probability * len(o.tokens) for o in outcomes), "law", 0
-        elif value is not None:
-            tokens, estimator, used = float(value), "exact", 0
+        elif (value := exact_value(method, K, L)) is not None:
+            tokens, estimator, used = value, "exact", 0
+        elif control is not None and (base := exact_value(control, K, L)) is not None:
+            difference = mean_draw(verifier, block) - mean_draw(verifiers[control], block)
+            tokens, estimator, used = base + difference, "control_variate", draws
         else:
-            total = 0
-            for seed in seeds:
-                draw = torch.Generator(device=device).manual_seed(seed)
-                total += int(verifier(*block, generator=draw).num_accepted) + 1
-            tokens, estimator, used = total / draws, "monte_carlo", draws
+            tokens, estimator, used = mean_draw(verifier, block), "monte_carlo", draws
         estimates.append(BlockEstimate(method, K, L, tokens, estimator, used, VERIFIERS[method].carries_state))
     return estimates
 

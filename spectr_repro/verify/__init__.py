@@ -33,6 +33,10 @@ class VerifierSpec:
     carries_state: bool = False  # default options thread a state into later iterations (gbv's carry-over)
     in_theory: bool = True  # included in `theory` (exact E[tau] on toys, LP comparison) and `audit`
     reduces_at_K1_to: str | None = None  # the single-draft rule whose law this one's equals at K = 1 (tested)
+    # A rule whose sampler, fed the same uniforms, decides as this one does except where this one departs from
+    # it (sbvf = sbv + a fallback): the replay estimates this rule as that rule's exact value plus the mean
+    # difference of paired draws (a control variate: unbiased, with the noise of the departures only).
+    shares_draws_with: str | None = None
 
     @property
     def lossless_as_is(self) -> bool:
@@ -66,7 +70,8 @@ VERIFIERS: dict[str, VerifierSpec] = {
                      reduces_at_K1_to="bv"),
         VerifierSpec("sbvf", "spectr_repro.verify.sbvf:SelectionBlockVerificationFallback", "SBV-F", True, True,
                      False, "SBV with fallback: where BV rejects the selected path, the drafts that left it there "
-                     "are tried against the residual (ours, lossless, never below SBV)", reduces_at_K1_to="bv"),
+                     "are tried against the residual (ours, lossless, never below SBV)", reduces_at_K1_to="bv",
+                     shares_draws_with="sbv"),
         VerifierSpec("mpbv", "spectr_repro.verify.mpbv:GreedyMultiPathBlockVerification", "MP-BV", True, True,
                      False, "greedy multi-path block verification (Thomas & Pal 2026, their 'GBV'): BV on the "
                      "highest-ratio path with that path's exact law", reduces_at_K1_to="bv"),
