@@ -166,6 +166,7 @@ class ReplayingReference(Verifier):
 
     def _sample(self, draft_tokens, draft_probs, target_probs, generator, state):
         s = self.settings
+        start = time.perf_counter()  # the estimates end in host reads: the clock sees their device work too
         estimates = block_estimates(draft_tokens, draft_probs, target_probs, s.methods, s.K_values, s.L_values,
                                     s.draws, self.generator)
         K, L = s.reference_K, s.reference_L
@@ -175,6 +176,7 @@ class ReplayingReference(Verifier):
             "iteration": len(self.blocks),
             "reference_tokens": int(result.num_accepted) + 1,
             "values": [[e.method, e.K, e.L, e.tokens, e.estimator, e.draws] for e in estimates],
+            "rule_seconds": time.perf_counter() - start,  # the grid and the reference on this block (plan: replay cost)
         })
         return result
 
