@@ -4,7 +4,8 @@
     python -m spectr_repro bench --quick     # preset conf/bench/quick.yaml: SmolLM2 only, a few minutes
 
 Presets are configs (``spectr_repro/conf/bench/<name>.yaml``, composed with the hardware config the runner
-uses, so the engine runs as in a sweep). Results: a Markdown report on stdout and ``results/bench/bench.json``.
+uses, so the engine runs as in a sweep). Results: a Markdown report on stdout and ``results/bench/bench.json``
+(with the date and the command), from which ``python -m spectr_repro.bench.docs`` regenerates docs/speed.md.
 Every ratio is measured side by side in one process, on the same prompts, after a warm-up, over several
 rounds in rotating order, and reported as the median (see ``bench.measure`` and ``bench.suites``).
 Timings need a quiet machine: nothing else should run beside a benchmark.
@@ -13,9 +14,11 @@ Timings need a quiet machine: nothing else should run beside a benchmark.
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import logging
 import os
+import shlex
 import sys
 import time
 from pathlib import Path
@@ -193,6 +196,7 @@ def main(argv: list[str] | None = None) -> int:
                              "predicted from it and this machine's calibration (`check`), not the one-run sweep")
     parser.add_argument("--dtype", default=None,
                         help="model dtype for every contender (default: the pair's own; bfloat16 for the Qwen pair)")
+    argv = sys.argv[1:] if argv is None else list(argv)
     args = parser.parse_args(argv)
     import torch
 
@@ -208,6 +212,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {error}", file=sys.stderr)
         return 2
     results["settings"]["preset"] = args.preset or ("quick" if args.quick else "full")
+    # Where the figures came from, for the tables docs/speed.md is generated from (`python -m spectr_repro.bench.docs`).
+    results["date"] = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    results["command"] = shlex.join(["python", "-m", "spectr_repro", "bench", *argv])
     out = Path(args.out)
     write_json(results, out)
     print(markdown(results))

@@ -1,0 +1,131 @@
+"""docs/speed.md's tables come from the files the bench writes: `python -m spectr_repro.bench.docs` on a small
+fabricated bench result gives its tables with its date, machine and command, and a malformed file is refused
+with one message naming it."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from spectr_repro.bench import docs
+from spectr_repro.docblocks import read_block
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _profile(be: float, ms_per_token: float) -> dict:
+    return {"block_efficiency": be, "ms_per_token": ms_per_token, "target_forwards_per_token": 1 / be,
+            "target_ms_per_forward": 500.0, "ms_per_token_outside_forwards": 1.5, "fraction_inside_forwards": 0.99}
+
+
+def fabricated() -> dict:
+    """The shape `python -m spectr_repro bench` writes (bench.cli.run plus date and command), one of everything."""
+    ar = {"ours_tokens_per_s": 3.54, "hf_tokens_per_s": 3.19, "ratio": 1.11,
+          "ours_profile": _profile(1.0, 282.5), "hf_profile": _profile(1.0, 313.5)}
+    sd = {"ours_tokens_per_s": 4.45, "hf_tokens_per_s": 4.37, "ratio": 1.02,
+          "ours_profile": _profile(5.26, 224.7), "hf_profile": _profile(5.61, 228.8)}
+    contenders = {name: {"tokens_per_s": tps, "profile": _profile(be, 1e3 / tps)} for name, tps, be in
+                  [("hf_generate", 5.06, 1.0), ("hf_assisted_defaults", 5.64, 8.98), ("ours_best", 7.23, 7.31)]}
+    return {
+        "settings": {"dataset": "humaneval", "num_prompts": 4, "max_new_tokens": 64, "temperature": 0.7,
+                     "repeats": 2, "assist_L": 6, "preset": "qwen"},
+        "ar_vs_hf_generate": {"qwen": ar}, "sd_vs_hf_assisted": {"qwen": sd},
+        "best_vs_best": {"qwen": {"best": {"method": "sd", "K": 1, "L": 10}, "contenders": contenders,
+                                  "best_vs_hf_assisted_defaults": 1.28, "best_vs_hf_generate": 1.43,
+                                  "sweep": [{"method": "sd", "K": 1, "L": 10, "tokens_per_s": 7.1,
+                                             "block_efficiency": 7.2}]}},
+        "methods": {"qwen": [{"method": "sbv", "K": 3, "L": 6, "block_efficiency": 6.10, "speedup": 1.18,
+                              "tokens_per_s": 4.1, "verify_fraction_of_target": 0.019, "peak_memory_mb": 5300}]},
+        "verification": {"target_model": "qwen", "rows": [
+            {"rule": "spectr", "K": 3, "L": 12, "V": 151936, "verify_ms": 25.5, "verify_ms_synthetic": 8.5,
+             "target_call_ms": 303.6, "fraction_of_target_call": 0.084, "ops_per_call": 183,
+             "host_reads_per_call": 5}]},
+        "environment": {"device": "cpu", "device_name": "AMD EPYC 9R14", "torch": "2.13.0+cpu",
+                        "transformers": "5.24.0", "python": "3.12.3", "git_commit": "abc1234", "num_threads": 2,
+                        "cpu_count": 2, "hostname": "box"},
+        "wall_time_s": 1500.0,
+        "date": "2026-11-30T10:00:00+00:00",
+        "command": "python -m spectr_repro bench --preset qwen --out results/bench/bench_qwen.json",
+    }
+
+
+def _speed_doc(path: Path) -> Path:
+    path.write_text("# Speed\n\nprose\n\n<!-- bench-tables:begin -->\nold\n<!-- bench-tables:end -->\n\nmore prose\n")
+    return path
+
+
+def test_a_bench_file_becomes_its_tables_with_date_machine_and_command(tmp_path, capsys):
+    result = tmp_path / "bench_qwen.json"
+    result.write_text(json.dumps(fabricated()))
+    doc = _speed_doc(tmp_path / "speed.md")
+    assert docs.main([str(result), "--docs", str(doc)]) == 0
+    text = doc.read_text()
+    assert text.startswith("# Speed\n\nprose\n") and text.endswith("\n\nmore prose\n")  # prose untouched
+    block = read_block(text, docs.BLOCK)
+    assert block == docs.render([result])
+    assert f"### `{result.as_posix()}`: preset qwen, 2026-11-30" in block
+    assert "Date: 2026-11-30T10:00:00+00:00" in block and "AMD EPYC 9R14" in block and "host box" in block
+    assert "Command: `python -m spectr_repro bench --preset qwen --out results/bench/bench_qwen.json`" in block
+    assert "| ar_vs_hf_generate | qwen | 3.54 | 3.19 | 1.110 | >= 1.0 |" in block
+    assert "| spectr | 3 | 12 | 25.50 | 8.50 | 303.6 | 8.4% | 183 | 5 |" in block
+    assert docs.main([str(result), "--docs", str(doc), "--check"]) == 0
+    doc.write_text(text.replace("3.54", "9.99"))
+    assert docs.main([str(result), "--docs", str(doc), "--check"]) == 1
+
+
+def test_one_section_per_file_and_a_file_without_date_or_command_says_so(tmp_path):
+    old = fabricated()
+    del old["date"], old["command"]
+    first, second = tmp_path / "a.json", tmp_path / "b.json"
+    first.write_text(json.dumps(fabricated()))
+    second.write_text(json.dumps(old))
+    block = docs.render([first, second])
+    assert block.count("### `") == 2
+    assert "Date: not recorded (file time " in block and "Command: not recorded (preset qwen)" in block
+
+
+@pytest.mark.parametrize("content, message", [
+    ("{not json", "not JSON"),
+    ("[1, 2]", "a JSON list, not an object"),
+    (json.dumps({"settings": {}}), "no 'environment' object"),
+    (json.dumps({k: v for k, v in fabricated().items() if k != "verification"}), "no key 'verification'"),
+])
+def test_a_malformed_file_is_refused_with_one_message_naming_it(tmp_path, capsys, content, message):
+    bad = tmp_path / "bench.json"
+    bad.write_text(content)
+    doc = _speed_doc(tmp_path / "speed.md")
+    before = doc.read_text()
+    assert docs.main([str(bad), "--docs", str(doc)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"error: {bad} is not a result of `python -m spectr_repro bench`")
+    assert message in err[0]
+    assert doc.read_text() == before
+
+
+def test_without_bench_files_the_section_says_how_to_produce_one(tmp_path):
+    block = docs.render([])
+    assert "make bench" in block and docs.COMMAND in block
+
+
+def test_docs_speed_md_has_the_generated_block():
+    """The committed docs/speed.md holds a block the command writes (files are not committed: results/ is ignored,
+    so only its form is checked here)."""
+    block = read_block((REPO / "docs" / "speed.md").read_text(), docs.BLOCK, "docs/speed.md")
+    assert block == docs.render([]) or block.startswith(f"Generated by `{docs.COMMAND} ")
+
+
+def test_the_bench_records_its_date_and_command_in_its_file(tmp_path, monkeypatch):
+    """`python -m spectr_repro bench` (its measurements stubbed here) writes the date and command the docs show."""
+    from spectr_repro.bench import cli
+
+    measured = {k: v for k, v in fabricated().items() if k not in ("date", "command")}
+    monkeypatch.setattr(cli, "compose_preset", lambda name, device: (name, None))
+    monkeypatch.setattr(cli, "run", lambda *args, **kwargs: json.loads(json.dumps(measured)))
+    out = tmp_path / "bench_qwen.json"
+    assert cli.main(["--preset", "qwen", "--device", "cpu", "--out", str(out)]) == 0
+    results, _ = docs.load(out)
+    assert results["command"] == f"python -m spectr_repro bench --preset qwen --device cpu --out {out}"
+    assert results["date"][:4].isdigit() and results["date"].endswith("+00:00")
+    assert f"Command: `{results['command']}`." in docs.render([out])
