@@ -226,19 +226,42 @@ def group_meta(cfg: DictConfig, settings: ReplaySettings) -> dict[str, Any]:
             "dtype": str(cfg.hardware.get("dtype")), **settings.as_dict()}
 
 
+def changed_settings(folder: Path, meta: dict[str, Any]) -> list[str]:
+    """The settings (keys of ``group_meta``) in which the replay held in ``folder`` differs from ``meta``,
+    num_prompts aside (a larger one extends it); [] for a folder without a replay yet."""
+    path = folder / "replay.json"
+    if not path.exists():
+        return []
+    old = json.loads(path.read_text())
+    return [key for key in meta if key != "num_prompts" and old.get(key) != meta[key]]
+
+
 def _check_group_folder(folder: Path, meta: dict[str, Any], force: bool) -> None:
     """A folder holds one grid: a rerun with another grid is refused unless force=true (which restarts it)."""
-    path = folder / "replay.json"
-    if path.exists() and not force:
-        old = json.loads(path.read_text())
-        changed = [key for key in meta if key != "num_prompts" and old.get(key) != meta[key]]
+    if not force:
+        changed = changed_settings(folder, meta)
         if changed:
             raise UsageError(f"{folder} holds a replay with other settings ({', '.join(changed)}): rerun with "
                              f"the same ones to resume, force=true to start it over, or another experiment=")
 
 
+def group_folder(cfg: DictConfig, settings: ReplaySettings) -> Path:
+    return replay_root(cfg) / group_name(cfg, settings)
+
+
+def prompt_directory(folder: Path, index: int) -> Path:
+    """The records of prompt ``index`` (its place in the seeded selection) of the group in ``folder``."""
+    return folder / "prompts" / f"{index:04d}"
+
+
 def prompt_finished(directory: Path) -> bool:
     return (directory / "done.json").exists() and (directory / "blocks.jsonl").exists()
+
+
+def write_prompt(directory: Path, blocks: Sequence[dict[str, Any]], done: dict[str, Any]) -> None:
+    """A prompt's block lines, then ``done.json`` (last: the prompt is finished once it exists)."""
+    atomic_write_text(directory / "blocks.jsonl", "".join(json.dumps(b) + "\n" for b in blocks))
+    atomic_write_text(directory / "done.json", json.dumps(done, indent=2) + "\n")
 
 
 # --------------------------------------------------------------------------------------------------
@@ -253,8 +276,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         groups = parse(argv)
         for cfg, settings in groups:
-            _check_group_folder(replay_root(cfg) / group_name(cfg, settings), group_meta(cfg, settings),
-                                bool(cfg.force))
+            _check_group_folder(group_folder(cfg, settings), group_meta(cfg, settings), bool(cfg.force))
     except UsageError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
@@ -293,7 +315,7 @@ def _run_group(session, runner, cfg: DictConfig, settings: ReplaySettings) -> tu
     from spectr_repro.data import encode_prompt
     from spectr_repro.runner.execute import stop_checker
 
-    folder = replay_root(cfg) / group_name(cfg, settings)
+    folder = group_folder(cfg, settings)
     folder.mkdir(parents=True, exist_ok=True)
     atomic_write_text(folder / "replay.json", json.dumps(group_meta(cfg, settings), indent=2) + "\n")
     pair = session.pair(cfg)
@@ -304,7 +326,7 @@ def _run_group(session, runner, cfg: DictConfig, settings: ReplaySettings) -> tu
     bar = tqdm(list(enumerate(examples)), desc=label, unit="prompt", file=sys.stderr, dynamic_ncols=True)
     finished = computed = 0
     for index, example in bar:
-        directory = folder / "prompts" / f"{index:04d}"
+        directory = prompt_directory(folder, index)
         if prompt_finished(directory) and not force:
             finished += 1
             continue
@@ -317,9 +339,7 @@ def _run_group(session, runner, cfg: DictConfig, settings: ReplaySettings) -> tu
             stops = tuple(getattr(example, "stop_strings", ()) or ())
             blocks, summary = replay_prompt(pair, input_ids, settings, cfg, seed=int(cfg.seed) * 100_003 + index,
                                             should_stop=stop_checker(pair.tokenizer, stops))
-            atomic_write_text(directory / "blocks.jsonl", "".join(json.dumps(b) + "\n" for b in blocks))
-            atomic_write_text(directory / "done.json", json.dumps({"prompt_id": str(example.id), "index": index,
-                                                        **summary}, indent=2) + "\n")
+            write_prompt(directory, blocks, {"prompt_id": str(example.id), "index": index, **summary})
         finally:
             runner.release(directory)
         finished += 1
@@ -329,4 +349,6 @@ def _run_group(session, runner, cfg: DictConfig, settings: ReplaySettings) -> tu
     return finished, computed
 
 
-__all__ = ["ReplaySettings", "ReplayingReference", "group_name", "main", "parse", "replay_prompt", "settings_of"]
+__all__ = ["ReplaySettings", "ReplayingReference", "changed_settings", "group_folder", "group_meta", "group_name",
+           "main", "parse", "prompt_directory", "prompt_finished", "replay_prompt", "replay_root", "settings_of",
+           "write_prompt"]

@@ -214,6 +214,7 @@ def _check_folders(cfgs, plans) -> None:
 def _plan(argv: list[str]) -> int:
     """Print the plan of the cells ``sweep`` would run with ``argv`` (several experiments allowed)."""
     from spectr_repro.runner.plan import build_plan, format_plan
+    from spectr_repro.runner.replay_plan import plan_replays
 
     experiments = [None]
     rest = []
@@ -223,15 +224,19 @@ def _plan(argv: list[str]) -> int:
             experiments = [v.strip() for v in value.split(",") if v.strip()]
         else:
             rest.append(argument)
-    plans = []
+    plans, commands = [], []
     for experiment in experiments:
-        args = parse_arguments(rest + ([f"experiment={experiment}"] if experiment else []))
+        arguments = [f"experiment={experiment}", *rest] if experiment else rest
+        args = parse_arguments(arguments)
         with Composer() as composer:
             cfgs = expand(composer, args, use_grid=True)
         for cfg in cfgs:
             validate(cfg)
         plans.extend(plan_cells(cfgs))
-    print(format_plan(build_plan(plans)))
+        commands.append((arguments, cfgs[0].choices.experiment if cfgs else experiment))
+    plan = build_plan(plans)
+    plan.replays = plan_replays(commands, plan.measured_block_efficiency)  # the experiments' replay: blocks
+    print(format_plan(plan))
     return 0
 
 

@@ -16,6 +16,9 @@ paper's for that pair and method when it gives one, else one measured in the fol
 When the folder already holds finished AR cells of a pair and hardware, their measured seconds per
 token rescale that pair's estimates (the "calibration" line says which one was used).
 
+An experiment with a ``replay:`` block also gets its shared-block replay's cost, apart, and the total
+(``spectr_repro.runner.replay_plan``).
+
 Nothing here loads a model or a dataset; reading the HF cache and the results folder is all it does.
 """
 
@@ -71,6 +74,8 @@ class Plan:
     free_bytes: int
     cache_dir: Path
     batched_cells: int = 0  # cells to compute with hardware.batch_prompts > 1 (their estimate is batch 1's)
+    measured_block_efficiency: dict[tuple, float] = field(default_factory=dict)  # (pair, method, K, L): cells'
+    replays: list = field(default_factory=list)  # runner.replay_plan.ReplayPlan of experiments with a replay: block
 
     @property
     def seconds(self) -> float:
@@ -134,51 +139,78 @@ def cell_seconds(cfg: DictConfig, pair: dict, block_efficiency: float, calibrati
     if cfg.hardware.get("estimate") is None:
         return None
     estimate = OmegaConf.to_container(cfg.hardware.estimate, resolve=True)
-    target, draft = _params(pair, "target"), _params(pair, "draft")
-    dtype = str(cfg.hardware.get("dtype") or pair.get("dtype") or "float32")
-    width = 4 if dtype == "float32" else 2
+    target, width = _params(pair, "target"), _width(cfg, pair)
     prompt = PROMPT_TOKENS.get(cfg.choices.dataset, 100)
     tokens = cfg.max_new_tokens
     if cfg.method.name == "ar":
         per_prompt = forward_seconds(estimate, target, width, prompt) + tokens * forward_seconds(
             estimate, target, width, 1)
     else:
-        iterations = math.ceil(tokens / block_efficiency)
-        target_call = forward_seconds(estimate, target, width, cfg.K * (cfg.L + 1))
-        draft_step = forward_seconds(estimate, draft, width, cfg.K)
-        prefill = forward_seconds(estimate, target, width, prompt) + forward_seconds(estimate, draft, width, prompt)
-        per_prompt = prefill + iterations * (target_call + cfg.L * draft_step)
+        per_prompt = speculative_prompt_seconds(cfg, pair, cfg.K, cfg.L, math.ceil(tokens / block_efficiency))
     warmup = forward_seconds(estimate, target, width, 32) + 8 * forward_seconds(estimate, target, width, 1)
     return cfg.num_prompts * per_prompt + warmup
+
+
+def speculative_prompt_seconds(cfg: DictConfig, pair: dict, K: int, L: int, iterations: int) -> float | None:
+    """One prompt decoded alone at K drafts of L tokens, from the cost model (None without ``estimate``): the
+    prompt through target and draft, then per iteration one target call over K x (L+1) tokens and L draft
+    forwards over K rows."""
+    if cfg.hardware.get("estimate") is None:
+        return None
+    estimate = OmegaConf.to_container(cfg.hardware.estimate, resolve=True)
+    target, draft, width = _params(pair, "target"), _params(pair, "draft"), _width(cfg, pair)
+    prompt = PROMPT_TOKENS.get(cfg.choices.dataset, 100)
+    prefill = forward_seconds(estimate, target, width, prompt) + forward_seconds(estimate, draft, width, prompt)
+    target_call = forward_seconds(estimate, target, width, K * (L + 1))
+    draft_step = forward_seconds(estimate, draft, width, K)
+    return prefill + iterations * (target_call + L * draft_step)
+
+
+def _width(cfg: DictConfig, pair: dict) -> int:
+    dtype = str(cfg.hardware.get("dtype") or pair.get("dtype") or "float32")
+    return 4 if dtype == "float32" else 2
 
 
 def calibrated_cell_seconds(cfg: DictConfig, calibration, block_efficiency: float) -> float:
     """Seconds of one cell from measured forward costs: per prompt the prefill (in ``hardware.prefill_chunk``
     chunks) and the decoding calls; with ``hardware.batch_prompts`` = B > 1 the untimed prompts decode B at
     a time (B*K rows per call), the first ``timed_prompts`` alone, as ``runner.batched`` runs them."""
-    from spectr_repro.check.predict import seconds_per_call
     from spectr_repro.runner.batched import split_prompts
 
-    target, draft = calibration.target, calibration.draft
-    overhead = float(calibration.extra.get("overhead_s_per_call", 0.0))
-    prompt = PROMPT_TOKENS.get(cfg.choices.dataset, 100)
-    chunk = int(cfg.hardware.get("prefill_chunk") or prompt)
-    pieces = [chunk] * (prompt // chunk) + ([prompt % chunk] if prompt % chunk else [])
+    target = calibration.target
     tokens = cfg.max_new_tokens
     split = split_prompts(cfg.hardware, cfg.num_prompts)
 
     def prompts_seconds(batch: int) -> float:
         """``batch`` prompts decoded together (1: alone)."""
         if cfg.method.name == "ar":
-            prefill = sum(target.seconds(1, n) for n in pieces) * batch
+            prefill = sum(target.seconds(1, n) for n in _prefill_pieces(cfg)) * batch
             return prefill + tokens * target.seconds(batch, 1)  # the per-call overhead is measured on sd-like loops
-        prefill = sum(target.seconds(1, n) + draft.seconds(1, n) for n in pieces) * batch
-        call = seconds_per_call(target, draft, cfg.K, cfg.L, overhead, batch=batch)
-        return prefill + math.ceil(tokens / block_efficiency) * call
+        return calibrated_prompt_seconds(cfg, calibration, cfg.K, cfg.L, math.ceil(tokens / block_efficiency),
+                                         batch)
 
     seconds = len(split.timed) * prompts_seconds(1) + sum(prompts_seconds(len(b)) for b in split.batches)
     warmup = target.seconds(1, 32) + 8 * target.seconds(1, 1)
     return seconds + warmup
+
+
+def calibrated_prompt_seconds(cfg: DictConfig, calibration, K: int, L: int, iterations: int, batch: int = 1
+                              ) -> float:
+    """``batch`` prompts decoded together at K drafts of L tokens, from measured forward costs: each prompt
+    through target and draft (in ``hardware.prefill_chunk`` chunks), then ``iterations`` calls."""
+    from spectr_repro.check.predict import seconds_per_call
+
+    target, draft = calibration.target, calibration.draft
+    overhead = float(calibration.extra.get("overhead_s_per_call", 0.0))
+    prefill = sum(target.seconds(1, n) + draft.seconds(1, n) for n in _prefill_pieces(cfg)) * batch
+    return prefill + iterations * seconds_per_call(target, draft, K, L, overhead, batch=batch)
+
+
+def _prefill_pieces(cfg: DictConfig) -> list[int]:
+    """The prompt's prefill chunks (tokens each; ``hardware.prefill_chunk``, else the whole prompt)."""
+    prompt = PROMPT_TOKENS.get(cfg.choices.dataset, 100)
+    chunk = int(cfg.hardware.get("prefill_chunk") or prompt)
+    return [chunk] * (prompt // chunk) + ([prompt % chunk] if prompt % chunk else [])
 
 
 # --------------------------------------------------------------------------------------------------
@@ -197,8 +229,7 @@ def build_plan(plans: Sequence[CellPlan]) -> Plan:
     batched_cells = 0
     for plan in plans:
         cfg = plan.cfg
-        pair_cfg = models.pair_config(OmegaConf.to_container(cfg.model_pair, resolve=True)
-                                      | {"name": cfg.model_pair.get("name") or cfg.choices.model_pair})
+        pair_cfg = pair_config_of(cfg)
         key = (cfg.choices.model_pair, cfg.choices.hardware)
         entry = pairs.get(key)
         if entry is None:
@@ -245,7 +276,16 @@ def build_plan(plans: Sequence[CellPlan]) -> Plan:
     folders = list(dict.fromkeys(store.experiment_dir(plan.cfg) for plan in plans))
     return Plan(experiments=experiments, folders=folders, pairs=list(pairs.values()),
                 hardware_note="; ".join(hardware_notes), download_bytes=sum(downloads.values()),
-                free_bytes=models.free_disk_bytes(cache), cache_dir=cache, batched_cells=batched_cells)
+                free_bytes=models.free_disk_bytes(cache), cache_dir=cache, batched_cells=batched_cells,
+                measured_block_efficiency=measured_be)
+
+
+def pair_config_of(cfg: DictConfig) -> dict:
+    """The cell's resolved model pair config (``models.pair_config``), named."""
+    from spectr_repro import models
+
+    return models.pair_config(OmegaConf.to_container(cfg.model_pair, resolve=True)
+                              | {"name": cfg.model_pair.get("name") or cfg.choices.model_pair})
 
 
 def calibration_dtype(cfg: DictConfig) -> str:
@@ -386,9 +426,18 @@ def format_plan(plan: Plan) -> str:
     lines.append("  Cost model: overhead + weight bytes / bandwidth + tokens x 2 x params / compute per forward "
                  "(hardware.estimate); block efficiency from the paper where it gives one, else measured "
                  "here, else (L+1)/2; new tokens at their maximum (stop strings end earlier).")
+    if plan.replays:
+        from spectr_repro.runner.replay_plan import format_replay
+
+        for replay in plan.replays:
+            lines += format_replay(replay)
+    if any(not replay.error for replay in plan.replays):  # a replay the command refuses is not in the total
+        replay_seconds = sum(replay.seconds for replay in plan.replays)
+        lines.append(f"Total: timed cells {_duration(plan.seconds)} + replay {_duration(replay_seconds)} = "
+                     f"{_duration(plan.seconds + replay_seconds)}")
     return "\n".join(lines)
 
 
 __all__ = ["PROMPT_TOKENS", "Plan", "PairPlan", "build_plan", "calibrated_cell_seconds", "calibration_dtype",
-           "calibration_for", "cell_seconds", "expected_block_efficiency",
-           "format_plan", "forward_seconds"]
+           "calibrated_prompt_seconds", "calibration_for", "cell_seconds", "expected_block_efficiency",
+           "format_plan", "forward_seconds", "pair_config_of", "speculative_prompt_seconds"]

@@ -1,0 +1,242 @@
+"""The shared-block replay's part of ``plan``: what ``python -m spectr_repro replay <same arguments>`` costs.
+
+An experiment that declares a ``replay:`` block (cpu_quick, paper_main; ``make reproduce`` runs its replay
+after the sweep) gets one line beside the timed cells, and a total. The groups (pair, dataset,
+temperature, ...) and their folders are the replay driver's own (``replay.driver.parse``, ``group_folder``,
+``prompt_finished``); prompts already finished there are counted and not planned again. Per prompt left:
+
+    prefill of target and draft + iterations x (one target call over K_max x (L_max + 1) tokens
+                                                + L_max draft forwards over K_max rows + rules seconds per block)
+
+with iterations = ceil(max_new_tokens / the reference's block efficiency): measured in the group's folder
+(mean ``reference_tokens`` of its finished blocks), else what ``expected_block_efficiency`` gives a cell of
+the reference (method, K, L) (the paper's value for the pair and dataset, at its T=0.4, or a finished cell
+here), else measured in the replay's other groups, else (L+1)/2. Model calls cost what the cells' do (this
+machine's calibration when ``check`` wrote one, else ``hardware.estimate``). The rules' seconds per block
+are the mean ``rule_seconds`` of the finished blocks of the replay's groups (same pair, hardware and grid);
+with none finished they are not estimated (counted 0, and said so).
+
+The default ``replay:`` block of config.yaml (datasets null) is no planned replay: ``plan K=3`` prints none.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from omegaconf import DictConfig, OmegaConf
+
+from spectr_repro.runner.config import UsageError, conf_dir
+from spectr_repro.runner.plan import (
+    calibrated_prompt_seconds,
+    calibration_for,
+    expected_block_efficiency,
+    pair_config_of,
+    speculative_prompt_seconds,
+)
+
+
+@dataclass
+class ReplayGroup:
+    dataset: str
+    temperature: float
+    prompts: int  # the group's num_prompts
+    finished: int = 0
+    block_efficiency: float = 1.0  # the reference's tokens per block
+    block_efficiency_source: str = ""
+    iterations: int = 0  # blocks per prompt left
+    model_seconds: float = 0.0  # model calls of the prompts left
+    blocks: int = 0  # blocks of the prompts left (their rules are rules seconds per block x this)
+    note: str = ""  # e.g. the folder holds a replay with other settings
+
+    @property
+    def to_replay(self) -> int:
+        return self.prompts - self.finished
+
+
+@dataclass
+class ReplayPlan:
+    command: str
+    pair: str = ""
+    hardware: str = ""
+    K_max: int = 0
+    L_max: int = 0
+    reference: str = ""
+    folder: Path | None = None
+    groups: list[ReplayGroup] = field(default_factory=list)
+    model_note: str = ""
+    rule_seconds_per_block: float | None = None
+    rules_note: str = "rules not estimated (no finished replay here)"
+    error: str = ""  # the replay refuses these arguments
+
+    @property
+    def model_seconds(self) -> float:
+        return sum(g.model_seconds for g in self.groups)
+
+    @property
+    def rule_seconds(self) -> float:
+        return (self.rule_seconds_per_block or 0.0) * sum(g.blocks for g in self.groups)
+
+    @property
+    def seconds(self) -> float:
+        return self.model_seconds + self.rule_seconds
+
+
+def declares_replay(experiment: str | None, argv: Sequence[str]) -> bool:
+    """The experiment's config has a ``replay:`` block, or the command line sets ``replay.*`` keys."""
+    if any(a.lstrip("+~").split("=", 1)[0].split(".", 1)[0] == "replay" for a in argv):
+        return True
+    if not experiment:
+        return False
+    path = conf_dir() / "experiment" / f"{experiment}.yaml"
+    return path.is_file() and "replay" in (OmegaConf.load(path) or {})
+
+
+def plan_replays(commands: Sequence[tuple[Sequence[str], str | None]], measured: dict[tuple, float]
+                 ) -> list[ReplayPlan]:
+    """The replay plan of each (arguments, experiment name) of the plan whose experiment declares a replay,
+    one per (pair, hardware) of its groups. ``measured``: block efficiency of finished cells (``Plan``'s)."""
+    from spectr_repro.replay.driver import parse
+
+    plans = []
+    for argv, experiment in commands:
+        if not declares_replay(experiment, argv):
+            continue
+        command = f"python -m spectr_repro replay {' '.join(argv)}".strip()
+        try:
+            groups = parse(argv)
+        except UsageError as error:
+            plans.append(ReplayPlan(command, error=str(error)))
+            continue
+        by_pair: dict[tuple[str, str], list] = {}
+        for cfg, settings in groups:
+            by_pair.setdefault((cfg.choices.model_pair, cfg.choices.hardware), []).append((cfg, settings))
+        plans.extend(_plan_pair(command, members, measured) for members in by_pair.values())
+    return plans
+
+
+def _plan_pair(command: str, groups: list, measured: dict[tuple, float]) -> ReplayPlan:
+    """The replay groups of one pair and hardware (one experiment's folder)."""
+    from spectr_repro.replay.driver import changed_settings, group_folder, group_meta, replay_root
+
+    cfg, settings = groups[0]
+    plan = ReplayPlan(command, pair=cfg.choices.model_pair, hardware=cfg.choices.hardware, K_max=settings.K_max,
+                      L_max=settings.L_max, reference=f"{settings.reference} K={settings.reference_K} "
+                      f"L={settings.reference_L}", folder=replay_root(cfg))
+    calibration, estimate = calibration_for(cfg), cfg.hardware.get("estimate")
+    if calibration is not None:
+        plan.model_note = calibration.note
+    elif estimate is not None:
+        plan.model_note = f"cost model, {estimate.get('device', 'hardware.estimate')}"
+    else:
+        plan.model_note = f"no cost model (hardware {cfg.choices.hardware} has no `estimate`): not estimated"
+    folders, blocks = [], []
+    for cfg, settings in groups:
+        folder = group_folder(cfg, settings)
+        changed = [] if cfg.force else changed_settings(folder, group_meta(cfg, settings))
+        folders.append((folder, changed))
+        blocks.append([] if changed else _finished_blocks(folder))
+    rule_seconds = [b["rule_seconds"] for group in blocks for b in group if "rule_seconds" in b]
+    if rule_seconds:
+        plan.rule_seconds_per_block = statistics.fmean(rule_seconds)
+        plan.rules_note = (f"rules {plan.rule_seconds_per_block:.3g} s per block, mean of {len(rule_seconds)} "
+                           f"finished replay block(s) here")
+    pooled = [b["reference_tokens"] for group in blocks for b in group if "reference_tokens" in b]
+    for (cfg, settings), (folder, changed), own in zip(groups, folders, blocks):
+        group = ReplayGroup(str(cfg.choices.dataset), float(cfg.temperature), settings.num_prompts)
+        group.finished = _finished_prompts(folder, settings.num_prompts) if not (changed or cfg.force) else 0
+        if changed:
+            group.note = (f"{folder.name} holds a replay with other settings ({', '.join(changed)}): the replay "
+                          f"refuses it without force=true")
+        group.block_efficiency, group.block_efficiency_source = _reference_block_efficiency(
+            cfg, settings, own, pooled, measured)
+        group.iterations = math.ceil(int(cfg.max_new_tokens) / group.block_efficiency)
+        group.blocks = group.to_replay * group.iterations
+        if calibration is not None:
+            per_prompt = calibrated_prompt_seconds(cfg, calibration, settings.K_max, settings.L_max, group.iterations)
+        else:
+            per_prompt = speculative_prompt_seconds(cfg, pair_config_of(cfg), settings.K_max, settings.L_max,
+                                                    group.iterations) or 0.0
+        group.model_seconds = group.to_replay * per_prompt
+        plan.groups.append(group)
+    return plan
+
+
+def _reference_block_efficiency(cfg: DictConfig, settings, own: list[dict], pooled: list[float],
+                                measured: dict[tuple, float]) -> tuple[float, str]:
+    """The reference's tokens per block in this group, and where the number comes from."""
+    tokens = [b["reference_tokens"] for b in own if "reference_tokens" in b]
+    if tokens:
+        return statistics.fmean(tokens), f"measured: {len(tokens)} block(s) of this group here"
+    reference = OmegaConf.merge(cfg, {"method": {"name": settings.reference}, "K": settings.reference_K,
+                                      "L": settings.reference_L})
+    value, source = expected_block_efficiency(reference, measured)
+    if source in ("paper", "measured"):
+        return value, source if source == "paper" else "measured by finished cells here"
+    if pooled:
+        return statistics.fmean(pooled), f"measured: {len(pooled)} block(s) of other groups of this replay"
+    return value, source
+
+
+def _finished_prompts(folder: Path, num_prompts: int) -> int:
+    """Prompts 0 .. num_prompts-1 of the group already replayed (``done.json`` written)."""
+    from spectr_repro.replay.driver import prompt_directory, prompt_finished
+
+    return sum(prompt_finished(prompt_directory(folder, index)) for index in range(num_prompts))
+
+
+def _finished_blocks(folder: Path) -> list[dict]:
+    """The block lines of every finished prompt of the group's folder (those beyond num_prompts too)."""
+    from spectr_repro.replay.driver import prompt_finished
+
+    lines = []
+    for directory in sorted((folder / "prompts").glob("*")):
+        if prompt_finished(directory):
+            lines += [json.loads(line) for line in (directory / "blocks.jsonl").read_text().splitlines() if line]
+    return lines
+
+
+# --------------------------------------------------------------------------------------------------
+# Text
+
+
+def format_replay(plan: ReplayPlan) -> list[str]:
+    from spectr_repro.runner.plan import _duration
+
+    if plan.error:
+        return [f"Replay (shared blocks, `{plan.command}`): not planned, the replay refuses these arguments: "
+                f"{plan.error}"]
+    datasets = len(dict.fromkeys(g.dataset for g in plan.groups))
+    temperatures = len(dict.fromkeys(g.temperature for g in plan.groups))
+    prompts = "/".join(str(p) for p in dict.fromkeys(g.prompts for g in plan.groups))
+    values = [g.block_efficiency for g in plan.groups if g.to_replay]
+    sources = ", ".join(f"{s} ({n} group{'s' * (n > 1)})" for s, n in _counts(
+        g.block_efficiency_source for g in plan.groups if g.to_replay).items())
+    efficiency = (f"{min(values):.2f}" if min(values) == max(values) else f"{min(values):.2f}-{max(values):.2f}"
+                  ) if values else "-"
+    rules = _duration(plan.rule_seconds) if plan.rule_seconds_per_block is not None else "0 s"
+    lines = [f"Replay (shared blocks, `{plan.command}`): {datasets} dataset{'s' * (datasets > 1)} x "
+             f"{temperatures} temperature{'s' * (temperatures > 1)} x {prompts} prompts, blocks of K_max x L_max = "
+             f"{plan.K_max} x {plan.L_max}, est. {_duration(plan.seconds)} (model calls "
+             f"{_duration(plan.model_seconds)} + rules {rules}; model calls: {plan.model_note}; {plan.rules_note})"]
+    total = sum(g.prompts for g in plan.groups)
+    finished = sum(g.finished for g in plan.groups)
+    lines.append(f"  {plan.pair} on {plan.hardware}: {total:,} prompts, {finished:,} finished, {total - finished:,} "
+                 f"to replay, {sum(g.blocks for g in plan.groups):,} blocks (reference {plan.reference}: "
+                 f"{efficiency} tokens per block, {sources or 'nothing left'}); in {plan.folder}")
+    lines += [f"  note: {g.note}" for g in plan.groups if g.note]
+    return lines
+
+
+def _counts(items) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for item in items:
+        counts[item] = counts.get(item, 0) + 1
+    return counts
+
+
+__all__ = ["ReplayGroup", "ReplayPlan", "declares_replay", "format_replay", "plan_replays"]

@@ -1,0 +1,189 @@
+"""`plan` prints the shared-block replay's cost beside the timed cells' (experiments with a `replay:` block)."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+
+import pytest
+
+from spectr_repro import models
+from spectr_repro.replay.driver import group_folder, group_meta, parse, prompt_directory, write_prompt
+from spectr_repro.runner import main_plan
+from spectr_repro.runner.plan import _duration, pair_config_of, speculative_prompt_seconds
+from spectr_repro.runner.store import atomic_write_text
+
+
+@pytest.fixture
+def offline(tmp_path, monkeypatch):
+    """No model may load; the HF cache is empty; the disk has 500 GB free."""
+    from huggingface_hub import constants
+
+    def no_loading(*args, **kwargs):
+        raise AssertionError("the plan loaded a model")
+
+    monkeypatch.setattr(models, "load_pair", no_loading)
+    monkeypatch.setattr(models, "hub_cache_dir", lambda: tmp_path / "hub")
+    monkeypatch.setattr(models, "free_disk_bytes", lambda path: 500 * 10**9)
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    return tmp_path
+
+
+def _plan(capsys, *argv) -> str:
+    assert main_plan(list(argv)) == 0
+    return capsys.readouterr().out
+
+
+def _lines(text: str, start: str) -> list[str]:
+    return [line for line in text.splitlines() if line.lstrip().startswith(start)]
+
+
+def _replay_line(text: str) -> str:
+    lines = _lines(text, "Replay (shared blocks")
+    assert len(lines) == 1, text
+    return lines[0]
+
+
+def _detail_line(text: str) -> str:
+    return text.splitlines()[text.splitlines().index(_replay_line(text)) + 1]
+
+
+def test_cpu_quick_plan_prints_its_replay(offline, capsys):
+    out = offline / "results"
+    text = _plan(capsys, "experiment=cpu_quick", f"output_dir={out}")
+    line = _replay_line(text)
+    assert f"`python -m spectr_repro replay experiment=cpu_quick output_dir={out}`" in line
+    assert "5 datasets x 1 temperature x 2 prompts, blocks of K_max x L_max = 7 x 6" in line
+    assert "rules 0 s" in line and "rules not estimated (no finished replay here)" in line
+    # nothing measured: the reference sbv K=3 L=6 at (L+1)/2 = 3.5 tokens per block, ceil(32 / 3.5) = 10 blocks
+    detail = _detail_line(text)
+    assert "10 prompts, 0 finished, 10 to replay, 100 blocks" in detail
+    assert "reference sbv K=3 L=6: 3.50 tokens per block, (L+1)/2 (5 groups)" in detail
+    assert f"in {out / 'cpu_quick' / 'replay'}" in detail
+    cells = re.search(r"^Estimated time: (.+?) at batch size 1", text, re.M).group(1)
+    replay = re.search(r"est\. (.+?) \(model calls", line).group(1)
+    assert _lines(text, "Total:") == [f"Total: timed cells {cells} + replay {replay} = " + _lines(
+        text, "Total:")[0].rsplit("= ", 1)[1]]
+    assert not out.exists(), "a plan writes nothing"
+
+
+def _blocks(*pairs):
+    """Block lines as ReplayingReference writes them: (reference_tokens, rule_seconds) per block."""
+    return [{"iteration": i, "reference_tokens": tokens, "values": [["sd", 1, 6, 2.0, "exact", 0]],
+             "rule_seconds": seconds} for i, (tokens, seconds) in enumerate(pairs)]
+
+
+def test_finished_replay_prompts_are_counted_and_measure_the_estimate(offline, capsys):
+    out = offline / "results"
+    argv = ["experiment=cpu_quick", f"output_dir={out}"]
+    groups = parse(argv)
+    assert len(groups) == 5
+    fresh = _plan(capsys, *argv)
+
+    # humaneval: prompt 0 finished, 2 blocks (4 and 2 reference tokens; 30 s and 10 s of rules)
+    (cfg, settings), (other_cfg, other_settings) = groups[0], groups[1]
+    assert cfg.choices.dataset == "humaneval"
+    folder = group_folder(cfg, settings)
+    folder.mkdir(parents=True)
+    atomic_write_text(folder / "replay.json", json.dumps(group_meta(cfg, settings), indent=2) + "\n")
+    write_prompt(prompt_directory(folder, 0), _blocks((4, 30.0), (2, 10.0)),
+                 {"prompt_id": "HumanEval/0", "index": 0, "new_tokens": 6, "target_calls": 2, "blocks": 2,
+                  "trajectory_block_efficiency": 3.0, "seconds": 50.0})
+    # another group's prompt being replayed (no done.json): neither finished nor measured
+    other = prompt_directory(group_folder(other_cfg, other_settings), 0)
+    other.mkdir(parents=True)
+    (other / "blocks.jsonl").write_text(json.dumps(_blocks((7, 500.0))[0]) + "\n")
+
+    text = _plan(capsys, *argv)
+    line, detail = _replay_line(text), _detail_line(text)
+    # 3 tokens per block measured: ceil(32 / 3) = 11 blocks per prompt; 9 prompts left -> 99 blocks
+    per_prompt = math.ceil(32 / 3.0)
+    assert "10 prompts, 1 finished, 9 to replay, 99 blocks" in detail
+    assert ("3.00 tokens per block, measured: 2 block(s) of this group here (1 group), measured: 2 block(s) of "
+            "other groups of this replay (4 groups)") in detail
+    assert "rules 20 s per block, mean of 2 finished replay block(s) here" in line
+    rules = 99 * 20.0
+    model = sum((settings.num_prompts - (c.choices.dataset == "humaneval")) * speculative_prompt_seconds(
+        c, pair_config_of(c), 7, 6, per_prompt) for c, _ in groups)
+    assert f"est. {_duration(model + rules)} (model calls {_duration(model)} + rules {_duration(rules)};" in line
+    # the model calls shrink (9 prompts left, 99 blocks instead of 10 and 100); the rules are now counted
+    fresh_model = sum(2 * speculative_prompt_seconds(c, pair_config_of(c), 7, 6, 10) for c, _ in groups)
+    assert f"(model calls {_duration(fresh_model)} + rules 0 s;" in _replay_line(fresh)
+    assert model < fresh_model
+
+    # force=true replays every prompt again: none counted finished
+    forced = _detail_line(_plan(capsys, *argv, "force=true"))
+    assert "10 prompts, 0 finished, 10 to replay" in forced
+
+
+def test_a_folder_with_other_replay_settings_is_not_counted(offline, capsys):
+    out = offline / "results"
+    argv = ["experiment=cpu_quick", f"output_dir={out}", "dataset=gsm8k"]
+    ((cfg, settings),) = parse(argv)
+    folder = group_folder(cfg, settings)
+    folder.mkdir(parents=True)
+    atomic_write_text(folder / "replay.json", json.dumps(group_meta(cfg, settings) | {"draws": 99}) + "\n")
+    write_prompt(prompt_directory(folder, 0), _blocks((5, 1.0)), {"index": 0, "new_tokens": 5, "blocks": 1})
+    text = _plan(capsys, *argv)
+    assert "1 dataset x 1 temperature x 2 prompts" in _replay_line(text)
+    assert "2 prompts, 0 finished, 2 to replay" in _detail_line(text)
+    assert "holds a replay with other settings (draws)" in text and "rules not estimated" in text
+
+
+def test_no_replay_without_a_replay_block(offline, capsys):
+    out = offline / "results"
+    for argv in (["K=3"], ["experiment=ablation_K", "dataset=gsm8k"]):
+        text = _plan(capsys, *argv, f"output_dir={out}")
+        assert "Cells:" in text and "Replay" not in text and "Total:" not in text, argv
+    # config.yaml's replay: block (datasets and temperatures null) is the replay of the dataset and
+    # temperature chosen; it is planned only when the command line asks for it
+    text = _plan(capsys, "replay.num_prompts=3", f"output_dir={out}")
+    assert "1 dataset x 1 temperature x 3 prompts, blocks of K_max x L_max = 7 x 12" in _replay_line(text)
+    assert "qwen25coder_1.5b_0.5b on cpu: 3 prompts" in _detail_line(text)
+
+
+def test_replay_arguments_the_replay_refuses_are_said(offline, capsys):
+    text = _plan(capsys, "experiment=cpu_quick", "replay.reference_K=0", f"output_dir={offline / 'results'}")
+    assert "not planned, the replay refuses these arguments: replay.reference_K must be" in _replay_line(text)
+    assert "Total:" not in text
+
+
+def test_paper_main_plan_prints_its_replay_and_the_total(offline, capsys):
+    text = _plan(capsys, "experiment=paper_main", f"output_dir={offline / 'results'}")
+    line = _replay_line(text)
+    assert "`python -m spectr_repro replay experiment=paper_main" in line
+    assert "5 datasets x 3 temperatures x 100 prompts, blocks of K_max x L_max = 7 x 24" in line
+    assert "model calls: cost model, A100-80GB (assumed, not measured)" in line
+    detail = _detail_line(text)
+    # the paper gives no sbv block efficiency: (12+1)/2 = 6.5, ceil(256 / 6.5) = 40 blocks per prompt
+    assert "deepseek_33b_1.3b on cuda: 1,500 prompts, 0 finished, 1,500 to replay, 60,000 blocks" in detail
+    total = _lines(text, "Total: timed cells")
+    assert len(total) == 1
+    hours = [float(v) for v in re.findall(r"([\d.]+) h", total[0])]
+    assert len(hours) == 3 and hours[0] + hours[1] == pytest.approx(hours[2], abs=0.11)
+
+
+def test_the_calibration_prices_the_replay_calls(offline, capsys, no_calibration):
+    from spectr_repro.check.calibration import Calibration, ForwardCosts, plan_shapes, write_calibration
+    from spectr_repro.runner.plan import calibration_dtype
+
+    argv = ["experiment=cpu_quick", "dataset=humaneval", f"output_dir={offline / 'results'}"]
+    ((cfg, _),) = parse(argv)
+    shapes = plan_shapes([1, 3, 7], [6], [32, 180], [1, 8])
+
+    def calibration(scale):
+        costs = {role: ForwardCosts(tuple((r, t, k, scale * (a + b * r * t)) for r, t, k in shapes[role]))
+                 for role, a, b in (("target", 0.2, 0.007), ("draft", 0.1, 0.003))}
+        return Calibration("cpu", "qwen25coder_1.5b_0.5b", calibration_dtype(cfg), "Test CPU", "2026-12-01",
+                           False, costs["target"], costs["draft"], extra={"overhead_s_per_call": 0.01 * scale})
+
+    from spectr_repro.runner.replay_plan import plan_replays
+
+    write_calibration(calibration(1.0))
+    (once,) = plan_replays([(argv, "cpu_quick")], {})
+    assert once.model_note == "calibrated on Test CPU, 2026-12-01" and once.model_seconds > 0
+    assert "model calls: calibrated on Test CPU, 2026-12-01" in _replay_line(_plan(capsys, *argv))
+    write_calibration(calibration(2.0))
+    (twice,) = plan_replays([(argv, "cpu_quick")], {})
+    assert twice.model_seconds == pytest.approx(2 * once.model_seconds, rel=1e-9)
