@@ -38,6 +38,9 @@ bracketed from the tail's masses; the tail is summed over the vocabulary only at
 bracket does not decide. Host reads: the draft tokens (which drafts share which prefix is bookkeeping on
 K x L integers), the selections, the decisions, and the exact decisions when needed; on the CPU up to two
 more per batch (the ranked set read off the threshold when it fits in rank_size: no top-k).
+
+``expected_emitted`` (E[tau + 1 | drafts], exact) walks the exact law's selection events with the same rules,
+q_sel and stop probabilities, without the correction laws: at most K selected paths, no host read per path.
 """
 
 from __future__ import annotations
@@ -54,6 +57,7 @@ from spectr_repro.sampling import uniform
 from spectr_repro.verify.base import Outcome, Verifier, VerifyResult
 from spectr_repro.verify.common import (
     ValueMemo,
+    expected_emitted_from_stops,
     running_ratio,
     stop_probability,
     tensor_key,
@@ -507,8 +511,8 @@ class _PathTerms:
 
 def _stops(z: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     """BV's stop probabilities h_1..h_L [L] on the path from Z_1..Z_{L-1} [L - 1] and w_0..w_L [L + 1]:
-    h_i = Z_i / (Z_i + 1 - w_i), h_L = w_L (h_0 = 1 is implicit: depth 0 is the floor). The sampler's bracket
-    and the exact law both take h from here (the sampler's exact decisions at single depths
+    h_i = Z_i / (Z_i + 1 - w_i), h_L = w_L (h_0 = 1 is implicit: depth 0 is the floor). The sampler's bracket,
+    the exact law and the expectation all take h from here (the sampler's exact decisions at single depths
     apply the same stop_probability)."""
     L = w.shape[0] - 1
     return torch.cat([stop_probability(z, w[1:L]), w[L:]])
@@ -926,12 +930,33 @@ class SelectionBlockVerification(Verifier):
         self._walk(draft_tokens, draft_probs, target_probs, leaf, by_draw=False)
         return [Outcome(probability=p, tokens=t) for t, p in law.items() if p > 0]
 
+    def expected_emitted(self, draft_tokens, draft_probs, target_probs, state=None) -> torch.Tensor:
+        """E[tau + 1 | drafts], exact: the law's walk over the selection's events, and at each selected path
+        (probability pi) pi * E[tau + 1] of BV on it, from the same stop probabilities h_1..h_L as the law
+        (``_PathTerms.exact_stops``: the exact Z wherever the tail has mass) and no correction law.
+
+        Cost: the rules in the sampler's batches (every prefix shared by >= 2 drafts, then each draft's depths
+        from where it is alone, if the walk reaches it: at most K L + 1 rows, L when the drafts agree to the end)
+        and, per selected path (at most K), its terms and one [L - 1, V] pass for the tail. Host reads: the draft
+        tokens and the scan's events at each shared prefix reached (one read each), plus, on the CPU, two per
+        batch of rules (the ranked set read off the threshold); none per path (the sum stays on the device).
+        """
+        total = torch.zeros((), dtype=_F64, device=draft_probs.device)
+
+        def leaf(walk: LawWalk, prob: float) -> None:
+            nonlocal total
+            h = self._leaf_terms(target_probs, draft_probs, walk).exact_stops()
+            total = total + prob * expected_emitted_from_stops(h)
+
+        self._walk(draft_tokens, draft_probs, target_probs, leaf, by_draw=False)
+        return total
+
     def _walk(self, draft_tokens, draft_probs, target_probs, leaf, by_draw: bool) -> None:
         """Call ``leaf(walk, probability)`` for every selected path with positive probability.
 
         by_draw=False merges the scan's events by the selected token (all SBV needs); True keeps them apart
         by the draw the scan accepted (walk.accepted_draft[i], -1: none accepted, the token of top rank),
-        which sbvf's fallback conditions on. The law and sbvf's law both walk here.
+        which sbvf's fallback conditions on. The law, sbvf's law and ``expected_emitted`` all walk here.
         """
         K, L = draft_tokens.shape
         tokens = draft_tokens.tolist()

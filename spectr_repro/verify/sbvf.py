@@ -213,6 +213,13 @@ class SelectionBlockVerificationFallback(SelectionBlockVerification):
         return self._emit(tokens[owner][:committed], current, owner, last_uniform, device)
 
     # ------------------------------------------------------------------------------------------- exact law
+    def expected_emitted(self, draft_tokens, draft_probs, target_probs, state=None) -> torch.Tensor | None:
+        """SBV's with ``fallback=False`` (the same rule); None otherwise: the fallback changes the law after an
+        early stop, so SBV's expectation would be wrong, and no cheap closed form of the fallback's is known."""
+        if not self.fallback:
+            return super().expected_emitted(draft_tokens, draft_probs, target_probs, state)
+        return None
+
     def _law(self, draft_tokens, draft_probs, target_probs, state) -> list[Outcome]:
         if not self.fallback:
             return super()._law(draft_tokens, draft_probs, target_probs, state)
