@@ -38,6 +38,9 @@ bracketed from the tail's masses; the tail is summed over the vocabulary only at
 bracket does not decide. Host reads: the draft tokens (which drafts share which prefix is bookkeeping on
 K x L integers), the selections, the decisions, and the exact decisions when needed; on the CPU up to two
 more per batch (the ranked set read off the threshold when it fits in rank_size: no top-k).
+
+``expected_emitted`` (E[tau + 1 | drafts], exact) walks the exact law's selection events with the same rules,
+q_sel and stop probabilities, without the correction laws: at most K selected paths, no host read per path.
 """
 
 from __future__ import annotations
@@ -52,7 +55,13 @@ import torch
 
 from spectr_repro.sampling import uniform
 from spectr_repro.verify.base import Outcome, Verifier, VerifyResult
-from spectr_repro.verify.common import ValueMemo, running_ratio, stop_probability, tensor_key
+from spectr_repro.verify.common import (
+    ValueMemo,
+    expected_emitted_from_stops,
+    running_ratio,
+    stop_probability,
+    tensor_key,
+)
 
 __all__ = [
     "Decision",
@@ -468,6 +477,16 @@ class _PathTerms:
                             self.p_scale[index], self.q_scale[index])
         return self.z_head[index] + share
 
+    def exact_stops(self) -> torch.Tensor:
+        """h_1..h_L [L] with the exact Z_i (the tail summed over the vocabulary at every depth whose tail has
+        mass under P; Z_head is exact where it has none): what the sampler's bracket and exact decisions
+        amount to. One [L - 1, V] pass where there is a tail, no host read."""
+        L = self.w.shape[0] - 1
+        z = self.z_head[1:L]
+        if L > 1:
+            z = torch.where(self.tail_p[1:L] > 0, self.exact_z(slice(1, L)), z)
+        return _stops(z, self.w)
+
     def residual(self, index: slice) -> torch.Tensor:
         """(w P - q_sel)+ (P normalised) at depths ``index``, float64 [m, V]: the correction's law, unnormalised."""
         rules = self.rules
@@ -488,6 +507,27 @@ class _PathTerms:
         mass = residual.sum(-1, keepdim=True)
         return torch.where(mass > 0, residual / mass.clamp_min(1e-300), self.P_rows[index].to(_F64) /
                            self.rules.psum[index][:, None])
+
+
+def _stops(z: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """BV's stop probabilities h_1..h_L [L] on the path from Z_1..Z_{L-1} [L - 1] and w_0..w_L [L + 1]:
+    h_i = Z_i / (Z_i + 1 - w_i), h_L = w_L (h_0 = 1 is implicit: depth 0 is the floor). The sampler's bracket,
+    the exact law and the expectation all take h from here (the sampler's exact decisions at single depths
+    apply the same stop_probability)."""
+    L = w.shape[0] - 1
+    return torch.cat([stop_probability(z, w[1:L]), w[L:]])
+
+
+def _stop_law(h: torch.Tensor) -> list[float]:
+    """[P(tau = i) for i = 0..L] of BV's backward scan from h_1..h_L [L] (one host read): tau = the largest i
+    with a success (probability h_i, independent), 0 if none (h_0 = 1)."""
+    h = [1.0] + h.tolist()
+    L = len(h) - 1
+    stop_law, survive = [0.0] * (L + 1), 1.0  # survive: P(no success at the depths above i)
+    for i in range(L, -1, -1):
+        stop_law[i] = survive * h[i]
+        survive *= 1.0 - h[i]
+    return stop_law
 
 
 def _path_terms(rules: _Rules, P_rows, Q_rows, path: torch.Tensor, weights_of) -> _PathTerms:
@@ -534,6 +574,15 @@ def _rows(probs: torch.Tensor, rows: list[int], depths: list[int]) -> torch.Tens
     if len(set(rows)) == 1 and depths == list(range(depths[0], depths[0] + len(depths))):
         return probs[rows[0], depths[0] : depths[0] + len(depths)]
     return probs[rows, depths]
+
+
+def _shared_groups(tokens: list[list[int]]):
+    """(leaders, sizes, groups): ``_prefix_leaders``, the number of drafts behind each leader at each depth
+    (sizes[i][leader]) and the (depth, leader) of every prefix shared by >= 2 drafts, in batch order."""
+    leaders = _prefix_leaders(tokens)
+    sizes = [Counter(level) for level in leaders]
+    groups = [(i, row) for i in range(len(tokens[0])) for row, size in sorted(sizes[i].items()) if size >= 2]
+    return leaders, sizes, groups
 
 
 def _prefix_leaders(tokens: list[list[int]]) -> list[list[int]]:
@@ -796,9 +845,7 @@ class SelectionBlockVerification(Verifier):
         K, L = draft_tokens.shape
         device = draft_probs.device
         tokens = draft_tokens.tolist()  # host read: which drafts share which prefix
-        leaders = _prefix_leaders(tokens)
-        sizes = [Counter(level) for level in leaders]
-        groups = [(i, row) for i in range(L) for row, size in sorted(sizes[i].items()) if size >= 2]
+        leaders, sizes, groups = _shared_groups(tokens)
         n = len(groups)
         u = uniform(n * K + L + 1, generator, device=None if generator is not None else device).to(device)
 
@@ -842,8 +889,8 @@ class SelectionBlockVerification(Verifier):
         # tau = the largest i with eta_{i-1} <= h_i (h_0 = 1; h_L = w_L). h increases with Z: the bracket on
         # the tail's share decides most depths; the tail is summed exactly only where it does not.
         w, z_head, eta = terms.w, terms.z_head, u[n * K : n * K + L]
-        h_low = torch.cat([stop_probability(z_head + terms.low, w[:L])[1:], w[L:]])
-        h_high = torch.cat([stop_probability(z_head + terms.high, w[:L])[1:], w[L:]])
+        h_low = _stops((z_head + terms.low)[1:], w)
+        h_high = _stops((z_head + terms.high)[1:], w)
         sure, possible = torch.stack([eta <= h_low, eta <= h_high]).tolist()  # host read: the decisions
         tau = max([i + 1 for i in range(L) if sure[i]], default=0)
         open_depths = [i + 1 for i in range(tau, L) if possible[i] and not sure[i]]
@@ -868,9 +915,10 @@ class SelectionBlockVerification(Verifier):
     def _law(self, draft_tokens, draft_probs, target_probs, state) -> list[Outcome]:
         """Enumerate the selection's events depth by depth; at each selected path add BV's law on it.
 
-        Every number comes from the functions the sampler calls (the rule at one prefix at a time instead of
-        a batch). A toy vocabulary revisits the same prefixes across draft tuples: the rule at each (P, Q),
-        the events at each (rule, candidates) and BV's law at each (rules, path, counts) are memoised.
+        Every number comes from the functions the sampler calls (on a large vocabulary the rules in its
+        batches, ``_prefix_rules``; on a toy one prefix at a time). A toy vocabulary revisits the same prefixes
+        across draft tuples: the rule at each (P, Q), the events at each (rule, candidates) and BV's law at each
+        (rules, path, counts) are memoised.
         """
         law: dict[tuple[int, ...], float] = {}
 
@@ -882,17 +930,42 @@ class SelectionBlockVerification(Verifier):
         self._walk(draft_tokens, draft_probs, target_probs, leaf, by_draw=False)
         return [Outcome(probability=p, tokens=t) for t, p in law.items() if p > 0]
 
+    def expected_emitted(self, draft_tokens, draft_probs, target_probs, state=None) -> torch.Tensor:
+        """E[tau + 1 | drafts], exact: the law's walk over the selection's events, and at each selected path
+        (probability pi) pi * E[tau + 1] of BV on it, from the same stop probabilities h_1..h_L as the law
+        (``_PathTerms.exact_stops``: the exact Z wherever the tail has mass) and no correction law.
+
+        Cost: the rules in the sampler's batches (every prefix shared by >= 2 drafts, then each draft's depths
+        from where it is alone, if the walk reaches it: at most K L + 1 rows, L when the drafts agree to the end)
+        and, per selected path (at most K), its terms and one [L - 1, V] pass for the tail. Host reads: the draft
+        tokens and the scan's events at each shared prefix reached (one read each), plus, on the CPU, two per
+        batch of rules (the ranked set read off the threshold); none per path (the sum stays on the device).
+        """
+        total = torch.zeros((), dtype=_F64, device=draft_probs.device)
+
+        def leaf(walk: LawWalk, prob: float) -> None:
+            nonlocal total
+            h = self._leaf_terms(target_probs, draft_probs, walk).exact_stops()
+            total = total + prob * expected_emitted_from_stops(h)
+
+        self._walk(draft_tokens, draft_probs, target_probs, leaf, by_draw=False)
+        return total
+
     def _walk(self, draft_tokens, draft_probs, target_probs, leaf, by_draw: bool) -> None:
         """Call ``leaf(walk, probability)`` for every selected path with positive probability.
 
         by_draw=False merges the scan's events by the selected token (all SBV needs); True keeps them apart
         by the draw the scan accepted (walk.accepted_draft[i], -1: none accepted, the token of top rank),
-        which sbvf's fallback conditions on.
+        which sbvf's fallback conditions on. The law, sbvf's law and ``expected_emitted`` all walk here.
         """
         K, L = draft_tokens.shape
         tokens = draft_tokens.tolist()
         columns = draft_tokens.T.long()  # [L, K]
         toy = draft_probs.shape[-1] <= _CACHE_MAX_VOCAB
+        if toy:
+            rule_at = lambda i, row: self._rule_at(target_probs[row, i], draft_probs[row, i], K)  # noqa: E731
+        else:
+            rule_at = self._prefix_rules(tokens, draft_probs, target_probs, K)
 
         def events_at(serial, rule, i, survivors) -> list[tuple[int, float, int]]:
             def compute():
@@ -900,7 +973,8 @@ class SelectionBlockVerification(Verifier):
                 member[0, survivors] = True
                 count_index = torch.full((1,), len(survivors) - 2, device=columns.device)
                 probs, none, top = _scan_events(rule, columns[i][None], member, count_index)
-                probs, none, top = probs[0].tolist(), float(none[0]), int(top[0, 0])
+                values = torch.cat([probs[0], none, top[0].to(probs.dtype)]).tolist()  # one host read
+                probs, none, top = values[:K], values[K], int(values[K + 1])
                 if by_draw:
                     return [(tokens[j][i], probs[j], j) for j in survivors] + [(tokens[top][i], none, -1)]
                 probs[top] += none
@@ -920,7 +994,7 @@ class SelectionBlockVerification(Verifier):
                 leaf(walk.done(survivors[0]), prob)
                 return
             row = survivors[0]
-            serial, rule = self._rule_at(target_probs[row, i], draft_probs[row, i], K)
+            serial, rule = rule_at(i, row)
             events = [(tokens[row][i], 1.0, row)] if len(survivors) == 1 else events_at(serial, rule, i, survivors)
             for v, p_v, accepted_draft in events:
                 if p_v > 0:
@@ -929,24 +1003,43 @@ class SelectionBlockVerification(Verifier):
 
         descend(0, list(range(K)), 1.0, LawWalk(tokens, K, toy))
 
+    def _prefix_rules(self, tokens: list[list[int]], draft_probs, target_probs, K: int):
+        """``rule_at(depth, leader) -> (serial, rule)`` for the walk on a large vocabulary, in the sampler's
+        batches: every prefix shared by >= 2 drafts at once (its stage 1), and a draft's depths from the first
+        where it is alone at once (its stage 2: the same rows, a view), when the walk first reaches them."""
+        L = len(tokens[0])
+        _, _, groups = _shared_groups(tokens)
+        device = draft_probs.device
+        where: dict[tuple[int, int], tuple[_Rules, int]] = {}
+        if groups:
+            depth, rows = [i for i, _ in groups], [row for _, row in groups]
+            shared = self._rules(_rows(target_probs, rows, depth), _rows(draft_probs, rows, depth), K)
+            where.update({group: (shared, j) for j, group in enumerate(groups)})
+
+        def rule_at(i: int, row: int) -> tuple[int, _Rules]:
+            if (i, row) not in where:  # draft ``row`` alone from depth i on
+                alone = self._rules(target_probs[row, i:L], draft_probs[row, i:L], K)
+                where.update({(i + m, row): (alone, m) for m in range(L - i)})
+            rules, j = where[(i, row)]
+            return next(self._serials), rules.take(torch.tensor([j], device=device))
+
+        return rule_at
+
+    def _leaf_terms(self, target_probs, draft_probs, walk: LawWalk) -> _PathTerms:
+        """q_sel and BV's terms on ``walk``'s path, as the sampler computes them (memoised on toys)."""
+        L, K, path, rows = len(walk.path), walk.K, list(walk.path), list(walk.rows)
+        if walk.toy:
+            return self._toy_path_terms(target_probs, draft_probs, rows, path, walk.counts, K)
+        depths = list(range(L))
+        return self._path_terms(_Rules.concat(list(walk.rules)), target_probs[rows[:L], depths],
+                                draft_probs[rows[:L], depths], path, walk.counts, K)
+
     def _block_terms(self, target_probs, draft_probs, walk: LawWalk) -> tuple[list[float], torch.Tensor]:
         """(P(tau = i) for i = 0..L, the law of the emitted token after stopping at each i < L [L, V] float64)
         for BV on ``walk``'s path with the sampler's own q_sel, stop probabilities and outcome laws."""
-        L, K, path, rows = len(walk.path), walk.K, walk.path, walk.rows
-        if draft_probs.shape[-1] <= _CACHE_MAX_VOCAB:
-            terms = self._toy_path_terms(target_probs, draft_probs, rows, path, walk.counts, K)
-        else:
-            depths = list(range(L))
-            terms = self._path_terms(_Rules.concat(walk.rules), target_probs[rows[:L], depths],
-                                     draft_probs[rows[:L], depths], path, walk.counts, K)
-        w = terms.w
-        z = terms.exact_z(slice(0, L)) if bool((terms.tail_p > 0).any()) else terms.z_head
-        h = [1.0] + torch.cat([stop_probability(z, w[:L])[1:], w[L:]]).tolist()  # h_0 = 1: depth 0 is the floor
-        stop_law, survive = [0.0] * (L + 1), 1.0  # survive: P(no success at the depths above i)
-        for i in range(L, -1, -1):
-            stop_law[i] = survive * h[i]
-            survive *= 1.0 - h[i]
-        return stop_law, terms.correction_law(slice(0, L))
+        L = len(walk.path)
+        terms = self._leaf_terms(target_probs, draft_probs, walk)
+        return _stop_law(terms.exact_stops()), terms.correction_law(slice(0, L))
 
     def _block_law(self, target_probs, draft_probs, walk: LawWalk) -> list[tuple[tuple[int, ...], float]]:
         """The law of BV on ``walk``'s path: [(tokens, probability)]."""

@@ -213,6 +213,13 @@ class SelectionBlockVerificationFallback(SelectionBlockVerification):
         return self._emit(tokens[owner][:committed], current, owner, last_uniform, device)
 
     # ------------------------------------------------------------------------------------------- exact law
+    def expected_emitted(self, draft_tokens, draft_probs, target_probs, state=None) -> torch.Tensor | None:
+        """SBV's with ``fallback=False`` (the same rule); None otherwise: the fallback changes the law after an
+        early stop, so SBV's expectation would be wrong, and no cheap closed form of the fallback's is known."""
+        if not self.fallback:
+            return super().expected_emitted(draft_tokens, draft_probs, target_probs, state)
+        return None
+
     def _law(self, draft_tokens, draft_probs, target_probs, state) -> list[Outcome]:
         if not self.fallback:
             return super()._law(draft_tokens, draft_probs, target_probs, state)
@@ -236,7 +243,7 @@ class SelectionBlockVerificationFallback(SelectionBlockVerification):
                 if not candidates:
                     builder.add(path[:tau], prob * stop_law[tau], corrections[tau])
                     continue
-                terms = self._walk_terms(target_probs, draft_probs, walk)
+                terms = self._leaf_terms(target_probs, draft_probs, walk)
                 target, first_laws = self._fallback_inputs(terms, tau, len(walk.survivors[tau]), path[tau],
                                                            [status for _, status in candidates])
                 self._fallback_law(tokens, q_all, p_all, candidates, dict(zip((c for c, _ in candidates), first_laws)),
@@ -244,15 +251,6 @@ class SelectionBlockVerificationFallback(SelectionBlockVerification):
 
         self._walk(draft_tokens, draft_probs, target_probs, leaf, by_draw=True)
         return builder.outcomes()
-
-    def _walk_terms(self, target_probs, draft_probs, walk: LawWalk):
-        """SBV's path terms (q_sel, the correction, the rules) on ``walk``'s path, as the sampler computes them."""
-        L, rows = len(walk.path), walk.rows
-        if walk.toy:
-            return self._toy_path_terms(target_probs, draft_probs, list(rows), list(walk.path), walk.counts, walk.K)
-        depths = list(range(L))
-        return self._path_terms(_Rules.concat(list(walk.rules)), target_probs[list(rows[:L]), depths],
-                                draft_probs[list(rows[:L]), depths], list(walk.path), walk.counts, walk.K)
 
     def _fallback_law(self, tokens, q_all, p_all, candidates, first_laws, tau, row, target, mass, builder) -> None:
         """Recursive block verification over the candidates (rbv.py's law, first draft law g_j at depth tau+1)."""
