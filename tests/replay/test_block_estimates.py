@@ -15,7 +15,7 @@ import torch
 from spectr_repro.replay import block_estimates, check_grid, grid
 from spectr_repro.theory.exact import rule_expected_accepted
 from spectr_repro.toy import block_tensors, draft_tuples, toy_pair
-from spectr_repro.verify import VERIFIERS
+from spectr_repro.verify import VERIFIERS, get_verifier
 
 EXACT_TOLERANCE = 1e-9  # float64 sums of at most a few hundred products: round-off is ~1e-15
 METHODS = list(VERIFIERS)
@@ -120,3 +120,37 @@ def test_sub_blocks_larger_than_the_block_are_refused():
     tokens = torch.tensor([[0, 1]])
     with pytest.raises(ValueError, match="block's shape"):
         block_estimates(tokens, *block_tensors(target, draft, (), tokens), ["sd"], [1], [3], draws=1)
+
+
+def _fallback_block():
+    """A toy block (V = 3, seed 1, K = 3, L = 2; found by a search over every draft tuple) on which sbvf's fallback
+    raises the law's mean by 0.24 tokens over sbv's."""
+    target, draft = toy_pair(vocab_size=3, seed=1)
+    tokens = torch.tensor([[0, 2], [0, 2], [0, 1]])
+    draft_probs, target_probs = block_tensors(target, draft, (), tokens)
+    law = {e.method: e.tokens for e in block_estimates(tokens, draft_probs, target_probs, ["sbv", "sbvf"], [3], [2],
+                                                       draws=1, mode="law")}
+    assert law["sbvf"] - law["sbv"] > 0.2
+    return tokens, draft_probs, target_probs, law
+
+
+def test_control_variate_is_unbiased_where_the_fallback_matters():
+    """sbvf = sbv's exact value + the mean paired difference (sbvf draw - sbv draw, same seed): within 4 standard
+    errors (the SE of the paired differences, measured on the same seeds; a false failure ~6e-5) of sbvf's law
+    mean. Negative control: sbv's exact value alone lies outside that band (the correction term is needed)."""
+    tokens, draft_probs, target_probs, law = _fallback_block()
+    draws = 2000
+    generator = torch.Generator().manual_seed(9)
+    (estimate,) = block_estimates(tokens, draft_probs, target_probs, ["sbvf"], [3], [2], draws=draws,
+                                  generator=generator)
+    assert estimate.estimator == "control_variate" and estimate.draws == draws
+    seeds = torch.randint(0, 2**62, (draws,), generator=torch.Generator().manual_seed(9)).tolist()
+    rules = {name: get_verifier(name) for name in ("sbv", "sbvf")}
+    differences = torch.tensor([
+        float(rules["sbvf"](tokens, draft_probs, target_probs, generator=torch.Generator().manual_seed(s)).num_accepted
+              - rules["sbv"](tokens, draft_probs, target_probs, generator=torch.Generator().manual_seed(s)).num_accepted)
+        for s in seeds], dtype=torch.float64)
+    band = 4 * float(differences.std()) / math.sqrt(draws)
+    assert 0 < band < 0.05
+    assert abs(estimate.tokens - law["sbvf"]) < band
+    assert abs(law["sbv"] - law["sbvf"]) > band
