@@ -15,7 +15,6 @@ that outcome for small inputs, by integrating the rule's uniform draws analytica
 from __future__ import annotations
 
 from collections.abc import Sequence
-
 from dataclasses import dataclass
 from typing import Any
 

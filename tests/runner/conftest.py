@@ -6,6 +6,7 @@ import shutil
 
 import pytest
 
+from spectr_repro import models
 from spectr_repro.conf import PACKAGED_CONF
 
 
@@ -38,3 +39,18 @@ def no_calibration(tmp_path, monkeypatch):
     path = tmp_path / "calibration.json"
     monkeypatch.setenv(CALIBRATION_ENV_VAR, str(path))
     return path
+
+
+@pytest.fixture
+def offline(tmp_path, monkeypatch):
+    """No model may load; the HF cache is empty; the disk has 500 GB free (tests change it)."""
+    from huggingface_hub import constants
+
+    def no_loading(*args, **kwargs):
+        raise AssertionError("the plan loaded a model")
+
+    monkeypatch.setattr(models, "load_pair", no_loading)
+    monkeypatch.setattr(models, "hub_cache_dir", lambda: tmp_path / "hub")
+    monkeypatch.setattr(models, "free_disk_bytes", lambda path: 500 * 10**9)
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    return tmp_path

@@ -8,21 +8,6 @@ from spectr_repro import models
 from spectr_repro.runner import main_plan, main_sweep
 
 
-@pytest.fixture
-def offline(tmp_path, monkeypatch):
-    """No model may load; the HF cache is empty; the disk has 500 GB free (tests change it)."""
-    from huggingface_hub import constants
-
-    def no_loading(*args, **kwargs):
-        raise AssertionError("the plan loaded a model")
-
-    monkeypatch.setattr(models, "load_pair", no_loading)
-    monkeypatch.setattr(models, "hub_cache_dir", lambda: tmp_path / "hub")
-    monkeypatch.setattr(models, "free_disk_bytes", lambda path: 500 * 10**9)
-    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
-    return tmp_path
-
-
 def _line(text: str, start: str) -> str:
     return next(line for line in text.splitlines() if line.lstrip().startswith(start))
 

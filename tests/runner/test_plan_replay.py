@@ -8,26 +8,10 @@ import re
 
 import pytest
 
-from spectr_repro import models
 from spectr_repro.replay.driver import group_folder, group_meta, parse, prompt_directory, write_prompt
 from spectr_repro.runner import main_plan
 from spectr_repro.runner.plan import _duration, pair_config_of, speculative_prompt_seconds
 from spectr_repro.runner.store import atomic_write_text
-
-
-@pytest.fixture
-def offline(tmp_path, monkeypatch):
-    """No model may load; the HF cache is empty; the disk has 500 GB free."""
-    from huggingface_hub import constants
-
-    def no_loading(*args, **kwargs):
-        raise AssertionError("the plan loaded a model")
-
-    monkeypatch.setattr(models, "load_pair", no_loading)
-    monkeypatch.setattr(models, "hub_cache_dir", lambda: tmp_path / "hub")
-    monkeypatch.setattr(models, "free_disk_bytes", lambda path: 500 * 10**9)
-    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
-    return tmp_path
 
 
 def _plan(capsys, *argv) -> str:
