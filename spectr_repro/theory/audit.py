@@ -28,11 +28,12 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from spectr_repro.lawcheck import chi_square_test, total_variation
-from spectr_repro.toy import exact_decoded_law, sample_decoded, target_law, toy_pair
+from spectr_repro.toy import ToySpec, exact_decoded_law, sample_decoded, target_law
 from spectr_repro.verify import VERIFIERS, Verifier, get_verifier
+from spectr_repro.verify.thresholds import ALPHA, EXACT_TV
 
-EXACT_TV_THRESHOLD = 1e-9
-P_VALUE_THRESHOLD = 1e-4
+EXACT_TV_THRESHOLD = EXACT_TV  # the verdict's threshold (verify.thresholds)
+P_VALUE_THRESHOLD = ALPHA  # the Monte-Carlo flag's threshold (verify.thresholds)
 
 # Option variants audited besides each rule's defaults: the releases' and ablations' switches (spectr_gbv's
 # arithmetic: the release's own float32 arithmetic on rows rounded to float16 / bfloat16 / float32).
@@ -42,19 +43,6 @@ EXTRA_VARIANTS: dict[str, list[dict[str, Any]]] = {
                    {"arithmetic": "release_fp32"}],
     "sbv": [{"count_posterior": False}, {"selection": "greedy"}],
 }
-
-
-@dataclass(frozen=True)
-class ToySpec:
-    vocab_size: int
-    L: int
-    seed: int
-
-    def pair(self):
-        return toy_pair(self.vocab_size, self.seed)
-
-    def label(self) -> str:
-        return f"V={self.vocab_size},L={self.L},seed={self.seed}"
 
 
 QUICK_TOYS = (ToySpec(2, 2, 0),)

@@ -65,8 +65,8 @@ from spectr_repro.lawcheck import chi_square_test, total_variation
 from spectr_repro.theory.exact import expected_accepted_length, iteration_law
 from spectr_repro.toy import Context, ToyLM, block_tensors, draft_tuples, target_law
 from spectr_repro.verify import Outcome, get_verifier
+from spectr_repro.verify.thresholds import ALPHA  # the audit's p-value threshold (audit.P_VALUE_THRESHOLD)
 
-ALPHA = 1e-4  # the audit's p-value threshold (audit.P_VALUE_THRESHOLD)
 POWER = 0.9  # the power at which the detectable TV is stated
 POWER_REPLICATIONS = 1000  # multinomial replications behind each simulated power
 Z_THRESHOLD = 4.0  # |z| of the mean accepted length above this is flagged (two-sided p ~ 6e-5)
