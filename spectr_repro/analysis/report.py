@@ -153,6 +153,7 @@ def _relative(path: Path, start: Path) -> str:
 
 
 def pair_sections(results: Results, paper: pd.DataFrame, out_dir: Path) -> str:
+    """Per model pair: Table 1, the speed-ups not shown, tokens/s, which differences are real, the ablations."""
     cells, records = results.cells, results.records
     parts = []
     for pair in ordered(cells["model_pair"], []):
@@ -161,89 +162,106 @@ def pair_sections(results: Results, paper: pd.DataFrame, out_dir: Path) -> str:
             parts.append(f"## {pair}\n\nOnly AR cells: nothing to compare.\n")
             continue
         setting = main_setting(pair_cells)
-        table = build_table1(cells, paper, pair, out_dir / "tables", setting, records=records)
-        datasets = [
-            d
-            for d in table.comparison["dataset"].unique()
-            if d != AVERAGE and table.comparison.loc[table.comparison["dataset"] == d, "ours"].notna().any()
-        ]
-        has_paper = table.comparison["paper"].notna().any()
-        lines = [
-            f"## Table 1 — {pair}",
-            "",
-            f"Main setting {setting} (single-draft methods sd, bv, gbv at K=1). "
-            f"`{AVERAGE}` = mean over this table's datasets ({', '.join(ordered(datasets, DATASET_ORDER))}), "
-            "given only for methods that have all of them.",
-            f"Brackets: 95 % bootstrap interval over prompts ({RESAMPLES} resamples, seed {SEED}; BCa, "
-            "percentile where BCa is undefined because every prompt gives the same value); the average's "
-            "interval resamples prompts within each dataset. "
-            "Paper values in parentheses with Δ = ours − paper; "
-            + (
-                "the paper's averages are over its five datasets and its own prompts, hardware and models."
-                if has_paper
-                else "the paper reports no numbers for this model pair (see \"The paper's "
-                'numbers" below for the DeepSeek pairs).'
-            ),
-            "",
-            table.markdown,
-            "Files: " + ", ".join(f"[{p.name}]({_relative(p, out_dir)})" for p in table.paths.values()),
-            "",
-        ]
+        lines = table1_lines(cells, records, paper, pair, setting, out_dir)
         lines += not_comparable_lines(pair_cells)
         lines += throughput_lines(cells, pair, setting)
-        differences = method_differences(cells, records, pair, setting)
-        differences_path = out_dir / "tables" / f"differences_{pair}.csv"
-        differences.to_csv(differences_path, index=False, float_format="%.4f")
-        lines += [
-            f"### Which differences are real — {pair}",
-            "",
-            differences_markdown(differences),
-            f"Numbers: [{differences_path.name}]({_relative(differences_path, out_dir)}).",
-            "",
-        ]
-        figures = make_figures(cells, records, pair, out_dir / "figures", setting)
-        lines += [
-            f"## Ablations — {pair}",
-            "",
-            "Each figure varies one axis with the other two at the main setting; points are cell values, "
-            "error bars 95 % bootstrap intervals over prompts (1000 resamples). Single-draft methods are "
-            "dashed lines in the K figure.",
-            "",
-        ]
-        not_swept = []
-        for axis in AXES:
-            name = f"ablation_{AXIS_FILE_NAMES[axis]}"
-            if name not in figures:
-                not_swept.append(AXES[axis])
-                continue
-            csv_path = out_dir / "tables" / f"{name}_{pair}.csv"
-            ablation_data(cells, records, pair, axis, setting).to_csv(
-                csv_path, index=False, float_format="%.4f"
-            )
-            png, svg = figures[name]
-            lines += [
-                f"### Block efficiency and speed-up vs {AXIS_FILE_NAMES[axis]}",
-                "",
-                f"![{name} {pair}]({_relative(png, out_dir)})",
-                "",
-                f"Numbers: [{csv_path.name}]({_relative(csv_path, out_dir)}); "
-                f"SVG: [{svg.name}]({_relative(svg, out_dir)}).",
-                "",
-            ]
-        if not_swept:
-            lines += [f"Not swept in these results (no method takes two values): {', '.join(not_swept)}.", ""]
-        if "acceptance" in figures:
-            png = figures["acceptance"][0]
-            lines += [
-                "### Per-position acceptance",
-                "",
-                "P(draft position i accepted | position i reached), at the main setting.",
-                "",
-                f"![acceptance {pair}]({_relative(png, out_dir)})",
-                "",
-            ]
+        lines += differences_lines(cells, records, pair, setting, out_dir)
+        lines += ablation_lines(cells, records, pair, setting, out_dir)
         parts.append("\n".join(lines))
     return "\n".join(parts)
+
+
+def table1_lines(cells: pd.DataFrame, records: pd.DataFrame, paper: pd.DataFrame, pair: str, setting,
+                 out_dir: Path) -> list[str]:
+    """Table 1 of ``pair`` at the main setting beside the paper's numbers (its files written under tables/)."""
+    table = build_table1(cells, paper, pair, out_dir / "tables", setting, records=records)
+    datasets = [
+        d
+        for d in table.comparison["dataset"].unique()
+        if d != AVERAGE and table.comparison.loc[table.comparison["dataset"] == d, "ours"].notna().any()
+    ]
+    has_paper = table.comparison["paper"].notna().any()
+    return [
+        f"## Table 1 — {pair}",
+        "",
+        f"Main setting {setting} (single-draft methods sd, bv, gbv at K=1). "
+        f"`{AVERAGE}` = mean over this table's datasets ({', '.join(ordered(datasets, DATASET_ORDER))}), "
+        "given only for methods that have all of them.",
+        f"Brackets: 95 % bootstrap interval over prompts ({RESAMPLES} resamples, seed {SEED}; BCa, "
+        "percentile where BCa is undefined because every prompt gives the same value); the average's "
+        "interval resamples prompts within each dataset. "
+        "Paper values in parentheses with Δ = ours − paper; "
+        + (
+            "the paper's averages are over its five datasets and its own prompts, hardware and models."
+            if has_paper
+            else "the paper reports no numbers for this model pair (see \"The paper's "
+            'numbers" below for the DeepSeek pairs).'
+        ),
+        "",
+        table.markdown,
+        "Files: " + ", ".join(f"[{p.name}]({_relative(p, out_dir)})" for p in table.paths.values()),
+        "",
+    ]
+
+
+def differences_lines(cells: pd.DataFrame, records: pd.DataFrame, pair: str, setting, out_dir: Path) -> list[str]:
+    """Each method vs SpecTr-GBV and vs SD with paired intervals (written to tables/differences_<pair>.csv)."""
+    differences = method_differences(cells, records, pair, setting)
+    differences_path = out_dir / "tables" / f"differences_{pair}.csv"
+    differences.to_csv(differences_path, index=False, float_format="%.4f")
+    return [
+        f"### Which differences are real — {pair}",
+        "",
+        differences_markdown(differences),
+        f"Numbers: [{differences_path.name}]({_relative(differences_path, out_dir)}).",
+        "",
+    ]
+
+
+def ablation_lines(cells: pd.DataFrame, records: pd.DataFrame, pair: str, setting, out_dir: Path) -> list[str]:
+    """The ablation figures of ``pair`` (one per swept axis, numbers in tables/) and per-position acceptance."""
+    figures = make_figures(cells, records, pair, out_dir / "figures", setting)
+    lines = [
+        f"## Ablations — {pair}",
+        "",
+        "Each figure varies one axis with the other two at the main setting; points are cell values, "
+        "error bars 95 % bootstrap intervals over prompts (1000 resamples). Single-draft methods are "
+        "dashed lines in the K figure.",
+        "",
+    ]
+    not_swept = []
+    for axis in AXES:
+        name = f"ablation_{AXIS_FILE_NAMES[axis]}"
+        if name not in figures:
+            not_swept.append(AXES[axis])
+            continue
+        csv_path = out_dir / "tables" / f"{name}_{pair}.csv"
+        ablation_data(cells, records, pair, axis, setting).to_csv(
+            csv_path, index=False, float_format="%.4f"
+        )
+        png, svg = figures[name]
+        lines += [
+            f"### Block efficiency and speed-up vs {AXIS_FILE_NAMES[axis]}",
+            "",
+            f"![{name} {pair}]({_relative(png, out_dir)})",
+            "",
+            f"Numbers: [{csv_path.name}]({_relative(csv_path, out_dir)}); "
+            f"SVG: [{svg.name}]({_relative(svg, out_dir)}).",
+            "",
+        ]
+    if not_swept:
+        lines += [f"Not swept in these results (no method takes two values): {', '.join(not_swept)}.", ""]
+    if "acceptance" in figures:
+        png = figures["acceptance"][0]
+        lines += [
+            "### Per-position acceptance",
+            "",
+            "P(draft position i accepted | position i reached), at the main setting.",
+            "",
+            f"![acceptance {pair}]({_relative(png, out_dir)})",
+            "",
+        ]
+    return lines
 
 
 def throughput_lines(cells: pd.DataFrame, pair: str, setting) -> list[str]:
@@ -391,7 +409,23 @@ def audit_section(path: Path, out_dir: Path) -> str:
         lines.append("")
     if not rows:
         return "\n".join(lines + ["The audit file holds no rows.", ""])
-    # The columns the audit contract names, plus its flags; per-toy details stay in AUDIT.md / audit.json.
+    table = _audit_table(rows)
+    lines += [_markdown(table.astype(object).where(table.notna(), "").astype(str)), ""]
+    details = path.parent / "AUDIT.md"
+    if details.is_file():
+        lines += [f"Details per toy model: [{details.name}]({_relative(details, out_dir)}).", ""]
+    if {"rule", "verdict"} <= set(table):
+        lines += _audit_verdict_lines(table)
+    if "exact_tv_vs_default" in table:
+        lines += ["`exact_tv_vs_default`: an option variant's exact TV to the same rule with default options (for "
+                  "spectr_gbv `arithmetic=release_*`: how far the release's half-precision rows and float32 "
+                  "arithmetic move the law from the float64 replica's).", ""]
+    lines += peer_lines(audit.get("peers") if isinstance(audit, dict) else None)
+    return "\n".join(lines)
+
+
+def _audit_table(rows: list[dict]) -> pd.DataFrame:
+    """The columns the audit contract names, plus its flags, as text; per-toy details stay in AUDIT.md / audit.json."""
     columns = [
         "rule",
         "K",
@@ -416,29 +450,23 @@ def audit_section(path: Path, out_dir: Path) -> str:
         table["options"] = table["options"].map(_options_cell)
     if "flags" in table:
         table["flags"] = table["flags"].map(lambda v: "; ".join(map(str, v)) if isinstance(v, list) else v)
-    lines += [_markdown(table.astype(object).where(table.notna(), "").astype(str)), ""]
-    details = path.parent / "AUDIT.md"
-    if details.is_file():
-        lines += [f"Details per toy model: [{details.name}]({_relative(details, out_dir)}).", ""]
-    if {"rule", "verdict"} <= set(table):
-        lines += ["Per method:", ""]
-        for rule in ordered(table["rule"], METHOD_ORDER):
-            rule_rows = table[table["rule"] == rule]
-            verdicts = "; ".join(
-                f"K={row.get('K', '?')}{' ' + row['options'] if row.get('options') else ''}: {row['verdict']}"
-                for _, row in rule_rows.iterrows()
-            )
-            claimed = ""
-            if "claimed_lossless" in rule_rows:
-                claimed = f" (claimed lossless: {_unique_text(rule_rows['claimed_lossless'])})"
-            lines.append(f"- **{METHOD_LABELS.get(rule, rule)}**{claimed}: {verdicts}")
-        lines.append("")
-    if "exact_tv_vs_default" in table:
-        lines += ["`exact_tv_vs_default`: an option variant's exact TV to the same rule with default options (for "
-                  "spectr_gbv `arithmetic=release_*`: how far the release's half-precision rows and float32 "
-                  "arithmetic move the law from the float64 replica's).", ""]
-    lines += peer_lines(audit.get("peers") if isinstance(audit, dict) else None)
-    return "\n".join(lines)
+    return table
+
+
+def _audit_verdict_lines(table: pd.DataFrame) -> list[str]:
+    """One line per rule: its verdict at each K and option variant, and whether its authors claim it lossless."""
+    lines = ["Per method:", ""]
+    for rule in ordered(table["rule"], METHOD_ORDER):
+        rule_rows = table[table["rule"] == rule]
+        verdicts = "; ".join(
+            f"K={row.get('K', '?')}{' ' + row['options'] if row.get('options') else ''}: {row['verdict']}"
+            for _, row in rule_rows.iterrows()
+        )
+        claimed = ""
+        if "claimed_lossless" in rule_rows:
+            claimed = f" (claimed lossless: {_unique_text(rule_rows['claimed_lossless'])})"
+        lines.append(f"- **{METHOD_LABELS.get(rule, rule)}**{claimed}: {verdicts}")
+    return lines + [""]
 
 
 def peer_lines(peers) -> list[str]:
