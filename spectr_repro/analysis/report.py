@@ -10,14 +10,14 @@ Outputs, next to the first results folder (or ``--output``):
     tables/ablation_<K|L|T>_<pair>.csv      the numbers behind each ablation figure
     figures/ablation_<K|L|T>_<pair>.{png,svg}, figures/acceptance_<pair>.{png,svg}
 
-The report reads files only (records and summaries), so it can be rebuilt anywhere.
+The report reads files only (records and summaries; the audit, quality, theory, bias and replay files beside
+them), so it can be rebuilt anywhere; it scores nothing (`python -m spectr_repro quality` does).
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime as dt
-import importlib
 import json
 import os
 import sys
@@ -49,6 +49,7 @@ from spectr_repro.analysis.tables import (
     throughput_ratios,
 )
 from spectr_repro.environment import git_commit
+from spectr_repro.quality import quality_markdown
 
 DEFAULT_RESULTS_DIR = "results/cpu_quick"
 # Per-prompt quality outcomes next to quality.csv, when scored: one row per prompt per cell with the
@@ -587,21 +588,13 @@ def _drop_collapsed(parity: pd.DataFrame, collapsed: list[dict]) -> pd.DataFrame
     return parity
 
 
-def quality_section(results_dirs: list[Path], compute: bool = False) -> str | None:
-    """Quality parity with AR from ``spectr_repro.quality`` (optional module, imported lazily).
-
-    Uses ``quality.csv`` already in a results folder (``python -m spectr_repro.quality <dir>``); with
-    ``compute`` it scores folders without one through ``quality.write_quality`` — which EXECUTES
-    model-written HumanEval code (that module's guards apply). Per-prompt outcomes
-    (``QUALITY_OUTCOMES_FILE``), where present, add the paired test against AR. A failure there is
-    reported in the section rather than losing the whole report. None when the module does not exist.
+def quality_section(results_dirs: list[Path]) -> str:
+    """Quality parity with AR from the files ``python -m spectr_repro quality <dir>`` writes: ``quality.csv``
+    (rendered by ``quality.quality_markdown``) and, where present, the per-prompt outcomes
+    (``QUALITY_OUTCOMES_FILE``) for the paired test against AR. Scores nothing (scoring HumanEval executes
+    model-written code: that is the quality command's business). A file that cannot be read is reported in
+    the section rather than losing the whole report.
     """
-    try:
-        quality = importlib.import_module("spectr_repro.quality")
-    except ModuleNotFoundError as error:
-        if error.name == "spectr_repro.quality":  # not written (yet): the section is optional
-            return None
-        raise
     heading = ["## Quality parity with AR", ""]
     frames, missing = [], []
     try:
@@ -609,8 +602,6 @@ def quality_section(results_dirs: list[Path], compute: bool = False) -> str | No
             saved = folder / "quality.csv"
             if saved.is_file():
                 frames.append(pd.read_csv(saved))
-            elif compute:
-                frames.append(quality.write_quality(folder))
             else:
                 missing.append(folder)
         paired = paired_quality_lines(results_dirs)
@@ -620,17 +611,17 @@ def quality_section(results_dirs: list[Path], compute: bool = False) -> str | No
             return "\n".join(
                 heading
                 + [
-                    "Not computed for these results. `python -m spectr_repro report --quality ...` (or "
-                    "`python -m spectr_repro.quality <results_dir>`) scores HumanEval pass@1 and GSM8K/MGSM "
-                    "exact match against AR; HumanEval scoring executes model-written code.",
+                    "Not computed for these results. `python -m spectr_repro quality <results_dir>` scores "
+                    "HumanEval pass@1 and GSM8K/MGSM exact match against AR (HumanEval scoring executes "
+                    "model-written code); the report then reads its quality.csv.",
                     "",
                 ]
             )
         scored, collapsed_lines, collapsed = collapse_uninformative_quality(pd.concat(frames, ignore_index=True))
         paired = paired_quality_lines(results_dirs, collapsed)
-        text = quality.quality_markdown(scored)
+        text = quality_markdown(scored)
     except Exception as error:  # an optional section must not lose the report's tables and figures
-        return "\n".join(heading + [f"Quality scoring failed: {type(error).__name__}: {error}", ""])
+        return "\n".join(heading + [f"Quality files could not be read: {type(error).__name__}: {error}", ""])
     # the module writes a stand-alone document: demote its headings below this report's
     body = [("#" + line) if line.startswith("#") else line for line in text.splitlines()]
     if body and body[0].startswith("## "):
@@ -747,12 +738,10 @@ def build_report(
     output: str | Path | None = None,
     paper_csv: str | Path | None = None,
     audit: str | Path | None = None,
-    quality: bool = False,
     allow_incomplete: bool = False,
 ) -> Path:
     """Write REPORT.md (and its tables and figures) and return its path. ValueError on bad input,
-    raised before anything is written. ``quality``: score quality parity where not yet scored
-    (executes model-written HumanEval code, see ``quality_section``)."""
+    raised before anything is written."""
     folders = [Path(d) for d in results_dirs]
     # Damaged or unfinished cell folders refuse the report (each named) unless allow_incomplete.
     # A folder holding only `bias` output (no cells/) feeds the bias section alone, beside folders with cells.
@@ -793,7 +782,7 @@ def build_report(
         sections.append(
             "## Lossless status (audit)\n\nNo audit found (run `python -m spectr_repro audit`).\n"
         )
-    for optional in (quality_section(folders, compute=quality), theory_section(folders, out_dir),
+    for optional in (quality_section(folders), theory_section(folders, out_dir),
                      bias_section(folders, out_dir)):
         if optional:
             sections.append(optional)
@@ -826,12 +815,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--paper", help="paper numbers CSV (default: the one shipped in the package)")
     parser.add_argument("--audit", help="audit.json (default: results/audit/audit.json when present)")
     parser.add_argument(
-        "--quality",
-        action="store_true",
-        help="score quality parity with AR where a folder has no quality.csv yet "
-        "(EXECUTES model-written HumanEval code in guarded subprocesses)",
-    )
-    parser.add_argument(
         "--allow-incomplete",
         action="store_true",
         help="report although some cell folders are damaged or unfinished (they are listed in the report)",
@@ -843,7 +826,6 @@ def main(argv: list[str] | None = None) -> int:
             output=args.output,
             paper_csv=args.paper,
             audit=args.audit,
-            quality=args.quality,
             allow_incomplete=args.allow_incomplete,
         )
     except ValueError as err:
