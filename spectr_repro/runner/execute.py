@@ -335,9 +335,6 @@ class Session:
 
         decoded = self._decode(plan, pair, examples, options)
         records = prompt_records(cfg, pair.tokenizer, examples, decoded, ar_times)
-        missing = [r.prompt_id for r in records if r.wall_time_s is not None and r.ar_wall_time_s is None]
-        if missing:
-            raise RuntimeError(f"AR baseline {plan.ar_cell_id} has no record for prompts {missing[:5]}")
         rows = [as_json(r) for r in records]
         caveats = timing_caveats(bool(pair.offloaded), decoded.contention)
         caveats += [f"AR baseline: {caveat}" for caveat in ar_caveats]
