@@ -61,18 +61,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from spectr_repro.logs import setup_logging
 
     setup_logging()
-    try:
-        module = importlib.import_module(module_name)
-    except ModuleNotFoundError as error:
-        if error.name and module_name.startswith(error.name):
-            print(f"error: `{command}` is not available yet ({module_name} is missing)", file=sys.stderr)
-            return 2
-        raise
-    function = getattr(module, function_name, None)
-    if function is None:
-        print(f"error: `{command}` is not available yet ({module_name}:{function_name} is missing)",
-              file=sys.stderr)
-        return 2
+    function = getattr(importlib.import_module(module_name), function_name)
     result = function(rest)
     return int(result or 0)
 

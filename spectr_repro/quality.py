@@ -218,10 +218,13 @@ def quality_tables(
                 "sandbox": box.mode if summary["dataset"] == "humaneval" else None,
             }
         )
-    df = pd.DataFrame(rows)
-    prompts = pd.DataFrame(outcomes, columns=PROMPT_COLUMNS)
+    return _beside_ar(pd.DataFrame(rows)), pd.DataFrame(outcomes, columns=PROMPT_COLUMNS)
+
+
+def _beside_ar(df: pd.DataFrame) -> pd.DataFrame:
+    """Each method's row with AR's accuracy on the same setting and the difference's interval (in place)."""
     if df.empty:
-        return df, prompts
+        return df
     setting = ["experiment", "dataset", "model_pair", "temperature", "max_new_tokens", "n"]  # n: same prompts
     ar = df[df.method == "ar"].drop_duplicates(setting).set_index(setting, drop=False)
     for column in ("ar_accuracy", "diff_low", "diff_high"):
@@ -235,7 +238,7 @@ def quality_tables(
         low, high = difference_interval(int(row.correct), int(row.n), int(base.correct), int(base.n))
         df.loc[index, ["ar_accuracy", "diff_low", "diff_high"]] = [base.accuracy, low, high]
         df.loc[index, "agrees_with_ar"] = bool(low <= 0 <= high)
-    return df, prompts
+    return df
 
 
 def sandbox_sentence(df: pd.DataFrame) -> str:

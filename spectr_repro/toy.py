@@ -14,6 +14,7 @@ from __future__ import annotations
 import itertools
 from collections import Counter
 from collections.abc import Sequence
+from dataclasses import dataclass
 from functools import cache
 
 import numpy as np
@@ -88,6 +89,37 @@ def toy_pair(vocab_size: int = 3, seed: int = 0, concentration: float = 1.0, dra
     noise = ToyLM(vocab_size, seed=2 * seed + 1, concentration=concentration)
     draft = target if draft_noise == 0 else MixtureLM(target, noise, draft_noise)
     return target, draft
+
+
+@dataclass(frozen=True)
+class ToySpec:
+    """A seeded toy pair (``toy_pair(vocab_size, seed)``) decoded in blocks of L tokens; ``K`` drafts where the
+    toy fixes them too (the gap table's toys)."""
+
+    vocab_size: int
+    L: int
+    seed: int
+    K: int | None = None
+
+    def pair(self):
+        return toy_pair(self.vocab_size, self.seed)
+
+    def label(self, sep: str = ",") -> str:
+        return sep.join((f"V={self.vocab_size}", f"L={self.L}", f"seed={self.seed}"))
+
+    @property
+    def tuples(self) -> int:
+        """Draft tuples of one iteration, V^(K L) (toys with K only)."""
+        return self.vocab_size ** (self._K() * self.L)
+
+    def key(self) -> str:
+        """V, L, K and seed: the key of the gap table's cache (toys with K only)."""
+        return f"V={self.vocab_size},L={self.L},K={self._K()},seed={self.seed}"
+
+    def _K(self) -> int:
+        if self.K is None:
+            raise ValueError(f"toy {self.label()} has no K")
+        return self.K
 
 
 def block_tensors(target: ToyLM, draft: ToyLM, context: Sequence[int], draft_tokens: torch.Tensor):

@@ -10,14 +10,14 @@ Outputs, next to the first results folder (or ``--output``):
     tables/ablation_<K|L|T>_<pair>.csv      the numbers behind each ablation figure
     figures/ablation_<K|L|T>_<pair>.{png,svg}, figures/acceptance_<pair>.{png,svg}
 
-The report reads files only (records and summaries), so it can be rebuilt anywhere.
+The report reads files only (records and summaries; the audit, quality, theory, bias and replay files beside
+them), so it can be rebuilt anywhere; it scores nothing (`python -m spectr_repro quality` does).
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime as dt
-import importlib
 import json
 import os
 import sys
@@ -49,6 +49,7 @@ from spectr_repro.analysis.tables import (
     throughput_ratios,
 )
 from spectr_repro.environment import git_commit
+from spectr_repro.quality import quality_markdown
 
 DEFAULT_RESULTS_DIR = "results/cpu_quick"
 # Per-prompt quality outcomes next to quality.csv, when scored: one row per prompt per cell with the
@@ -153,6 +154,7 @@ def _relative(path: Path, start: Path) -> str:
 
 
 def pair_sections(results: Results, paper: pd.DataFrame, out_dir: Path) -> str:
+    """Per model pair: Table 1, the speed-ups not shown, tokens/s, which differences are real, the ablations."""
     cells, records = results.cells, results.records
     parts = []
     for pair in ordered(cells["model_pair"], []):
@@ -161,89 +163,106 @@ def pair_sections(results: Results, paper: pd.DataFrame, out_dir: Path) -> str:
             parts.append(f"## {pair}\n\nOnly AR cells: nothing to compare.\n")
             continue
         setting = main_setting(pair_cells)
-        table = build_table1(cells, paper, pair, out_dir / "tables", setting, records=records)
-        datasets = [
-            d
-            for d in table.comparison["dataset"].unique()
-            if d != AVERAGE and table.comparison.loc[table.comparison["dataset"] == d, "ours"].notna().any()
-        ]
-        has_paper = table.comparison["paper"].notna().any()
-        lines = [
-            f"## Table 1 — {pair}",
-            "",
-            f"Main setting {setting} (single-draft methods sd, bv, gbv at K=1). "
-            f"`{AVERAGE}` = mean over this table's datasets ({', '.join(ordered(datasets, DATASET_ORDER))}), "
-            "given only for methods that have all of them.",
-            f"Brackets: 95 % bootstrap interval over prompts ({RESAMPLES} resamples, seed {SEED}; BCa, "
-            "percentile where BCa is undefined because every prompt gives the same value); the average's "
-            "interval resamples prompts within each dataset. "
-            "Paper values in parentheses with Δ = ours − paper; "
-            + (
-                "the paper's averages are over its five datasets and its own prompts, hardware and models."
-                if has_paper
-                else "the paper reports no numbers for this model pair (see \"The paper's "
-                'numbers" below for the DeepSeek pairs).'
-            ),
-            "",
-            table.markdown,
-            "Files: " + ", ".join(f"[{p.name}]({_relative(p, out_dir)})" for p in table.paths.values()),
-            "",
-        ]
+        lines = table1_lines(cells, records, paper, pair, setting, out_dir)
         lines += not_comparable_lines(pair_cells)
         lines += throughput_lines(cells, pair, setting)
-        differences = method_differences(cells, records, pair, setting)
-        differences_path = out_dir / "tables" / f"differences_{pair}.csv"
-        differences.to_csv(differences_path, index=False, float_format="%.4f")
-        lines += [
-            f"### Which differences are real — {pair}",
-            "",
-            differences_markdown(differences),
-            f"Numbers: [{differences_path.name}]({_relative(differences_path, out_dir)}).",
-            "",
-        ]
-        figures = make_figures(cells, records, pair, out_dir / "figures", setting)
-        lines += [
-            f"## Ablations — {pair}",
-            "",
-            "Each figure varies one axis with the other two at the main setting; points are cell values, "
-            "error bars 95 % bootstrap intervals over prompts (1000 resamples). Single-draft methods are "
-            "dashed lines in the K figure.",
-            "",
-        ]
-        not_swept = []
-        for axis in AXES:
-            name = f"ablation_{AXIS_FILE_NAMES[axis]}"
-            if name not in figures:
-                not_swept.append(AXES[axis])
-                continue
-            csv_path = out_dir / "tables" / f"{name}_{pair}.csv"
-            ablation_data(cells, records, pair, axis, setting).to_csv(
-                csv_path, index=False, float_format="%.4f"
-            )
-            png, svg = figures[name]
-            lines += [
-                f"### Block efficiency and speed-up vs {AXIS_FILE_NAMES[axis]}",
-                "",
-                f"![{name} {pair}]({_relative(png, out_dir)})",
-                "",
-                f"Numbers: [{csv_path.name}]({_relative(csv_path, out_dir)}); "
-                f"SVG: [{svg.name}]({_relative(svg, out_dir)}).",
-                "",
-            ]
-        if not_swept:
-            lines += [f"Not swept in these results (no method takes two values): {', '.join(not_swept)}.", ""]
-        if "acceptance" in figures:
-            png = figures["acceptance"][0]
-            lines += [
-                "### Per-position acceptance",
-                "",
-                "P(draft position i accepted | position i reached), at the main setting.",
-                "",
-                f"![acceptance {pair}]({_relative(png, out_dir)})",
-                "",
-            ]
+        lines += differences_lines(cells, records, pair, setting, out_dir)
+        lines += ablation_lines(cells, records, pair, setting, out_dir)
         parts.append("\n".join(lines))
     return "\n".join(parts)
+
+
+def table1_lines(cells: pd.DataFrame, records: pd.DataFrame, paper: pd.DataFrame, pair: str, setting,
+                 out_dir: Path) -> list[str]:
+    """Table 1 of ``pair`` at the main setting beside the paper's numbers (its files written under tables/)."""
+    table = build_table1(cells, paper, pair, out_dir / "tables", setting, records=records)
+    datasets = [
+        d
+        for d in table.comparison["dataset"].unique()
+        if d != AVERAGE and table.comparison.loc[table.comparison["dataset"] == d, "ours"].notna().any()
+    ]
+    has_paper = table.comparison["paper"].notna().any()
+    return [
+        f"## Table 1 — {pair}",
+        "",
+        f"Main setting {setting} (single-draft methods sd, bv, gbv at K=1). "
+        f"`{AVERAGE}` = mean over this table's datasets ({', '.join(ordered(datasets, DATASET_ORDER))}), "
+        "given only for methods that have all of them.",
+        f"Brackets: 95 % bootstrap interval over prompts ({RESAMPLES} resamples, seed {SEED}; BCa, "
+        "percentile where BCa is undefined because every prompt gives the same value); the average's "
+        "interval resamples prompts within each dataset. "
+        "Paper values in parentheses with Δ = ours − paper; "
+        + (
+            "the paper's averages are over its five datasets and its own prompts, hardware and models."
+            if has_paper
+            else "the paper reports no numbers for this model pair (see \"The paper's "
+            'numbers" below for the DeepSeek pairs).'
+        ),
+        "",
+        table.markdown,
+        "Files: " + ", ".join(f"[{p.name}]({_relative(p, out_dir)})" for p in table.paths.values()),
+        "",
+    ]
+
+
+def differences_lines(cells: pd.DataFrame, records: pd.DataFrame, pair: str, setting, out_dir: Path) -> list[str]:
+    """Each method vs SpecTr-GBV and vs SD with paired intervals (written to tables/differences_<pair>.csv)."""
+    differences = method_differences(cells, records, pair, setting)
+    differences_path = out_dir / "tables" / f"differences_{pair}.csv"
+    differences.to_csv(differences_path, index=False, float_format="%.4f")
+    return [
+        f"### Which differences are real — {pair}",
+        "",
+        differences_markdown(differences),
+        f"Numbers: [{differences_path.name}]({_relative(differences_path, out_dir)}).",
+        "",
+    ]
+
+
+def ablation_lines(cells: pd.DataFrame, records: pd.DataFrame, pair: str, setting, out_dir: Path) -> list[str]:
+    """The ablation figures of ``pair`` (one per swept axis, numbers in tables/) and per-position acceptance."""
+    figures = make_figures(cells, records, pair, out_dir / "figures", setting)
+    lines = [
+        f"## Ablations — {pair}",
+        "",
+        "Each figure varies one axis with the other two at the main setting; points are cell values, "
+        "error bars 95 % bootstrap intervals over prompts (1000 resamples). Single-draft methods are "
+        "dashed lines in the K figure.",
+        "",
+    ]
+    not_swept = []
+    for axis in AXES:
+        name = f"ablation_{AXIS_FILE_NAMES[axis]}"
+        if name not in figures:
+            not_swept.append(AXES[axis])
+            continue
+        csv_path = out_dir / "tables" / f"{name}_{pair}.csv"
+        ablation_data(cells, records, pair, axis, setting).to_csv(
+            csv_path, index=False, float_format="%.4f"
+        )
+        png, svg = figures[name]
+        lines += [
+            f"### Block efficiency and speed-up vs {AXIS_FILE_NAMES[axis]}",
+            "",
+            f"![{name} {pair}]({_relative(png, out_dir)})",
+            "",
+            f"Numbers: [{csv_path.name}]({_relative(csv_path, out_dir)}); "
+            f"SVG: [{svg.name}]({_relative(svg, out_dir)}).",
+            "",
+        ]
+    if not_swept:
+        lines += [f"Not swept in these results (no method takes two values): {', '.join(not_swept)}.", ""]
+    if "acceptance" in figures:
+        png = figures["acceptance"][0]
+        lines += [
+            "### Per-position acceptance",
+            "",
+            "P(draft position i accepted | position i reached), at the main setting.",
+            "",
+            f"![acceptance {pair}]({_relative(png, out_dir)})",
+            "",
+        ]
+    return lines
 
 
 def throughput_lines(cells: pd.DataFrame, pair: str, setting) -> list[str]:
@@ -391,7 +410,23 @@ def audit_section(path: Path, out_dir: Path) -> str:
         lines.append("")
     if not rows:
         return "\n".join(lines + ["The audit file holds no rows.", ""])
-    # The columns the audit contract names, plus its flags; per-toy details stay in AUDIT.md / audit.json.
+    table = _audit_table(rows)
+    lines += [_markdown(table.astype(object).where(table.notna(), "").astype(str)), ""]
+    details = path.parent / "AUDIT.md"
+    if details.is_file():
+        lines += [f"Details per toy model: [{details.name}]({_relative(details, out_dir)}).", ""]
+    if {"rule", "verdict"} <= set(table):
+        lines += _audit_verdict_lines(table)
+    if "exact_tv_vs_default" in table:
+        lines += ["`exact_tv_vs_default`: an option variant's exact TV to the same rule with default options (for "
+                  "spectr_gbv `arithmetic=release_*`: how far the release's half-precision rows and float32 "
+                  "arithmetic move the law from the float64 replica's).", ""]
+    lines += peer_lines(audit.get("peers") if isinstance(audit, dict) else None)
+    return "\n".join(lines)
+
+
+def _audit_table(rows: list[dict]) -> pd.DataFrame:
+    """The columns the audit contract names, plus its flags, as text; per-toy details stay in AUDIT.md / audit.json."""
     columns = [
         "rule",
         "K",
@@ -416,29 +451,23 @@ def audit_section(path: Path, out_dir: Path) -> str:
         table["options"] = table["options"].map(_options_cell)
     if "flags" in table:
         table["flags"] = table["flags"].map(lambda v: "; ".join(map(str, v)) if isinstance(v, list) else v)
-    lines += [_markdown(table.astype(object).where(table.notna(), "").astype(str)), ""]
-    details = path.parent / "AUDIT.md"
-    if details.is_file():
-        lines += [f"Details per toy model: [{details.name}]({_relative(details, out_dir)}).", ""]
-    if {"rule", "verdict"} <= set(table):
-        lines += ["Per method:", ""]
-        for rule in ordered(table["rule"], METHOD_ORDER):
-            rule_rows = table[table["rule"] == rule]
-            verdicts = "; ".join(
-                f"K={row.get('K', '?')}{' ' + row['options'] if row.get('options') else ''}: {row['verdict']}"
-                for _, row in rule_rows.iterrows()
-            )
-            claimed = ""
-            if "claimed_lossless" in rule_rows:
-                claimed = f" (claimed lossless: {_unique_text(rule_rows['claimed_lossless'])})"
-            lines.append(f"- **{METHOD_LABELS.get(rule, rule)}**{claimed}: {verdicts}")
-        lines.append("")
-    if "exact_tv_vs_default" in table:
-        lines += ["`exact_tv_vs_default`: an option variant's exact TV to the same rule with default options (for "
-                  "spectr_gbv `arithmetic=release_*`: how far the release's half-precision rows and float32 "
-                  "arithmetic move the law from the float64 replica's).", ""]
-    lines += peer_lines(audit.get("peers") if isinstance(audit, dict) else None)
-    return "\n".join(lines)
+    return table
+
+
+def _audit_verdict_lines(table: pd.DataFrame) -> list[str]:
+    """One line per rule: its verdict at each K and option variant, and whether its authors claim it lossless."""
+    lines = ["Per method:", ""]
+    for rule in ordered(table["rule"], METHOD_ORDER):
+        rule_rows = table[table["rule"] == rule]
+        verdicts = "; ".join(
+            f"K={row.get('K', '?')}{' ' + row['options'] if row.get('options') else ''}: {row['verdict']}"
+            for _, row in rule_rows.iterrows()
+        )
+        claimed = ""
+        if "claimed_lossless" in rule_rows:
+            claimed = f" (claimed lossless: {_unique_text(rule_rows['claimed_lossless'])})"
+        lines.append(f"- **{METHOD_LABELS.get(rule, rule)}**{claimed}: {verdicts}")
+    return lines + [""]
 
 
 def peer_lines(peers) -> list[str]:
@@ -559,21 +588,13 @@ def _drop_collapsed(parity: pd.DataFrame, collapsed: list[dict]) -> pd.DataFrame
     return parity
 
 
-def quality_section(results_dirs: list[Path], compute: bool = False) -> str | None:
-    """Quality parity with AR from ``spectr_repro.quality`` (optional module, imported lazily).
-
-    Uses ``quality.csv`` already in a results folder (``python -m spectr_repro.quality <dir>``); with
-    ``compute`` it scores folders without one through ``quality.write_quality`` — which EXECUTES
-    model-written HumanEval code (that module's guards apply). Per-prompt outcomes
-    (``QUALITY_OUTCOMES_FILE``), where present, add the paired test against AR. A failure there is
-    reported in the section rather than losing the whole report. None when the module does not exist.
+def quality_section(results_dirs: list[Path]) -> str:
+    """Quality parity with AR from the files ``python -m spectr_repro quality <dir>`` writes: ``quality.csv``
+    (rendered by ``quality.quality_markdown``) and, where present, the per-prompt outcomes
+    (``QUALITY_OUTCOMES_FILE``) for the paired test against AR. Scores nothing (scoring HumanEval executes
+    model-written code: that is the quality command's business). A file that cannot be read is reported in
+    the section rather than losing the whole report.
     """
-    try:
-        quality = importlib.import_module("spectr_repro.quality")
-    except ModuleNotFoundError as error:
-        if error.name == "spectr_repro.quality":  # not written (yet): the section is optional
-            return None
-        raise
     heading = ["## Quality parity with AR", ""]
     frames, missing = [], []
     try:
@@ -581,8 +602,6 @@ def quality_section(results_dirs: list[Path], compute: bool = False) -> str | No
             saved = folder / "quality.csv"
             if saved.is_file():
                 frames.append(pd.read_csv(saved))
-            elif compute:
-                frames.append(quality.write_quality(folder))
             else:
                 missing.append(folder)
         paired = paired_quality_lines(results_dirs)
@@ -592,17 +611,17 @@ def quality_section(results_dirs: list[Path], compute: bool = False) -> str | No
             return "\n".join(
                 heading
                 + [
-                    "Not computed for these results. `python -m spectr_repro report --quality ...` (or "
-                    "`python -m spectr_repro.quality <results_dir>`) scores HumanEval pass@1 and GSM8K/MGSM "
-                    "exact match against AR; HumanEval scoring executes model-written code.",
+                    "Not computed for these results. `python -m spectr_repro quality <results_dir>` scores "
+                    "HumanEval pass@1 and GSM8K/MGSM exact match against AR (HumanEval scoring executes "
+                    "model-written code); the report then reads its quality.csv.",
                     "",
                 ]
             )
         scored, collapsed_lines, collapsed = collapse_uninformative_quality(pd.concat(frames, ignore_index=True))
         paired = paired_quality_lines(results_dirs, collapsed)
-        text = quality.quality_markdown(scored)
+        text = quality_markdown(scored)
     except Exception as error:  # an optional section must not lose the report's tables and figures
-        return "\n".join(heading + [f"Quality scoring failed: {type(error).__name__}: {error}", ""])
+        return "\n".join(heading + [f"Quality files could not be read: {type(error).__name__}: {error}", ""])
     # the module writes a stand-alone document: demote its headings below this report's
     body = [("#" + line) if line.startswith("#") else line for line in text.splitlines()]
     if body and body[0].startswith("## "):
@@ -719,12 +738,10 @@ def build_report(
     output: str | Path | None = None,
     paper_csv: str | Path | None = None,
     audit: str | Path | None = None,
-    quality: bool = False,
     allow_incomplete: bool = False,
 ) -> Path:
     """Write REPORT.md (and its tables and figures) and return its path. ValueError on bad input,
-    raised before anything is written. ``quality``: score quality parity where not yet scored
-    (executes model-written HumanEval code, see ``quality_section``)."""
+    raised before anything is written."""
     folders = [Path(d) for d in results_dirs]
     # Damaged or unfinished cell folders refuse the report (each named) unless allow_incomplete.
     # A folder holding only `bias` output (no cells/) feeds the bias section alone, beside folders with cells.
@@ -765,7 +782,7 @@ def build_report(
         sections.append(
             "## Lossless status (audit)\n\nNo audit found (run `python -m spectr_repro audit`).\n"
         )
-    for optional in (quality_section(folders, compute=quality), theory_section(folders, out_dir),
+    for optional in (quality_section(folders), theory_section(folders, out_dir),
                      bias_section(folders, out_dir)):
         if optional:
             sections.append(optional)
@@ -798,12 +815,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--paper", help="paper numbers CSV (default: the one shipped in the package)")
     parser.add_argument("--audit", help="audit.json (default: results/audit/audit.json when present)")
     parser.add_argument(
-        "--quality",
-        action="store_true",
-        help="score quality parity with AR where a folder has no quality.csv yet "
-        "(EXECUTES model-written HumanEval code in guarded subprocesses)",
-    )
-    parser.add_argument(
         "--allow-incomplete",
         action="store_true",
         help="report although some cell folders are damaged or unfinished (they are listed in the report)",
@@ -815,7 +826,6 @@ def main(argv: list[str] | None = None) -> int:
             output=args.output,
             paper_csv=args.paper,
             audit=args.audit,
-            quality=args.quality,
             allow_incomplete=args.allow_incomplete,
         )
     except ValueError as err:

@@ -38,7 +38,7 @@ from spectr_repro.runner.config import (
     single_draft_message,
     validate,
 )
-from spectr_repro.runner.execute import CellOutcome, ResourceError, Session, plan_cells
+from spectr_repro.runner.execute import CellOutcome, CellPlan, ResourceError, Session, plan_cells
 
 USAGE = """\
 usage: python -m spectr_repro {command} [key=value ...]
@@ -86,31 +86,42 @@ def _main(command: str, argv: list[str]) -> int:
         args = parse_arguments(argv)
         if command == "sweep" and args.launcher_overrides:
             return _hydra_multirun(args)
-        if args.launcher_overrides:
-            raise UsageError("hydra/launcher overrides apply to `sweep` only")
-        if command == "run" and args.sweeps:
-            keys = ", ".join(key for key, _ in args.sweeps)
-            raise UsageError(f"`run` takes one value per key; use `sweep` for lists ({keys})")
-        with Composer() as composer:
-            cfgs = expand(composer, args, use_grid=command == "sweep")
-        for cfg in cfgs:
-            validate(cfg)
-            if command == "run" and needs_single_draft(cfg):
-                raise UsageError(single_draft_message(cfg))
-            if not show_config:
-                _check_device(cfg.hardware.get("device"))
-        if not show_config:
-            plans = plan_cells(cfgs)
-            check_something_to_run(plans)
-            check_prompt_counts(plans)
-            _check_folders(cfgs, plans)
+        cfgs, plans = _compose_and_check(command, args, show_config)
     except UsageError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
     if show_config:  # Hydra's `--cfg job`: print the composed config of every cell, run nothing
         print_configs(cfgs)
         return 0
+    return _run_plans(cfgs, plans)
 
+
+def _compose_and_check(command: str, args, show_config: bool) -> tuple[list, list[CellPlan] | None]:
+    """The cells' configs and (unless only shown) their plans; UsageError for anything that cannot run."""
+    if args.launcher_overrides:
+        raise UsageError("hydra/launcher overrides apply to `sweep` only")
+    if command == "run" and args.sweeps:
+        keys = ", ".join(key for key, _ in args.sweeps)
+        raise UsageError(f"`run` takes one value per key; use `sweep` for lists ({keys})")
+    with Composer() as composer:
+        cfgs = expand(composer, args, use_grid=command == "sweep")
+    for cfg in cfgs:
+        validate(cfg)
+        if command == "run" and needs_single_draft(cfg):
+            raise UsageError(single_draft_message(cfg))
+        if not show_config:
+            _check_device(cfg.hardware.get("device"))
+    if show_config:
+        return cfgs, None
+    plans = plan_cells(cfgs)
+    check_something_to_run(plans)
+    check_prompt_counts(plans)
+    _check_folders(cfgs, plans)
+    return cfgs, plans
+
+
+def _run_plans(cfgs: list, plans: list[CellPlan]) -> int:
+    """Run the planned cells in one session (SIGTERM unwinds like Ctrl-C) and print what happened."""
     force = any(bool(cfg.force) for cfg in cfgs)
     _prepare_logging(cfgs)
     settings = cfgs[0].get("runner") or {}

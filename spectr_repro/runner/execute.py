@@ -319,10 +319,7 @@ class Session:
         return self._ar_times[plan.ar_cell_id]
 
     def _compute(self, plan: CellPlan) -> dict[str, Any]:
-        from spectr_repro.data import encode_prompt
-        from spectr_repro.engine.loop import acceptance_by_position, generate
-        from spectr_repro.engine.timing import SectionTimer
-
+        """Decode the cell's prompts, then its records, then its summary; write them; return the summary."""
         cfg = plan.cfg
         method = plan.method
         pair = self.pair(cfg)
@@ -335,11 +332,34 @@ class Session:
             raise ResourceError(f"AR baseline {plan.ar_cell_id} has no record for prompts {missing_ar[:5]}")
         options = cfg.method.get("options")
         options = OmegaConf.to_container(options, resolve=True) if options is not None else {}
-        temperature = float(cfg.temperature)
+
+        decoded = self._decode(plan, pair, examples, options)
+        records = prompt_records(cfg, pair.tokenizer, examples, decoded, ar_times)
+        rows = [as_json(r) for r in records]
+        caveats = timing_caveats(bool(pair.offloaded), decoded.contention)
+        caveats += [f"AR baseline: {caveat}" for caveat in ar_caveats]
+        summary = as_json(cell_summary(plan, pair, options, decoded, rows, ar_same_process, caveats))
+        try:
+            store.write_cell(plan.directory, rows, summary, config=plan.cfg)
+        except OSError as error:
+            raise ResourceError(f"cannot write cell {plan.cell_id} into {plan.directory}: {error}") from error
+        if method == "ar":
+            self._ar_times[plan.cell_id] = ({r["prompt_id"]: r["wall_time_s"] for r in rows}, True, caveats)
+        self._log(plan, summary, rows)
+        return summary
+
+    def _decode(self, plan: CellPlan, pair, examples: Sequence[Any], options: dict[str, Any]) -> Decoded:
+        """A warm-up, the batched prompts (block efficiency only), then every other prompt alone, timed."""
+        from spectr_repro.data import encode_prompt
+        from spectr_repro.engine.loop import generate
+        from spectr_repro.engine.timing import SectionTimer
+
+        cfg = plan.cfg
+        method = plan.method
 
         def decode(input_ids, max_new_tokens, seed, should_stop=None):
             return generate(pair.target, pair.draft, input_ids, method=method, K=cfg.K, L=cfg.L,
-                            temperature=temperature, max_new_tokens=max_new_tokens, seed=seed,
+                            temperature=float(cfg.temperature), max_new_tokens=max_new_tokens, seed=seed,
                             eos_token_ids=pair.eos_token_ids, should_stop=should_stop,
                             verifier_options=options or None, vocab_size=pair.vocab_size,
                             prefill_chunk=cfg.hardware.get("prefill_chunk"),
@@ -353,7 +373,7 @@ class Session:
             return cfg.seed * 100_003 + index
 
         def stop_of(index):
-            return stop_checker(pair.tokenizer, tuple(getattr(examples[index], "stop_strings", ()) or ()))
+            return stop_checker(pair.tokenizer, _stop_strings(examples[index]))
 
         # Batched block efficiency (hardware.batch_prompts > 1, runner.batched): all but the timed prompts.
         split = batched.split_prompts(cfg.hardware, len(prompts))
@@ -363,101 +383,26 @@ class Session:
         timer = SectionTimer(pair.device)
         watch = claims.ContentionWatch(self.runner, plan.directory.parent)
         watch.sample()
-        records, pooled_accepted, pooled_blocks, time_split = [], [], [], {}
-        bar = tqdm(list(zip(examples, prompts)), desc=f"{method} K={cfg.K} L={cfg.L}", unit="prompt",
+        outputs, walls = [], []
+        bar = tqdm(prompts, desc=f"{method} K={cfg.K} L={cfg.L}", unit="prompt",
                    leave=False, file=sys.stderr, disable=not self.progress, dynamic_ncols=True)
         tokens = calls = 0
-        for index, (example, input_ids) in enumerate(bar):
-            stop_strings = tuple(getattr(example, "stop_strings", ()) or ())
+        for index, input_ids in enumerate(bar):
             key = f"wall_{index}"
             if index in batched_outputs:
                 out, wall = batched_outputs[index], None  # decoded in a batch: BE only, never timed
             else:
                 with timer(key):
-                    out = decode(input_ids, cfg.max_new_tokens, seed=seed_of(index),
-                                 should_stop=stop_checker(pair.tokenizer, stop_strings))
+                    out = decode(input_ids, cfg.max_new_tokens, seed=seed_of(index), should_stop=stop_of(index))
                 wall = timer.seconds.pop(key)
                 watch.sample()
+            outputs.append(out)
+            walls.append(wall)
             tokens += len(out.new_tokens)
             calls += out.target_calls
-            accepted = list(out.stats.get("accepted_lengths", []))
-            blocks = list(out.stats.get("block_lengths", []))
-            pooled_accepted.extend(accepted)
-            pooled_blocks.extend(blocks)
-            for section, seconds in out.stats.get("time_s", {}).items():
-                time_split[section] = time_split.get(section, 0.0) + seconds
-            text = pair.tokenizer.decode(out.new_tokens, skip_special_tokens=True)
-            prompt_id = str(example.id)
-            records.append(PromptRecord(
-                prompt_id=prompt_id,
-                method=method,
-                K=cfg.K,
-                L=cfg.L,
-                temperature=temperature,
-                seed=cfg.seed,
-                prompt_tokens=len(input_ids),
-                new_tokens=len(out.new_tokens),
-                target_calls=out.target_calls,
-                block_efficiency=out.block_efficiency,
-                wall_time_s=wall,
-                ar_wall_time_s=None if wall is None else wall if method == "ar" else ar_times.get(prompt_id),
-                completion=truncate_at_stop(text, stop_strings),
-                reference=getattr(example, "reference", None),
-                accepted_lengths=accepted,
-                block_lengths=blocks,
-                dataset=cfg.choices.dataset,
-                model_pair=cfg.choices.model_pair,
-                batch_prompts=out.stats.get("batch_prompts", 1),
-            ))
             bar.set_postfix(BE=f"{tokens / calls:.2f}" if calls else "-")
         bar.close()
-
-        missing = [r.prompt_id for r in records if r.wall_time_s is not None and r.ar_wall_time_s is None]
-        if missing:
-            raise RuntimeError(f"AR baseline {plan.ar_cell_id} has no record for prompts {missing[:5]}")
-        rows = [as_json(r) for r in records]
-        contention = watch.result()
-        caveats = timing_caveats(bool(pair.offloaded), contention)
-        caveats += [f"AR baseline: {caveat}" for caveat in ar_caveats]
-        summary = CellSummary(
-            experiment=cfg.experiment,
-            cell_id=plan.cell_id,
-            method=method,
-            method_options=options,
-            dataset=cfg.choices.dataset,
-            model_pair=cfg.choices.model_pair,
-            hardware=cfg.choices.hardware,
-            K=cfg.K,
-            L=cfg.L,
-            temperature=temperature,
-            seed=cfg.seed,
-            max_new_tokens=cfg.max_new_tokens,
-            **pooled_metrics(rows),  # tokens, target calls, pooled BE, wall times, speed-up, tokens/s
-            acceptance_by_position=(
-                [] if method == "ar" else acceptance_by_position(pooled_accepted, cfg.L, pooled_blocks)),
-            time_split=time_split,
-            ar_cell_id=plan.ar_cell_id or plan.cell_id,
-            ar_same_process=ar_same_process,
-            environment=environment(str(pair.device)),
-            created_at=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-            prompt_ids=[r["prompt_id"] for r in rows],
-            records_sha256=records_digest(store.records_text(rows)),
-            offloaded=bool(pair.offloaded),
-            contention=contention,
-            speedup_caveats=caveats,
-            model_revisions=pair.revisions,
-            batch_prompts=split.batch_prompts,
-            batched_wall_time_s=batched_wall,
-        )
-        summary = as_json(summary)
-        try:
-            store.write_cell(plan.directory, rows, summary, config=plan.cfg)
-        except OSError as error:
-            raise ResourceError(f"cannot write cell {plan.cell_id} into {plan.directory}: {error}") from error
-        if method == "ar":
-            self._ar_times[plan.cell_id] = ({r["prompt_id"]: r["wall_time_s"] for r in rows}, True, caveats)
-        self._log(plan, summary, rows)
-        return summary
+        return Decoded(prompts, outputs, walls, split, batched_wall, watch.result())
 
     def _log(self, plan: CellPlan, summary: dict[str, Any], records: list[dict[str, Any]]) -> None:
         if not tracking.enabled(plan.cfg.logger):
@@ -473,6 +418,100 @@ class Session:
             return
         if run_dir is not None:
             self.echo(f"W&B {plan.cfg.logger.mode} run: {run_dir} ({time.perf_counter() - started:.1f}s)")
+
+
+@dataclass
+class Decoded:
+    """What ``Session._decode`` returns: per prompt (in order) its token ids, its output and its wall time
+    (None: decoded in a batch, never timed); the split, the batches' wall time and the contention seen."""
+
+    prompts: list[list[int]]
+    outputs: list[Any]  # engine.loop.GenerationOutput
+    walls: list[float | None]
+    split: batched.PromptSplit
+    batched_wall: float
+    contention: dict[str, Any]
+
+
+def _stop_strings(example) -> tuple[str, ...]:
+    return tuple(getattr(example, "stop_strings", ()) or ())
+
+
+def prompt_records(cfg: DictConfig, tokenizer, examples: Sequence[Any], decoded: Decoded,
+                   ar_times: dict[str, float]) -> list[PromptRecord]:
+    """One record per prompt: the decoded output, its wall time and the AR baseline's on the same prompt."""
+    method = cfg.method.name
+    records = []
+    for example, input_ids, out, wall in zip(examples, decoded.prompts, decoded.outputs, decoded.walls):
+        text = tokenizer.decode(out.new_tokens, skip_special_tokens=True)
+        prompt_id = str(example.id)
+        records.append(PromptRecord(
+            prompt_id=prompt_id,
+            method=method,
+            K=cfg.K,
+            L=cfg.L,
+            temperature=float(cfg.temperature),
+            seed=cfg.seed,
+            prompt_tokens=len(input_ids),
+            new_tokens=len(out.new_tokens),
+            target_calls=out.target_calls,
+            block_efficiency=out.block_efficiency,
+            wall_time_s=wall,
+            ar_wall_time_s=None if wall is None else wall if method == "ar" else ar_times.get(prompt_id),
+            completion=truncate_at_stop(text, _stop_strings(example)),
+            reference=getattr(example, "reference", None),
+            accepted_lengths=list(out.stats.get("accepted_lengths", [])),
+            block_lengths=list(out.stats.get("block_lengths", [])),
+            dataset=cfg.choices.dataset,
+            model_pair=cfg.choices.model_pair,
+            batch_prompts=out.stats.get("batch_prompts", 1),
+        ))
+    return records
+
+
+def cell_summary(plan: CellPlan, pair, options: dict[str, Any], decoded: Decoded, rows: list[dict[str, Any]],
+                 ar_same_process: bool, caveats: list[str]) -> CellSummary:
+    """The cell's summary: its settings, the metrics pooled over ``rows``, acceptance by position, the time
+    split, the environment and what makes its wall times incomparable (``caveats``)."""
+    from spectr_repro.engine.loop import acceptance_by_position
+
+    cfg, method = plan.cfg, plan.method
+    pooled_accepted = [a for out in decoded.outputs for a in out.stats.get("accepted_lengths", [])]
+    pooled_blocks = [b for out in decoded.outputs for b in out.stats.get("block_lengths", [])]
+    time_split: dict[str, float] = {}
+    for out in decoded.outputs:
+        for section, seconds in out.stats.get("time_s", {}).items():
+            time_split[section] = time_split.get(section, 0.0) + seconds
+    return CellSummary(
+        experiment=cfg.experiment,
+        cell_id=plan.cell_id,
+        method=method,
+        method_options=options,
+        dataset=cfg.choices.dataset,
+        model_pair=cfg.choices.model_pair,
+        hardware=cfg.choices.hardware,
+        K=cfg.K,
+        L=cfg.L,
+        temperature=float(cfg.temperature),
+        seed=cfg.seed,
+        max_new_tokens=cfg.max_new_tokens,
+        **pooled_metrics(rows),  # tokens, target calls, pooled BE, wall times, speed-up, tokens/s
+        acceptance_by_position=(
+            [] if method == "ar" else acceptance_by_position(pooled_accepted, cfg.L, pooled_blocks)),
+        time_split=time_split,
+        ar_cell_id=plan.ar_cell_id or plan.cell_id,
+        ar_same_process=ar_same_process,
+        environment=environment(str(pair.device)),
+        created_at=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        prompt_ids=[r["prompt_id"] for r in rows],
+        records_sha256=records_digest(store.records_text(rows)),
+        offloaded=bool(pair.offloaded),
+        contention=decoded.contention,
+        speedup_caveats=caveats,
+        model_revisions=pair.revisions,
+        batch_prompts=decoded.split.batch_prompts,
+        batched_wall_time_s=decoded.batched_wall,
+    )
 
 
 def timing_caveats(offloaded: bool, contention: dict[str, Any]) -> list[str]:

@@ -9,5 +9,6 @@ losslessness audit of every registered rule.
 Modules: exact (M(z) of a rule), validity (R >= 0, R = 0 at length L+1), lp (the physical limit: the draft-set LP
 and the node LP), structure (the limit of depth-by-depth selections), gap (each rule's share of the SpecTr -> LP
 gap on a broad toy set), bounds (paper's bound, GBV's value), generation (tokens per target call over N tokens),
-audit, cli.
+audit, peers; claims (the theory tables and the paper's claims checked on them), markdown (THEORY.md, AUDIT.md),
+figure (theory.png), cli (the two commands).
 """

@@ -28,11 +28,12 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from spectr_repro.lawcheck import chi_square_test, total_variation
-from spectr_repro.toy import exact_decoded_law, sample_decoded, target_law, toy_pair
+from spectr_repro.toy import ToySpec, exact_decoded_law, sample_decoded, target_law
 from spectr_repro.verify import VERIFIERS, Verifier, get_verifier
+from spectr_repro.verify.thresholds import ALPHA, EXACT_TV
 
-EXACT_TV_THRESHOLD = 1e-9
-P_VALUE_THRESHOLD = 1e-4
+EXACT_TV_THRESHOLD = EXACT_TV  # the verdict's threshold (verify.thresholds)
+P_VALUE_THRESHOLD = ALPHA  # the Monte-Carlo flag's threshold (verify.thresholds)
 
 # Option variants audited besides each rule's defaults: the releases' and ablations' switches (spectr_gbv's
 # arithmetic: the release's own float32 arithmetic on rows rounded to float16 / bfloat16 / float32).
@@ -42,19 +43,6 @@ EXTRA_VARIANTS: dict[str, list[dict[str, Any]]] = {
                    {"arithmetic": "release_fp32"}],
     "sbv": [{"count_posterior": False}, {"selection": "greedy"}],
 }
-
-
-@dataclass(frozen=True)
-class ToySpec:
-    vocab_size: int
-    L: int
-    seed: int
-
-    def pair(self):
-        return toy_pair(self.vocab_size, self.seed)
-
-    def label(self) -> str:
-        return f"V={self.vocab_size},L={self.L},seed={self.seed}"
 
 
 QUICK_TOYS = (ToySpec(2, 2, 0),)
@@ -120,25 +108,7 @@ def audit_verifier(
     start = time.perf_counter()
     if exact_laws is None:
         exact_laws = decoded_laws(verifier, K, toys, n_tokens)
-    toy_rows = []
-    mc = None
-    for index, (toy, exact) in enumerate(zip(toys, exact_laws, strict=True)):
-        target, draft = toy.pair()
-        truth = target_law(target, n_tokens)
-        toy_row = {
-            "toy": toy.label(),
-            "exact_tv": total_variation(exact, truth),
-            "exact_mass": sum(exact.values()),
-        }
-        if reference_laws is not None:
-            toy_row["exact_tv_vs_default"] = total_variation(exact, reference_laws[index])
-        if index == 0 and num_samples > 0:
-            counts = sample_decoded(verifier, target, draft, K, toy.L, n_tokens, num_samples, seed)
-            vs_target = chi_square_test(counts, truth)
-            vs_law = chi_square_test(counts, exact)
-            mc = (vs_target, vs_law)
-            toy_row.update(p_value=vs_target.p_value, mc_tv=vs_target.tv, p_value_vs_law=vs_law.p_value)
-        toy_rows.append(toy_row)
+    toy_rows, mc = _toy_rows(verifier, K, toys, n_tokens, num_samples, seed, exact_laws, reference_laws)
     exact_tv = max(row["exact_tv"] for row in toy_rows)
     verdict = "lossless" if exact_tv < EXACT_TV_THRESHOLD else "NOT lossless"
     nan = float("nan")
@@ -174,6 +144,32 @@ def audit_verifier(
         exact_tv_vs_default=(max(row["exact_tv_vs_default"] for row in toy_rows)
                              if reference_laws is not None else None),
     )
+
+
+def _toy_rows(verifier: Verifier, K: int, toys: Sequence[ToySpec], n_tokens: int, num_samples: int, seed: int,
+              exact_laws: Sequence[dict], reference_laws: Sequence[dict] | None):
+    """Per toy: the exact TV to the target (and to ``reference_laws``); on the first toy also the Monte-Carlo
+    checks, returned as (vs target, vs own exact law), or None without samples."""
+    toy_rows = []
+    mc = None
+    for index, (toy, exact) in enumerate(zip(toys, exact_laws, strict=True)):
+        target, draft = toy.pair()
+        truth = target_law(target, n_tokens)
+        toy_row = {
+            "toy": toy.label(),
+            "exact_tv": total_variation(exact, truth),
+            "exact_mass": sum(exact.values()),
+        }
+        if reference_laws is not None:
+            toy_row["exact_tv_vs_default"] = total_variation(exact, reference_laws[index])
+        if index == 0 and num_samples > 0:
+            counts = sample_decoded(verifier, target, draft, K, toy.L, n_tokens, num_samples, seed)
+            vs_target = chi_square_test(counts, truth)
+            vs_law = chi_square_test(counts, exact)
+            mc = (vs_target, vs_law)
+            toy_row.update(p_value=vs_target.p_value, mc_tv=vs_target.tv, p_value_vs_law=vs_law.p_value)
+        toy_rows.append(toy_row)
+    return toy_rows, mc
 
 
 def decoded_laws(verifier: Verifier, K: int, toys: Sequence[ToySpec], n_tokens: int) -> list[dict]:

@@ -6,7 +6,7 @@ of conditionals after the context). Two numbers from the GBV paper (arXiv 2604.2
 - the paper's bound on E[tau] for K drafts:  sum_{i=1..L} sum_{x^i} P(x^i) [1 - (1 - min(1, Q/P))^K];
 - GBV's per-iteration value (its K=1 case):  sum_{i=1..L} sum_{x^i} min(P(x^i), Q(x^i)).
 
-Both are compared in ``theory.cli`` with the LP limit of ANY valid rule used as is (``theory.lp``) and with
+Both are compared in ``theory.claims`` with the LP limit of ANY valid rule used as is (``theory.lp``) and with
 every rule's exact E[tau] (``theory.exact``).
 """
 

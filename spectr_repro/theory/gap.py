@@ -15,7 +15,6 @@ import itertools
 import json
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
@@ -23,6 +22,7 @@ import pandas as pd
 from spectr_repro.theory.exact import expected_accepted_length, iteration_law
 from spectr_repro.theory.lp import optimal_expected_accepted_nodes
 from spectr_repro.theory.structure import myopic_selection_limit
+from spectr_repro.toy import ToySpec
 from spectr_repro.verify import VERIFIERS, get_verifier
 
 BASELINE = "spectr"
@@ -33,25 +33,10 @@ DEFAULT_MAX_TUPLES = 50_000
 MYOPIC_MAX_TUPLES = 5_000  # the myopic-selection LP enumerates tuples too, with many more variables
 
 
-@dataclass(frozen=True)
-class GapToy:
-    vocab_size: int
-    L: int
-    K: int
-    seed: int
-
-    @property
-    def tuples(self) -> int:
-        return self.vocab_size ** (self.K * self.L)
-
-    def key(self) -> str:
-        return f"V={self.vocab_size},L={self.L},K={self.K},seed={self.seed}"
-
-
 def gap_toys(vocab_sizes: Sequence[int] = (2, 3, 4), lengths: Sequence[int] = (2, 3), drafts: Sequence[int] = (2, 3),
-             seeds: Sequence[int] = (0, 1, 2)) -> list[GapToy]:
+             seeds: Sequence[int] = (0, 1, 2)) -> list[ToySpec]:
     """The cross product (the headline set of docs/sbvf.md)."""
-    return [GapToy(V, L, K, s) for V, L, K, s in itertools.product(vocab_sizes, lengths, drafts, seeds)]
+    return [ToySpec(V, L, s, K=K) for V, L, K, s in itertools.product(vocab_sizes, lengths, drafts, seeds)]
 
 
 def _load(cache: Path | None) -> dict:
@@ -66,11 +51,9 @@ def _store(cache: Path | None, values: dict) -> None:
         tmp.replace(cache)
 
 
-def gap_rows(toys: Sequence[GapToy], rules: Sequence[str] = GAP_RULES, cache: Path | None = None,
+def gap_rows(toys: Sequence[ToySpec], rules: Sequence[str] = GAP_RULES, cache: Path | None = None,
              max_tuples: int = DEFAULT_MAX_TUPLES, progress: Callable[[str], None] | None = print) -> pd.DataFrame:
     """One row per toy with the E[tau] of each rule, the LP and each rule's share of the gap (NaN if skipped)."""
-    from spectr_repro.toy import toy_pair
-
     values = _load(cache)
     rows = []
     for toy in toys:
@@ -78,7 +61,7 @@ def gap_rows(toys: Sequence[GapToy], rules: Sequence[str] = GAP_RULES, cache: Pa
         if row["skipped"]:
             rows.append(row)
             continue
-        target, draft = toy_pair(toy.vocab_size, toy.seed)
+        target, draft = toy.pair()
         extras = ("myopic_limit",) if toy.tuples <= MYOPIC_MAX_TUPLES else ()
         for quantity in (*rules, "lp_optimum", *extras):
             key = f"{quantity}|{toy.key()}"

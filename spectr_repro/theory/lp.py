@@ -78,18 +78,49 @@ def optimal_expected_accepted(target: ToyLM, draft: ToyLM, K: int, L: int, conte
     if K < 1 or L < 1:
         raise ValueError(f"need K >= 1 and L >= 1, got K={K}, L={L}")
     start = time.perf_counter()
-    context = tuple(context)
-    V = target.vocab_size
-    # Sequences of length n are coded base V (first token most significant); global index offset[n] + code.
-    offset = np.zeros(L + 3, dtype=np.int64)
+    coding = _SequenceCoding(target.vocab_size, L)
+    target_cond, draft_seq = _laws(target, draft, tuple(context), coding)
+    sets, weights = draft_set_weights(draft_seq, K)
+    y_set, y_seq = _output_variables(sets, coding)
+    A_eq, b_eq = _equalities(y_set, y_seq, weights, target_cond, coding)
+    num_y, num_sequences = len(y_set), coding.num_sequences
+    lengths = np.searchsorted(coding.offset[1:], y_seq, side="right")  # |o| for each y variable
+    cost = np.concatenate([-(lengths - 1).astype(float), np.zeros(num_sequences)])
+    terminal = np.arange(num_sequences) >= coding.offset[L + 1] - coding.offset[1]
+    upper = np.concatenate([np.full(num_y, np.inf), np.where(terminal, 0.0, np.inf)])
+    bounds = np.stack([np.zeros(num_y + num_sequences), upper], axis=1)
+    result = _solve(cost, A_eq, b_eq, bounds, time_limit, f"LP (V={coding.V}, L={L}, K={K})")
+    masses = np.zeros(num_sequences)
+    np.add.at(masses, y_seq - coding.offset[1], result.x[:num_y])
+    law = {}
     for n in range(1, L + 2):
-        offset[n + 1] = offset[n] + V ** n
-    num_sequences = int(offset[L + 2] - offset[1])
+        for code in range(coding.V ** n):
+            mass = float(masses[coding.offset[n] + code - coding.offset[1]])
+            if mass > 0:
+                law[coding.decode(n, code)] = mass
+    return LPResult(
+        value=float(-result.fun), law=law, num_draft_sets=len(sets), num_variables=A_eq.shape[1],
+        num_constraints=A_eq.shape[0], seconds=time.perf_counter() - start, message=str(result.message),
+    )
 
-    def decode(n: int, code: int) -> tuple[int, ...]:
-        return tuple((code // V ** (n - 1 - j)) % V for j in range(n))
 
-    # Conditionals p(. | w) and the draft law of the length-L sequences.
+class _SequenceCoding:
+    """Sequences of length n = 1..L+1 coded base V (first token most significant); global index offset[n] + code."""
+
+    def __init__(self, V: int, L: int) -> None:
+        self.V, self.L = V, L
+        self.offset = np.zeros(L + 3, dtype=np.int64)
+        for n in range(1, L + 2):
+            self.offset[n + 1] = self.offset[n] + V ** n
+        self.num_sequences = int(self.offset[L + 2] - self.offset[1])
+
+    def decode(self, n: int, code: int) -> tuple[int, ...]:
+        return tuple((code // self.V ** (n - 1 - j)) % self.V for j in range(n))
+
+
+def _laws(target: ToyLM, draft: ToyLM, context: tuple[int, ...], coding: _SequenceCoding):
+    """The target's conditionals p(. | w) for |w| <= L ({n: [V^n, V]}) and the draft law of the length-L sequences."""
+    V, L, decode = coding.V, coding.L, coding.decode
     target_cond = {n: np.stack([target.probs(context + decode(n, c)).numpy() for c in range(V ** n)])
                    for n in range(L + 1)}
     draft_cond = {n: np.stack([draft.probs(context + decode(n, c)).numpy() for c in range(V ** n)])
@@ -97,9 +128,12 @@ def optimal_expected_accepted(target: ToyLM, draft: ToyLM, K: int, L: int, conte
     draft_seq = np.ones(1)
     for n in range(L):
         draft_seq = (draft_seq[:, None] * draft_cond[n]).reshape(-1)
-    sets, weights = draft_set_weights(draft_seq, K)
+    return target_cond, draft_seq
 
-    # y variables: for each set, its distinct prefixes (length 0..L) times V next tokens.
+
+def _output_variables(sets: list[tuple[int, ...]], coding: _SequenceCoding) -> tuple[np.ndarray, np.ndarray]:
+    """The y variables: for each set, its distinct prefixes (length 0..L) times V next tokens, as (set, sequence)."""
+    V, L = coding.V, coding.L
     y_set, y_seq = [], []
     tokens = np.arange(V)
     for s, members in enumerate(sets):
@@ -107,14 +141,14 @@ def optimal_expected_accepted(target: ToyLM, draft: ToyLM, K: int, L: int, conte
         for t in range(L + 1):
             for prefix_code in np.unique(members_arr // V ** (L - t)):
                 y_set.append(np.full(V, s))
-                y_seq.append(offset[t + 1] + prefix_code * V + tokens)
-    y_set = np.concatenate(y_set)
-    y_seq = np.concatenate(y_seq)
-    num_y = len(y_set)
-    lengths = np.searchsorted(offset[1:], y_seq, side="right")  # |o| for each y variable
+                y_seq.append(coding.offset[t + 1] + prefix_code * V + tokens)
+    return np.concatenate(y_set), np.concatenate(y_seq)
 
-    # Equality constraints: rows [0, S) normalise each set; rows S + g define R at sequence g.
-    num_sets = len(sets)
+
+def _equalities(y_set, y_seq, weights, target_cond, coding: _SequenceCoding):
+    """Rows [0, S) normalise each set (sum_o y(o, D) = q(D)); rows S + g define R at sequence g."""
+    V, L, offset = coding.V, coding.L, coding.offset
+    num_y, num_sets, num_sequences = len(y_set), len(weights), coding.num_sequences
     rows = [y_set, num_sets + (y_seq - offset[1])]
     cols = [np.arange(num_y), np.arange(num_y)]
     vals = [np.ones(num_y), np.ones(num_y)]
@@ -137,12 +171,12 @@ def optimal_expected_accepted(target: ToyLM, draft: ToyLM, K: int, L: int, conte
         (np.concatenate(vals), (np.concatenate(rows), np.concatenate(cols))),
         shape=(num_sets + num_sequences, num_y + num_sequences),
     )
-    cost = np.concatenate([-(lengths - 1).astype(float), np.zeros(num_sequences)])
-    terminal = np.arange(num_sequences) >= offset[L + 1] - offset[1]
-    upper = np.concatenate([np.full(num_y, np.inf), np.where(terminal, 0.0, np.inf)])
-    bounds = np.stack([np.zeros(num_y + num_sequences), upper], axis=1)
-    # Tiny set weights (products of K sequence probabilities) make HiGHS's presolve fragile: on some
-    # toys it declares this always-feasible LP (SD is a feasible point) infeasible. Retry without presolve.
+    return A_eq, b_eq
+
+
+def _solve(cost, A_eq, b_eq, bounds, time_limit: float | None, name: str):
+    """HiGHS, with presolve and then without: tiny set weights (products of K sequence probabilities) make its
+    presolve fragile, on some toys it declares this always-feasible LP (SD is a feasible point) infeasible."""
     attempts = [{"presolve": True}, {"presolve": False}]
     for attempt in attempts:
         options = {"primal_feasibility_tolerance": 1e-10, "dual_feasibility_tolerance": 1e-10, **attempt}
@@ -150,21 +184,8 @@ def optimal_expected_accepted(target: ToyLM, draft: ToyLM, K: int, L: int, conte
             options["time_limit"] = float(time_limit)
         result = linprog(cost, A_eq=A_eq, b_eq=b_eq, bounds=bounds, method="highs", options=options)
         if result.status == 0:
-            break
-    else:
-        raise RuntimeError(f"LP (V={V}, L={L}, K={K}) not solved: {result.message}")
-    masses = np.zeros(num_sequences)
-    np.add.at(masses, y_seq - offset[1], result.x[:num_y])
-    law = {}
-    for n in range(1, L + 2):
-        for code in range(V ** n):
-            mass = float(masses[offset[n] + code - offset[1]])
-            if mass > 0:
-                law[decode(n, code)] = mass
-    return LPResult(
-        value=float(-result.fun), law=law, num_draft_sets=num_sets, num_variables=A_eq.shape[1],
-        num_constraints=A_eq.shape[0], seconds=time.perf_counter() - start, message=str(result.message),
-    )
+            return result
+    raise RuntimeError(f"{name} not solved: {result.message}")
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -248,23 +269,13 @@ def optimal_expected_accepted_nodes(target: ToyLM, draft: ToyLM, K: int, L: int,
     V, n = tree.V, tree.num_nodes
     Q_all = np.concatenate(tree.Q[1:])
     capacity = lambda s: 1.0 - (1.0 - min(s, 1.0)) ** K  # noqa: E731
-    # nu(a x) - p(x|a) nu(a) <= 0 (depth 1: nu(x) <= p(x)), one row per node.
-    rows, cols, vals, rhs = [np.arange(n)], [np.arange(n)], [np.ones(n)], [np.zeros(n)]
-    rhs[0][: V] = tree.p[0][0]
-    for depth in range(2, L + 1):
-        child = np.arange(tree.offset[depth - 1], tree.offset[depth])
-        parent = tree.offset[depth - 2] + (child - tree.offset[depth - 1]) // V
-        rows.append(child)
-        cols.append(parent)
-        vals.append(-tree.p[depth - 1].reshape(-1))
-    tree_rows = (np.concatenate(rows), np.concatenate(cols), np.concatenate(vals))
-    tree_rhs = np.concatenate(rhs)
+    tree_matrix, tree_rhs = _tree_constraints(tree)
     cuts: list[np.ndarray] = [np.eye(1, n, i, dtype=bool)[0] for i in range(n)]  # singletons
     seen = {c.tobytes() for c in cuts}
     message = ""
     for _ in range(max_rounds):
         cut_matrix = sparse.csr_matrix(np.stack(cuts).astype(float))
-        A = sparse.vstack([sparse.csr_matrix((tree_rows[2], (tree_rows[0], tree_rows[1])), shape=(n, n)), cut_matrix])
+        A = sparse.vstack([tree_matrix, cut_matrix])
         b = np.concatenate([tree_rhs, [capacity(float(Q_all[c].sum())) for c in cuts]])
         result = linprog(-np.ones(n), A_ub=A, b_ub=b, bounds=(0, None), method="highs",
                          options={"primal_feasibility_tolerance": 1e-10, "dual_feasibility_tolerance": 1e-10})
@@ -283,6 +294,29 @@ def optimal_expected_accepted_nodes(target: ToyLM, draft: ToyLM, K: int, L: int,
         cuts.extend(new)
     else:
         raise RuntimeError(f"node LP (V={V}, L={L}, K={K}): no convergence in {max_rounds} rounds")
+    nu_map, law = _nu_and_law(tree, nu)
+    return NodeLPResult(value=float(nu.sum()), nu=nu_map, law=law, num_nodes=n, num_cuts=len(cuts) - n,
+                        seconds=time.perf_counter() - start, message=message)
+
+
+def _tree_constraints(tree: _NodeTree) -> tuple[sparse.csr_matrix, np.ndarray]:
+    """nu(a x) - p(x|a) nu(a) <= 0 (depth 1: nu(x) <= p(x)), one row per node: (matrix, right-hand side)."""
+    V, L, n = tree.V, tree.L, tree.num_nodes
+    rows, cols, vals, rhs = [np.arange(n)], [np.arange(n)], [np.ones(n)], [np.zeros(n)]
+    rhs[0][: V] = tree.p[0][0]
+    for depth in range(2, L + 1):
+        child = np.arange(tree.offset[depth - 1], tree.offset[depth])
+        parent = tree.offset[depth - 2] + (child - tree.offset[depth - 1]) // V
+        rows.append(child)
+        cols.append(parent)
+        vals.append(-tree.p[depth - 1].reshape(-1))
+    matrix = sparse.csr_matrix((np.concatenate(vals), (np.concatenate(rows), np.concatenate(cols))), shape=(n, n))
+    return matrix, np.concatenate(rhs)
+
+
+def _nu_and_law(tree: _NodeTree, nu: np.ndarray) -> tuple[dict[tuple[int, ...], float], dict[tuple[int, ...], float]]:
+    """nu by node (the root: 1) and the law M(a x) = nu(a) p(x|a) - nu(a x) of the outputs it implies."""
+    V, L = tree.V, tree.L
     nu_map = {(): 1.0}
     law: dict[tuple[int, ...], float] = {}
     for depth in range(1, L + 1):
@@ -295,8 +329,7 @@ def optimal_expected_accepted_nodes(target: ToyLM, draft: ToyLM, K: int, L: int,
                 mass = nu_map[a] * float(tree.p[depth][code, x]) - (nu_map[a + (x,)] if depth < L else 0.0)
                 if mass > 0:
                     law[a + (x,)] = mass
-    return NodeLPResult(value=float(nu.sum()), nu=nu_map, law=law, num_nodes=n, num_cuts=len(cuts) - n,
-                        seconds=time.perf_counter() - start, message=message)
+    return nu_map, law
 
 
 def _antichain_candidates(tree: _NodeTree, nu: np.ndarray, Q_all: np.ndarray, K: int) -> list[np.ndarray]:

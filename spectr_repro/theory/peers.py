@@ -65,8 +65,8 @@ from spectr_repro.lawcheck import chi_square_test, total_variation
 from spectr_repro.theory.exact import expected_accepted_length, iteration_law
 from spectr_repro.toy import Context, ToyLM, block_tensors, draft_tuples, target_law
 from spectr_repro.verify import Outcome, get_verifier
+from spectr_repro.verify.thresholds import ALPHA  # the audit's p-value threshold (audit.P_VALUE_THRESHOLD)
 
-ALPHA = 1e-4  # the audit's p-value threshold (audit.P_VALUE_THRESHOLD)
 POWER = 0.9  # the power at which the detectable TV is stated
 POWER_REPLICATIONS = 1000  # multinomial replications behind each simulated power
 Z_THRESHOLD = 4.0  # |z| of the mean accepted length above this is flagged (two-sided p ~ 6e-5)
@@ -429,13 +429,7 @@ def audit_peers(quick: bool = False, pair: PeerPair = PeerPair(), settings: Sequ
     draft_hf_lm = tabulate(draft, pair.prompt, depth, T * T)  # what transformers' assistant samples from
     setup_seconds = time.perf_counter() - start
     truth = {n: target_law(target_lm, n) for n in {s.law_tokens for s in settings}}
-    # Known biases on the same pair and schedule (pinned L = 2, first 3 tokens), for the simulated power:
-    # the released GBV rule (K = 1, no carry-over) and transformers' own ensemble verification.
-    references = {"released GBV (gbv carry_over=False), L=2":
-                  scheduled_decoded_law(get_verifier("gbv", carry_over=False), target_lm, draft_hf_lm, 2, 3)}
-    for weight in REFERENCE_ENSEMBLE_WEIGHTS:
-        references[f"ensemble w={weight:g}, L=2"] = scheduled_decoded_law(EnsembleVerification(weight), target_lm,
-                                                                        draft_hf_lm, 2, 3)
+    references = _reference_laws(target_lm, draft_hf_lm)
     sd_iterations: dict[tuple[int, float], dict] = {}
 
     def sd_iteration(L: int, draft_lm_used: TabulatedLM, temperature: float) -> dict:
@@ -460,35 +454,9 @@ def audit_peers(quick: bool = False, pair: PeerPair = PeerPair(), settings: Sequ
             exact_tv = total_variation(control_law, law)
             own = chi_square_test(samples.decoded, control_law).p_value
         if s.draft_length is not None:
-            L = s.draft_length
-            first = first_iteration_check(samples.first_iteration, sd_iteration(L, draft_lm, T))
-            squared = first_iteration_check(samples.first_iteration, sd_iteration(L, draft_hf_lm, T * T))
-            first["draft_at_T_squared"] = {key: squared[key] for key in
-                                           ("exact_mean_tau", "z", "p_value_tau_law", "p_value_outcome_law")}
-            if s.ensemble_weight is not None:
-                control_iteration = iteration_law(EnsembleVerification(s.ensemble_weight), target_lm, draft_hf_lm,
-                                                  1, L)
-                first["control_own_law"] = {
-                    "exact_mean_tau": expected_accepted_length(control_iteration),
-                    "p_value_outcome_law": chi_square_test(samples.first_iteration, control_iteration).p_value,
-                }
-        detected = check.p_value < ALPHA
-        flags = []
-        if s.ensemble_weight is None:
-            verdict = "BIASED (detected)" if detected else "no bias detected"
-            if detected:
-                flags.append("MC detects bias vs target")
-            if first is not None:
-                first["matches"] = first_iteration_match(first)
-                if first["matches"] == "T^2":
-                    flags.append("first iteration = SD with the draft at T^2, not T (temperature applied twice "
-                                 "to the assistant)")
-                elif first["matches"] == "neither":
-                    flags.append("FIRST ITERATION MATCHES NO SD LAW")
-        else:
-            verdict = "control rejected" if detected else "CONTROL NOT REJECTED (no power)"
-            if own is not None and own < ALPHA:
-                flags.append("CONTROL DISAGREES WITH ITS EXACT LAW")
+            first = _first_iteration(s, samples.first_iteration, sd_iteration(s.draft_length, draft_lm, T),
+                                     sd_iteration(s.draft_length, draft_hf_lm, T * T), target_lm, draft_hf_lm)
+        verdict, flags = _verdict(s, check.p_value < ALPHA, first, own)
         row = PeerRow(
             peer=PEER, setting=s.name, description=s.describe(), is_control=s.ensemble_weight is not None,
             num_samples=s.num_samples, law_tokens=s.law_tokens, p_value=check.p_value, mc_tv=check.tv,
@@ -502,6 +470,56 @@ def audit_peers(quick: bool = False, pair: PeerPair = PeerPair(), settings: Sequ
         if progress is not None:
             progress(row)
     return rows
+
+
+def _reference_laws(target_lm: TabulatedLM, draft_hf_lm: TabulatedLM) -> dict[str, dict]:
+    """Known biases on the same pair and schedule (pinned L = 2, first 3 tokens), for the simulated power:
+    the released GBV rule (K = 1, no carry-over) and transformers' own ensemble verification."""
+    references = {"released GBV (gbv carry_over=False), L=2":
+                  scheduled_decoded_law(get_verifier("gbv", carry_over=False), target_lm, draft_hf_lm, 2, 3)}
+    for weight in REFERENCE_ENSEMBLE_WEIGHTS:
+        references[f"ensemble w={weight:g}, L=2"] = scheduled_decoded_law(EnsembleVerification(weight), target_lm,
+                                                                        draft_hf_lm, 2, 3)
+    return references
+
+
+def _first_iteration(s: PeerSetting, counts: Counter, sd_at_T: dict, sd_at_T_squared: dict, target_lm: TabulatedLM,
+                     draft_hf_lm: TabulatedLM) -> dict:
+    """The recorded first iterations against SD's exact law with the draft at T, at T^2 and (a control) against the
+    control's own exact law."""
+    first = first_iteration_check(counts, sd_at_T)
+    squared = first_iteration_check(counts, sd_at_T_squared)
+    first["draft_at_T_squared"] = {key: squared[key] for key in
+                                   ("exact_mean_tau", "z", "p_value_tau_law", "p_value_outcome_law")}
+    if s.ensemble_weight is not None:
+        control_iteration = iteration_law(EnsembleVerification(s.ensemble_weight), target_lm, draft_hf_lm, 1,
+                                          s.draft_length)
+        first["control_own_law"] = {
+            "exact_mean_tau": expected_accepted_length(control_iteration),
+            "p_value_outcome_law": chi_square_test(counts, control_iteration).p_value,
+        }
+    return first
+
+
+def _verdict(s: PeerSetting, detected: bool, first: dict | None, own: float | None) -> tuple[str, list[str]]:
+    """A peer's verdict and flags (a negative control: whether it was rejected); sets ``first["matches"]``."""
+    flags = []
+    if s.ensemble_weight is None:
+        verdict = "BIASED (detected)" if detected else "no bias detected"
+        if detected:
+            flags.append("MC detects bias vs target")
+        if first is not None:
+            first["matches"] = first_iteration_match(first)
+            if first["matches"] == "T^2":
+                flags.append("first iteration = SD with the draft at T^2, not T (temperature applied twice "
+                             "to the assistant)")
+            elif first["matches"] == "neither":
+                flags.append("FIRST ITERATION MATCHES NO SD LAW")
+    else:
+        verdict = "control rejected" if detected else "CONTROL NOT REJECTED (no power)"
+        if own is not None and own < ALPHA:
+            flags.append("CONTROL DISAGREES WITH ITS EXACT LAW")
+    return verdict, flags
 
 
 __all__ = [

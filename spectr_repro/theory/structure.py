@@ -50,17 +50,7 @@ def myopic_selection_limit(target: ToyLM, draft: ToyLM, K: int, L: int, context:
                 if d > 0:
                     row[col((d - 1, prefix, before))] = -1.0
                 equalities.append((row, 1.0 if d == 0 else 0.0))
-    # Path-law masses: Q_sel(a) = sum over tuples of P(tuple) J(a | the tuple truncated to depth |a|).
-    draft_prob = {x: draft.sequence_prob(context, x) for x in paths}
-    node_mass: dict[tuple[int, ...], dict[int, float]] = {}
-    for drafts in tuples:
-        weight = float(np.prod([draft_prob[x] for x in drafts]))
-        for d in range(L):
-            seen = tuple(x[:d + 1] for x in drafts)
-            for node in set(seen):
-                j = column[(d, node, seen)]
-                node_mass.setdefault(node, {})
-                node_mass[node][j] = node_mass[node].get(j, 0.0) + weight
+    node_mass = _selected_node_mass(draft, context, paths, tuples, L, column)
     num_j = len(column)
     nodes = [w for n in range(1, L + 1) for w in itertools.product(range(V), repeat=n)]
     nu = {a: num_j + i for i, a in enumerate(nodes)}
@@ -88,3 +78,20 @@ def myopic_selection_limit(target: ToyLM, draft: ToyLM, K: int, L: int, context:
     if result.status != 0:
         raise RuntimeError(f"myopic-selection LP (V={V}, L={L}, K={K}) not solved: {result.message}")
     return float(-result.fun)
+
+
+def _selected_node_mass(draft: ToyLM, context: tuple[int, ...], paths: list[tuple[int, ...]], tuples: list[tuple],
+                        L: int, column: dict[tuple, int]) -> dict[tuple[int, ...], dict[int, float]]:
+    """Path-law masses: Q_sel(a) = sum over tuples of P(tuple) J(a | the tuple truncated to depth |a|), as
+    {node a: {column of J: coefficient}}."""
+    draft_prob = {x: draft.sequence_prob(context, x) for x in paths}
+    node_mass: dict[tuple[int, ...], dict[int, float]] = {}
+    for drafts in tuples:
+        weight = float(np.prod([draft_prob[x] for x in drafts]))
+        for d in range(L):
+            seen = tuple(x[:d + 1] for x in drafts)
+            for node in set(seen):
+                j = column[(d, node, seen)]
+                node_mass.setdefault(node, {})
+                node_mass[node][j] = node_mass[node].get(j, 0.0) + weight
+    return node_mass

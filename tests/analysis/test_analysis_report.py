@@ -111,13 +111,11 @@ def test_missing_audit_file_given_explicitly_is_an_error(results_copy, capsys):
     assert not (results_copy / "REPORT.md").exists()
 
 
-def test_quality_section_reads_saved_scores_and_computes_only_when_asked(monkeypatch, tmp_path):
-    import sys
-    import types
-
+def test_quality_section_reads_saved_scores_and_never_scores(monkeypatch, tmp_path):
     import pandas as pd
 
-    from spectr_repro.analysis.report import quality_section
+    import spectr_repro.quality as quality
+    from spectr_repro.analysis import report
 
     scored, unscored = tmp_path / "scored", tmp_path / "unscored"
     scored.mkdir()
@@ -125,36 +123,24 @@ def test_quality_section_reads_saved_scores_and_computes_only_when_asked(monkeyp
     pd.DataFrame({"method": ["ar", "sd"], "accuracy": [0.5, 0.25]}).to_csv(
         scored / "quality.csv", index=False
     )
-    computed = []
-    # stand-in for spectr_repro.quality: the real one executes model-written code
-    fake = types.ModuleType("spectr_repro.quality")
-    fake.quality_markdown = lambda df: (
+    # The real scoring executes model-written code: the report must never reach it.
+    monkeypatch.setattr(quality, "write_quality", lambda *args, **kwargs: pytest.fail("the report scored"))
+    monkeypatch.setattr(quality, "quality_tables", lambda *args, **kwargs: pytest.fail("the report scored"))
+    monkeypatch.setattr(report, "quality_markdown", lambda df: (
         "# Quality parity\n\n## Table\n\n"
         + " ".join(f"{m}={a}" for m, a in zip(df["method"], df["accuracy"]))
-    )
+    ))
 
-    def write_quality(folder):
-        computed.append(folder)
-        return pd.DataFrame({"method": ["rbv"], "accuracy": [1.0]})
-
-    fake.write_quality = write_quality
-    monkeypatch.setitem(sys.modules, "spectr_repro.quality", fake)
-
-    section = quality_section([scored, unscored])
-    assert computed == []  # never executes code unless asked
+    section = report.quality_section([scored, unscored])
     assert section.startswith("## Quality parity with AR") and "ar=0.5 sd=0.25" in section
     assert "### Table" in section  # the module's headings demoted below the report's
     assert "Not scored (no quality.csv)" in section and str(unscored) in section
+    section = report.quality_section([unscored])
+    assert "Not computed" in section and "python -m spectr_repro quality <results_dir>" in section
+    assert not (unscored / "quality.csv").exists()
 
-    section = quality_section([scored, unscored], compute=True)
-    assert computed == [unscored] and "rbv=1.0" in section and "ar=0.5" in section
-    assert "Not computed" in quality_section([unscored])
-
-    fake.write_quality = lambda folder: 1 / 0
-    assert "Quality scoring failed: ZeroDivisionError" in quality_section([unscored], compute=True)
-
-    monkeypatch.setitem(sys.modules, "spectr_repro.quality", None)  # module absent: no section
-    assert quality_section([scored]) is None
+    monkeypatch.setattr(report, "quality_markdown", lambda df: 1 / 0)
+    assert "Quality files could not be read: ZeroDivisionError" in report.quality_section([scored])
 
 
 def test_several_results_folders_are_merged_into_one_report(synthetic, tmp_path):

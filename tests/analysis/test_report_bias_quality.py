@@ -4,11 +4,10 @@ settings that cannot tell the rules apart."""
 from __future__ import annotations
 
 import json
-import sys
-import types
 
 import pandas as pd
 
+from spectr_repro.analysis import report
 from spectr_repro.analysis.report import bias_section, collapse_uninformative_quality, quality_section
 from spectr_repro.analysis.stats import wilson_interval
 from spectr_repro.bias import driver, estimators
@@ -38,10 +37,8 @@ def test_quality_section_shows_the_informative_rows_and_one_line_per_collapsed_s
     pd.DataFrame([quality_row("gsm8k", "ar", 0, 8), quality_row("gsm8k", "sbv", 0, 8),
                   quality_row("gsm8k", "ar", 20, 40, 512), quality_row("gsm8k", "sbv", 18, 40, 512)]
                  ).to_csv(tmp_path / "quality.csv", index=False)
-    fake = types.ModuleType("spectr_repro.quality")
-    fake.quality_markdown = lambda df: "# Quality\n\n" + "\n".join(
-        f"row {r.method} {r.max_new_tokens}" for r in df.itertuples())
-    monkeypatch.setitem(sys.modules, "spectr_repro.quality", fake)
+    monkeypatch.setattr(report, "quality_markdown", lambda df: "# Quality\n\n" + "\n".join(
+        f"row {r.method} {r.max_new_tokens}" for r in df.itertuples()))
     section = quality_section([tmp_path])
     assert "row sbv 512" in section and "row sbv 32" not in section
     assert "collapsed" in section and section.count("AR accuracy is 0") == 1

@@ -8,8 +8,8 @@ import pytest
 
 from spectr_repro.theory.cli import main_theory
 from spectr_repro.theory.exact import rule_expected_accepted
-from spectr_repro.theory.gap import GAP_RULES, GapToy, gap_markdown, gap_rows, gap_toys
-from spectr_repro.toy import toy_pair
+from spectr_repro.theory.gap import GAP_RULES, gap_markdown, gap_rows, gap_toys
+from spectr_repro.toy import ToySpec, toy_pair
 
 
 def test_gap_rules_come_from_the_registry():
@@ -19,7 +19,7 @@ def test_gap_rules_come_from_the_registry():
 
 def test_gap_rows_values_shares_and_cache(tmp_path):
     cache = tmp_path / "gap.json"
-    toys = [GapToy(2, 2, 2, 0), GapToy(3, 2, 2, 1), GapToy(4, 3, 3, 0)]
+    toys = [ToySpec(2, 2, 0, K=2), ToySpec(3, 2, 1, K=2), ToySpec(4, 3, 0, K=3)]
     df = gap_rows(toys, cache=cache, max_tuples=5000, progress=None)
     assert df.skipped.tolist() == [False, False, True]
     done = df[~df.skipped]

@@ -19,8 +19,8 @@ from spectr_repro.theory.cli import main_audit
 from spectr_repro.theory.exact import expected_accepted_length, iteration_law
 from spectr_repro.toy import target_law
 from spectr_repro.verify import get_verifier
+from spectr_repro.verify.thresholds import ALPHA, POWER_ALPHA
 
-ALPHA, POWER_ALPHA = 1e-4, 1e-6
 PAIR = peers.PeerPair()
 
 

@@ -28,9 +28,6 @@ from spectr_repro.verify.carry_over import CarryFrame, CarryOverState
 V = 32_022
 SEEDS = range(4)
 DRAFT_NOISES = (1.0, 0.05)  # far from p (early rejections) and close to p (deep acceptance)
-# Cases still over budget (each must come off this list; the strict xfail fails once a case fits).
-OVER_BUDGET: set[tuple[str, int, int]] = {
-}
 
 
 def op_budget(L: int) -> int:
@@ -69,9 +66,7 @@ CASES = [(name, K, L) for name in VERIFIERS for K in (3, 7) for L in (12, 24)
 SINGLE = [(name, 1, L) for name in VERIFIERS if VERIFIERS[name].single_draft for L in (12, 24)]
 
 
-@pytest.mark.parametrize("name,K,L", [
-    pytest.param(*case, marks=pytest.mark.xfail(strict=True, reason="over budget")) if case in OVER_BUDGET
-    else case for case in CASES + SINGLE])
+@pytest.mark.parametrize("name,K,L", CASES + SINGLE)
 def test_rule_within_gpu_budget(name, K, L):
     ops, reads, _ = worst_counts(name, K, L)
     assert ops <= op_budget(L), f"{name} K={K} L={L}: {ops} ops > {op_budget(L)}"
