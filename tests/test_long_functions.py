@@ -1,5 +1,4 @@
-"""scripts/long_functions.py: every function over 60 lines in spectr_repro/ is either allowed, with its reason,
-or in a package other work owns."""
+"""scripts/long_functions.py: every function over 60 lines in spectr_repro/ is on its allow-list, with its reason."""
 
 from __future__ import annotations
 

@@ -105,49 +105,58 @@ def block_estimates(
     if too_big:
         raise ValueError(f"K <= {K_max} and L <= {L_max} (the block's shape), got K={list(K_values)} "
                          f"L={list(L_values)}")
-    device = draft_probs.device
     seeds = torch.randint(0, 2**62, (draws,), generator=generator, device=generator.device if generator
                           is not None else "cpu").tolist()  # one read per block
     options = options or {}
     controls = {VERIFIERS[m].shares_draws_with for m in methods} - {None} if mode == "auto" else set()
     verifiers = {m: get_verifier(m, **{"check_inputs": False, **options.get(m, {})}) for m in {*methods, *controls}}
-    exact_values: dict[tuple[str, int], dict[int, float] | None] = {}
-
-    def exact_value(method: str, K: int, L: int) -> float | None:
-        """The rule's closed form at (K, L); every L of a (rule, K) in one call (rules share work across L)."""
-        if mode != "auto":
-            return None
-        if (method, K) not in exact_values:
-            values = verifiers[method].expected_emitted_by_length(
-                draft_tokens[:K], draft_probs[:K], target_probs[:K], sorted(set(L_values)))
-            exact_values[(method, K)] = None if values is None else {L: float(v) for L, v in values.items()}
-        values = exact_values[(method, K)]
-        return None if values is None else values[L]
-
-    def mean_draw(verifier, block) -> float:
-        total = 0
-        for seed in seeds:
-            draw = torch.Generator(device=device).manual_seed(seed)
-            total += int(verifier(*block, generator=draw).num_accepted) + 1
-        return total / draws
-
+    block = (draft_tokens, draft_probs, target_probs)
+    closed = _ClosedForms(verifiers, block, sorted(set(L_values))) if mode == "auto" else None
     estimates = []
     for method, K, L in grid(methods, K_values, L_values):
         verifier = verifiers[method]
-        block = (draft_tokens[:K, :L], draft_probs[:K, :L], target_probs[:K, :L + 1])
-        control = VERIFIERS[method].shares_draws_with if mode == "auto" else None
+        sub_block = (draft_tokens[:K, :L], draft_probs[:K, :L], target_probs[:K, :L + 1])
+        control = VERIFIERS[method].shares_draws_with if closed is not None else None
         if mode == "law":
-            outcomes = verifier.law(*block)
+            outcomes = verifier.law(*sub_block)
             tokens, estimator, used = sum(o.probability * len(o.tokens) for o in outcomes), "law", 0
-        elif (value := exact_value(method, K, L)) is not None:
+        elif closed is not None and (value := closed.value(method, K, L)) is not None:
             tokens, estimator, used = value, "exact", 0
-        elif control is not None and (base := exact_value(control, K, L)) is not None:
-            difference = mean_draw(verifier, block) - mean_draw(verifiers[control], block)
+        elif control is not None and (base := closed.value(control, K, L)) is not None:
+            difference = _mean_draw(verifier, sub_block, seeds) - _mean_draw(verifiers[control], sub_block, seeds)
             tokens, estimator, used = base + difference, "control_variate", draws
         else:
-            tokens, estimator, used = mean_draw(verifier, block), "monte_carlo", draws
+            tokens, estimator, used = _mean_draw(verifier, sub_block, seeds), "monte_carlo", draws
         estimates.append(BlockEstimate(method, K, L, tokens, estimator, used, VERIFIERS[method].carries_state))
     return estimates
+
+
+class _ClosedForms:
+    """Each rule's closed form on the sub-blocks of one block, computed once per (rule, K) for every L asked
+    (``expected_emitted_by_length``: rules share work across L); None for a rule without one."""
+
+    def __init__(self, verifiers: dict[str, Any], block, lengths: list[int]) -> None:
+        self.verifiers, self.block, self.lengths = verifiers, block, lengths
+        self.values: dict[tuple[str, int], dict[int, float] | None] = {}
+
+    def value(self, method: str, K: int, L: int) -> float | None:
+        if (method, K) not in self.values:
+            tokens, draft_probs, target_probs = self.block
+            values = self.verifiers[method].expected_emitted_by_length(tokens[:K], draft_probs[:K], target_probs[:K],
+                                                                       self.lengths)
+            self.values[(method, K)] = None if values is None else {n: float(v) for n, v in values.items()}
+        values = self.values[(method, K)]
+        return None if values is None else values[L]
+
+
+def _mean_draw(verifier, block, seeds: list[int]) -> float:
+    """Mean of tau + 1 over one run of the sampler per seed (the same seeds for every rule of a block)."""
+    device = block[1].device
+    total = 0
+    for seed in seeds:
+        draw = torch.Generator(device=device).manual_seed(seed)
+        total += int(verifier(*block, generator=draw).num_accepted) + 1
+    return total / len(seeds)
 
 
 __all__ = ["BlockEstimate", "ESTIMATORS", "block_estimates", "check_grid", "grid"]

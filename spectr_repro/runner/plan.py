@@ -426,16 +426,21 @@ def format_plan(plan: Plan) -> str:
     lines.append("  Cost model: overhead + weight bytes / bandwidth + tokens x 2 x params / compute per forward "
                  "(hardware.estimate); block efficiency from the paper where it gives one, else measured "
                  "here, else (L+1)/2; new tokens at their maximum (stop strings end earlier).")
-    if plan.replays:
-        from spectr_repro.runner.replay_plan import format_replay
+    return "\n".join(lines + _replay_lines(plan))
 
-        for replay in plan.replays:
-            lines += format_replay(replay)
-    if any(not replay.error for replay in plan.replays):  # a replay the command refuses is not in the total
+
+def _replay_lines(plan: Plan) -> list[str]:
+    """The replays' own lines and the total of cells and replays (a replay the command refuses is left out)."""
+    if not plan.replays:
+        return []
+    from spectr_repro.runner.replay_plan import format_replay
+
+    lines = [line for replay in plan.replays for line in format_replay(replay)]
+    if any(not replay.error for replay in plan.replays):
         replay_seconds = sum(replay.seconds for replay in plan.replays)
         lines.append(f"Total: timed cells {_duration(plan.seconds)} + replay {_duration(replay_seconds)} = "
                      f"{_duration(plan.seconds + replay_seconds)}")
-    return "\n".join(lines)
+    return lines
 
 
 __all__ = ["PROMPT_TOKENS", "Plan", "PairPlan", "build_plan", "calibrated_cell_seconds", "calibration_dtype",
