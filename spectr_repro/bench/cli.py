@@ -72,12 +72,13 @@ def run(preset, hardware, device: str | None, dtype: str | None, replay_summary:
     from spectr_repro.models import clear_cache, load_pair
 
     chunk = hardware.get("prefill_chunk")
-    results: dict = {"settings": {key: preset[key] for key in ("dataset", "num_prompts", "max_new_tokens",
-                                                                "temperature", "repeats", "assist_L")},
+    # A preset may leave sections out (e.g. verification_qwen: the verification rows only).
+    results: dict = {"settings": {key: preset.get(key) for key in ("dataset", "num_prompts", "max_new_tokens",
+                                                                    "temperature", "repeats", "assist_L")},
                      "ar_vs_hf_generate": {}, "sd_vs_hf_assisted": {}, "methods": {}}
     T, n, m, repeats = preset.temperature, preset.num_prompts, preset.max_new_tokens, preset.repeats
     started = time.perf_counter()
-    for name in preset.pairs_ar:
+    for name in preset.get("pairs_ar") or []:
         if name == preset.pair:
             continue  # measured below, with the pair loaded once
         pair = load_pair(name, device=device, dtype=dtype)
@@ -87,19 +88,24 @@ def run(preset, hardware, device: str | None, dtype: str | None, replay_summary:
         clear_cache()  # one pair in memory at a time
     pair = load_pair(preset.pair, device=device, dtype=dtype)
     prompts = encode_prompts(pair, preset.dataset, n)
-    if preset.pair in preset.pairs_ar:
+    if preset.pair in (preset.get("pairs_ar") or []):
         results["ar_vs_hf_generate"][pair.name] = suites.bench_ar_vs_hf(pair, prompts, T, m, repeats, chunk)
-    results["sd_vs_hf_assisted"][pair.name] = suites.bench_sd_vs_assisted(pair, prompts, T, m, preset.assist_L,
-                                                                         repeats, chunk)
-    best = preset.best_vs_best
-    pick = predicted_pick(replay_summary, hardware, preset, pair, prompts) if replay_summary else None
-    results["best_vs_best"] = {pair.name: suites.bench_best_vs_best(
-        pair, prompts, T, m, best.equal_L, [tuple(c) for c in best.candidates], repeats, chunk, pick=pick)}
-    results["methods"][pair.name] = suites.bench_methods(pair, prompts, T, m, [tuple(p) for p in preset.methods],
-                                                         chunk)
-    ver = preset.verification
-    results["verification"] = {"target_model": pair.name, "rows": suites.bench_verification(
-        pair, prompts[0], list(ver.Ks), list(ver.Ls), ver.repeats, ver.blocks_per_shape, chunk)}
+    if preset.get("assist_L"):
+        results["sd_vs_hf_assisted"][pair.name] = suites.bench_sd_vs_assisted(pair, prompts, T, m, preset.assist_L,
+                                                                             repeats, chunk)
+    best = preset.get("best_vs_best")
+    if best:
+        pick = predicted_pick(replay_summary, hardware, preset, pair, prompts) if replay_summary else None
+        results["best_vs_best"] = {pair.name: suites.bench_best_vs_best(
+            pair, prompts, T, m, best.equal_L, [tuple(c) for c in best.candidates], repeats, chunk, pick=pick)}
+    if preset.get("methods"):
+        results["methods"][pair.name] = suites.bench_methods(pair, prompts, T, m,
+                                                             [tuple(p) for p in preset.methods], chunk)
+    ver = preset.get("verification")
+    if ver:
+        results["verification"] = {"target_model": pair.name, "rows": suites.bench_verification(
+            pair, prompts[0], list(ver.Ks), list(ver.Ls), ver.repeats, ver.blocks_per_shape, chunk,
+            rules=list(ver.get("rules") or []) or None)}
     results["environment"] = environment(str(pair.device))
     results["wall_time_s"] = time.perf_counter() - started
     return results
@@ -161,7 +167,9 @@ def markdown(results: dict) -> str:
             lines.append(f"| {r['method']} | {r['K']} | {r['L']} | {r['block_efficiency']:.2f} | "
                          f"{r['speedup']:.2f}x | {r['tokens_per_s']:.2f} | "
                          f"{'' if frac is None else f'{100 * frac:.1f}%'} | {r['peak_memory_mb']:.0f} |")
-    ver = results["verification"]
+    ver = results.get("verification")
+    if not ver:
+        return "\n".join(lines)
     lines += ["", f"Verification per call ({ver['target_model']}, V={ver['rows'][0]['V']}): median over real blocks "
               "the engine built on the pair (HumanEval prompt, T=0.7), and on synthetic blocks with agreeing drafts; "
               "fraction = real / one target call of the same shape; ops (kernel launches) and host reads "

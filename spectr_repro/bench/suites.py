@@ -200,10 +200,12 @@ def _verify_once(rule, inputs, generator):
     return rule(*inputs, generator=generator)
 
 
-def bench_verification(pair, prompt, Ks, Ls, repeats, blocks_per_shape: int = 3, prefill_chunk=None) -> list[dict]:
-    """Seconds per call of every rule on real blocks of the pair (median over ``blocks_per_shape`` blocks x
-    ``repeats``) and on synthetic ones (agreeing drafts, the worst case), as a fraction of one target call of
-    the same shape; plus the worst ops and host reads per call over the real and synthetic blocks."""
+def bench_verification(pair, prompt, Ks, Ls, repeats, blocks_per_shape: int = 3, prefill_chunk=None,
+                       rules: list[str] | None = None) -> list[dict]:
+    """Seconds per call of every rule (or of ``rules``) on real blocks of the pair (median over
+    ``blocks_per_shape`` blocks x ``repeats``) and on synthetic ones (agreeing drafts, the worst case), as a
+    fraction of one target call of the same shape; plus the worst ops and host reads per call over the real and
+    synthetic blocks."""
     device = pair.device
     gen = torch.Generator(device=device).manual_seed(0)
     rows = []
@@ -215,7 +217,7 @@ def bench_verification(pair, prompt, Ks, Ls, repeats, blocks_per_shape: int = 3,
         V = int(real[0][1].shape[-1])
         synthetic = [synthetic_block(K, L, V, agreement="shared", seed=K * 100 + L, device=device)]
         for name, spec in VERIFIERS.items():
-            if spec.single_draft and K != 1:
+            if (spec.single_draft and K != 1) or (rules is not None and name not in rules):
                 continue
             rule = get_verifier(name, check_inputs=False)
             medians, ops, reads = {}, 0, 0

@@ -12,6 +12,7 @@ from spectr_repro.bench.contenders import hf_generation_config
 from spectr_repro.bench.measure import ForwardMeter
 from spectr_repro.models import ModelPair
 from spectr_repro.tiny import make_tiny_pair
+from spectr_repro.verify import VERIFIERS
 
 
 @pytest.fixture(scope="module")
@@ -98,10 +99,12 @@ def test_presets_compose_with_the_hardware_config():
     assert {"quick", "full"} <= set(names)
     for name in names:
         preset, hardware = cli.compose_preset(name, "cpu")
-        assert preset.pair in preset.pairs_ar or preset.pairs_ar
-        assert hardware.device == "cpu" and "prefill_chunk" in hardware
-        for method, K, L in [*preset.methods, *preset.best_vs_best.candidates]:
+        assert preset.pair and hardware.device == "cpu" and "prefill_chunk" in hardware
+        best = preset.get("best_vs_best")
+        for method, K, L in [*(preset.get("methods") or []), *(best.candidates if best else [])]:
             assert K >= 1 and L >= 1 and method
+        for rule in (preset.get("verification") or {}).get("rules") or []:
+            assert rule in VERIFIERS
     from spectr_repro.runner.config import UsageError
 
     with pytest.raises(UsageError):
@@ -115,6 +118,15 @@ def test_verification_rows_carry_op_and_host_read_counts(pair):
     for row in rows:
         assert row["ops_per_call"] > 0 and row["host_reads_per_call"] >= 1
         assert row["fraction_of_target_call"] > 0
+
+
+def test_verification_rows_of_chosen_rules_render_alone(pair):
+    """A preset with the verification section only (verification_qwen): rows of the rules it names, and a report."""
+    rows = suites.bench_verification(pair, PROMPT, Ks=[2], Ls=[2], repeats=1, blocks_per_shape=1, rules=["sbv", "sbvf"])
+    assert sorted(row["rule"] for row in rows) == ["sbv", "sbvf"]
+    text = cli.markdown({"settings": {}, "ar_vs_hf_generate": {}, "sd_vs_hf_assisted": {}, "methods": {},
+                         "verification": {"target_model": "tiny", "rows": rows}})
+    assert "| sbvf | 2 | 2 |" in text and "Best against best" not in text
 
 
 def test_markdown_renders_a_full_result(pair, self_pair):
