@@ -33,11 +33,15 @@ def _detail_line(text: str) -> str:
     return text.splitlines()[text.splitlines().index(_replay_line(text)) + 1]
 
 
+# cpu_quick's replay block at the size these tests count with (its yaml may grow: the tests do not follow it)
+PINNED = ("replay.num_prompts=2", "replay.L=[6]")
+
+
 def test_cpu_quick_plan_prints_its_replay(offline, capsys):
     out = offline / "results"
-    text = _plan(capsys, "experiment=cpu_quick", f"output_dir={out}")
+    text = _plan(capsys, "experiment=cpu_quick", *PINNED, f"output_dir={out}")
     line = _replay_line(text)
-    assert f"`python -m spectr_repro replay experiment=cpu_quick output_dir={out}`" in line
+    assert f"`python -m spectr_repro replay experiment=cpu_quick {' '.join(PINNED)} output_dir={out}`" in line
     assert "5 datasets x 1 temperature x 2 prompts, blocks of K_max x L_max = 7 x 6" in line
     assert "rules 0 s" in line and "rules not estimated (no finished replay here)" in line
     # nothing measured: the reference sbv K=3 L=6 at (L+1)/2 = 3.5 tokens per block, ceil(32 / 3.5) = 10 blocks
@@ -60,7 +64,7 @@ def _blocks(*pairs):
 
 def test_finished_replay_prompts_are_counted_and_measure_the_estimate(offline, capsys):
     out = offline / "results"
-    argv = ["experiment=cpu_quick", f"output_dir={out}"]
+    argv = ["experiment=cpu_quick", *PINNED, f"output_dir={out}"]
     groups = parse(argv)
     assert len(groups) == 5
     fresh = _plan(capsys, *argv)
@@ -103,7 +107,7 @@ def test_finished_replay_prompts_are_counted_and_measure_the_estimate(offline, c
 
 def test_a_folder_with_other_replay_settings_is_not_counted(offline, capsys):
     out = offline / "results"
-    argv = ["experiment=cpu_quick", f"output_dir={out}", "dataset=gsm8k"]
+    argv = ["experiment=cpu_quick", *PINNED, f"output_dir={out}", "dataset=gsm8k"]
     ((cfg, settings),) = parse(argv)
     folder = group_folder(cfg, settings)
     folder.mkdir(parents=True)
@@ -152,7 +156,7 @@ def test_the_calibration_prices_the_replay_calls(offline, capsys, no_calibration
     from spectr_repro.check.calibration import Calibration, ForwardCosts, plan_shapes, write_calibration
     from spectr_repro.runner.plan import calibration_dtype
 
-    argv = ["experiment=cpu_quick", "dataset=humaneval", f"output_dir={offline / 'results'}"]
+    argv = ["experiment=cpu_quick", *PINNED, "dataset=humaneval", f"output_dir={offline / 'results'}"]
     ((cfg, _),) = parse(argv)
     shapes = plan_shapes([1, 3, 7], [6], [32, 180], [1, 8])
 
