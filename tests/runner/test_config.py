@@ -47,7 +47,8 @@ def test_every_group_option_composes(composer):
             if group == "method":
                 assert cfg.method.name == option
             if group == "experiment":
-                assert cfg.experiment == option and cfg.grid, "experiments name their folder and grid"
+                # a sweep's experiment names its grid; a replay-only one (replay_qwen) its replay's datasets
+                assert cfg.experiment == option and (cfg.grid or cfg.replay.datasets), "experiments name their work"
 
 
 def test_slurm_launcher_composes(composer):
