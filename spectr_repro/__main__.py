@@ -12,10 +12,10 @@ from collections.abc import Sequence
 
 # name -> (module, function, one-line description)
 COMMANDS: dict[str, tuple[str, str, str]] = {
-    "run": ("spectr_repro.runner", "main_run", "run one cell (method, K, L, T, dataset, model pair)"),
-    "sweep": ("spectr_repro.runner", "main_sweep",
+    "run": ("spectr_repro.runner.cli", "main_run", "run one cell (method, K, L, T, dataset, model pair)"),
+    "sweep": ("spectr_repro.runner.cli", "main_sweep",
               "run a grid: comma lists (K=1,3,5,7) and/or an experiment's grid (experiment=paper_main)"),
-    "plan": ("spectr_repro.runner", "main_plan",
+    "plan": ("spectr_repro.runner.cli", "main_plan",
              "what a sweep would cost (cells, tokens, downloads vs disk, time), loading nothing"),
     "replay": ("spectr_repro.replay.driver", "main",
                "every rule, K and L on the same draft blocks of a lossless trajectory (block efficiency)"),
@@ -36,7 +36,7 @@ def usage() -> str:
     lines += [f"  {name:<7} {description}" for name, (_, _, description) in COMMANDS.items()]
     lines += ["", "Run `python -m spectr_repro <command> --help` for a command's options."]
     try:
-        from spectr_repro.runner import help_text
+        from spectr_repro.runner.cli import help_text
 
         lines += ["", "run/sweep:", help_text()]
     except Exception as error:  # the help must still print without the runner's dependencies

@@ -39,6 +39,7 @@ from spectr_repro.bias import estimators
 from spectr_repro.runner.config import (
     Composer,
     UsageError,
+    check_device,
     check_writable,
     expand,
     parse_arguments,
@@ -144,10 +145,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         for cfg in cfgs:
             validate(cfg)
             check_bias_config(cfg)
-        from spectr_repro.runner import _check_device
-
         for cfg in cfgs:
-            _check_device(cfg.hardware.get("device"))
+            check_device(cfg.hardware.get("device"))
             check_writable(cfg.output_dir, [bias_folder(cfg)])
     except UsageError as error:
         print(f"error: {error}", file=sys.stderr)

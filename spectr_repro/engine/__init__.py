@@ -9,9 +9,10 @@
                          max_new_tokens=64, seeds=[0, 1, ...])   # B prompts at once, batch-1 law per prompt
     out.outputs[b].new_tokens, out.outputs[b].block_efficiency
 
-Modules: ``loop`` (the iteration), ``drafting`` (K drafts as K batch rows), ``cache`` (crop and
-row selection on transformers' Cache API), ``forward`` (forwards, shared vocabulary), ``timing``,
-``batched`` and ``batch_cache`` (B prompts at once, for block-efficiency runs).
+Modules: ``loop`` (the iteration), ``common`` (argument checks and helpers loop and batched share),
+``drafting`` (K drafts as K batch rows), ``cache`` (crop and row selection on transformers' Cache API),
+``forward`` (forwards, shared vocabulary), ``timing``, ``batched`` and ``batch_cache`` (B prompts at once,
+for block-efficiency runs).
 """
 
 from spectr_repro.engine.batched import BatchOutput, generate_batch

@@ -41,19 +41,17 @@ import torch
 from transformers import DynamicCache
 
 from spectr_repro.engine.batch_cache import BatchCache, to_device
-from spectr_repro.engine.forward import forward_chunked
-from spectr_repro.engine.loop import (
-    TIME_SECTIONS,
-    GenerationOutput,
-    _block_efficiency,
-    _block_length,
-    _check_arguments,
-    _check_setup,
-    _model_device,
-    _prompt_tensor,
-    _read_outcomes,
-    acceptance_by_position,
+from spectr_repro.engine.common import (
+    block_efficiency,
+    block_length,
+    check_arguments,
+    check_setup,
+    model_device,
+    prompt_tensor,
+    read_outcomes,
 )
+from spectr_repro.engine.forward import forward_chunked
+from spectr_repro.engine.loop import TIME_SECTIONS, GenerationOutput, acceptance_by_position
 from spectr_repro.engine.timing import SectionTimer
 from spectr_repro.sampling import probs_from_logits, sample
 
@@ -99,7 +97,7 @@ class _Prompt:
             "num_iterations": self.calls,
             "batch_prompts": batch_prompts,
         }
-        return GenerationOutput(self.new_tokens, self.calls, _block_efficiency(self.new_tokens, self.calls), stats)
+        return GenerationOutput(self.new_tokens, self.calls, block_efficiency(self.new_tokens, self.calls), stats)
 
 
 def generate_batch(
@@ -126,7 +124,7 @@ def generate_batch(
         with ``seeds[b]``, as ``generate(..., seed=seeds[b])`` does.
     should_stop: one callable for all prompts or one (or None) per prompt.
     """
-    verifier = _check_arguments(draft, method, K, L, temperature, max_new_tokens if isinstance(max_new_tokens, int)
+    verifier = check_arguments(draft, method, K, L, temperature, max_new_tokens if isinstance(max_new_tokens, int)
                                 else 0, verifier_options)
     if isinstance(prompts, torch.Tensor) or not len(prompts):
         raise ValueError("prompts must be a non-empty sequence of prompts (1-D token ids each)")
@@ -140,11 +138,11 @@ def generate_batch(
     stops = list(should_stop) if isinstance(should_stop, Sequence) else [should_stop] * count
     if len(stops) != count:
         raise ValueError(f"{len(stops)} should_stop callables for {count} prompts")
-    device, prefill_chunk, vocab_size, eos = _check_setup(target, draft, verifier, prefill_chunk, vocab_size,
+    device, prefill_chunk, vocab_size, eos = check_setup(target, draft, verifier, prefill_chunk, vocab_size,
                                                           eos_token_ids)
     rows = []
     for index, (ids, budget, seed, stop) in enumerate(zip(prompts, budgets, seeds, stops)):
-        prompt = _prompt_tensor(ids, device, [target] if verifier is None else [target, draft])
+        prompt = prompt_tensor(ids, device, [target] if verifier is None else [target, draft])
         rows.append(_Prompt(index, prompt, budget, torch.Generator(device=device).manual_seed(int(seed)), stop,
                             committed=prompt.tolist()))
     timer = SectionTimer(device, TIME_SECTIONS, events=True)  # as engine.loop: CUDA events, one sync at the end
@@ -183,7 +181,7 @@ def _prefill(model, rows: list[_Prompt], vocab_size, prefill_chunk, drop_last: b
             logits = forward_chunked(model, ids.unsqueeze(0), cache, vocab_size, 1, prefill_chunk)
             last_logits.append(logits[0, -1])
         caches.append(cache)
-    stacked = BatchCache.from_caches(caches, _model_device(model))
+    stacked = BatchCache.from_caches(caches, model_device(model))
     return stacked, (None if drop_last else torch.stack(last_logits))
 
 
@@ -204,7 +202,7 @@ def _sample_per_prompt(probs: torch.Tensor, rows: list[_Prompt], draws: Sequence
 
 
 def _decode_ar(target, rows, temperature, eos, vocab_size, timer, prefill_chunk):
-    device = _model_device(target)
+    device = model_device(target)
     with timer("prefill"):
         cache, logits = _prefill(target, rows, vocab_size, prefill_chunk, drop_last=False)
         tokens = _sample_per_prompt(probs_from_logits(logits, temperature), rows)  # [R]
@@ -228,7 +226,7 @@ def _decode_ar(target, rows, temperature, eos, vocab_size, timer, prefill_chunk)
 
 
 def _decode_speculative(target, draft, rows, verifier, K, L, temperature, eos, vocab_size, timer, prefill_chunk):
-    device = _model_device(target)
+    device = model_device(target)
     with timer("prefill"):
         draft_cache, first_logits = _prefill(draft, rows, vocab_size, prefill_chunk, drop_last=False)
         first_probs = probs_from_logits(first_logits, temperature)  # [R, V]
@@ -236,7 +234,7 @@ def _decode_speculative(target, draft, rows, verifier, K, L, temperature, eos, v
     first = True
     while rows:
         R = len(rows)
-        blocks = [_block_length(verifier, row.state, L, row.budget - len(row.new_tokens)) for row in rows]
+        blocks = [block_length(verifier, row.state, L, row.budget - len(row.new_tokens)) for row in rows]
         width = max(blocks)
         with timer("draft"):
             if not first:
@@ -255,7 +253,7 @@ def _decode_speculative(target, draft, rows, verifier, K, L, temperature, eos, v
                          generator=row.generator, state=row.state)
                 for i, (row, block) in enumerate(zip(rows, blocks))
             ]
-            emitted = _read_outcomes(results, draft_tokens, blocks, K, verifier)  # the one host read
+            emitted = read_outcomes(results, draft_tokens, blocks, K, verifier)  # the one host read
         keep_rows, target_lengths, draft_lengths, still = [], [], [], []
         for i, (row, result, block, tokens) in enumerate(zip(rows, results, blocks, emitted)):
             tau, chosen = len(tokens) - 1, int(result.draft_index)

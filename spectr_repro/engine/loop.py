@@ -22,21 +22,27 @@ Invariants at the start of an iteration (n = prompt + emitted tokens so far):
 
 from __future__ import annotations
 
-import math
-import numbers
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
+from spectr_repro.engine.common import (
+    block_efficiency,
+    block_length,
+    check_arguments,
+    check_setup,
+    is_integer,
+    prompt_tensor,
+    read_outcomes,
+)
 from spectr_repro.engine.drafting import draft_block, first_draft_probs
-from spectr_repro.engine.forward import resolve_vocab_size
 from spectr_repro.engine.rows import make_rows
 from spectr_repro.engine.timing import SectionTimer
 from spectr_repro.sampling import probs_from_logits, sample
-from spectr_repro.verify import VERIFIERS, Verifier, get_verifier
+from spectr_repro.verify import Verifier
 
 # prefill: the calls that carry the prompt (AR: the first target call; speculative: the draft's prompt
 # forward, and the target's first call, which at K = 1 also scores the first block).
@@ -113,14 +119,14 @@ def generate(
     length, and what a longer block could add would be cut anyway. Rules run as published (not
     lossless) always draft L. ``stats["block_lengths"]`` records each block's drafted length.
     """
-    verifier = _check_arguments(draft, method, K, L, temperature, max_new_tokens, verifier_options)
+    verifier = check_arguments(draft, method, K, L, temperature, max_new_tokens, verifier_options)
     K, L, max_new_tokens, temperature = int(K), int(L), int(max_new_tokens), float(temperature)
-    if not _is_integer(seed) or not -(2**63) <= seed < 2**64:
+    if not is_integer(seed) or not -(2**63) <= seed < 2**64:
         raise ValueError(f"seed must be an integer in [-2**63, 2**64), got {seed!r}")
     seed = int(seed)
-    device, prefill_chunk, vocab_size, eos = _check_setup(target, draft, verifier, prefill_chunk, vocab_size,
+    device, prefill_chunk, vocab_size, eos = check_setup(target, draft, verifier, prefill_chunk, vocab_size,
                                                           eos_token_ids)
-    prompt = _prompt_tensor(input_ids, device, [target] if verifier is None else [target, draft])
+    prompt = prompt_tensor(input_ids, device, [target] if verifier is None else [target, draft])
     generator = torch.Generator(device=device).manual_seed(seed)
     # Sections on CUDA: events, read once at the end (no synchronisation per section); the total is
     # wall clock between two synchronisations. AR and every method are timed the same way.
@@ -157,7 +163,7 @@ def _generate_ar(target, prompt, temperature, max_new_tokens, eos, should_stop, 
             break
     stats = {"accepted_lengths": [0] * calls, "block_lengths": [0] * calls, "acceptance_by_position": [],
              "num_iterations": calls}
-    return GenerationOutput(new_tokens, calls, _block_efficiency(new_tokens, calls), stats)
+    return GenerationOutput(new_tokens, calls, block_efficiency(new_tokens, calls), stats)
 
 
 def _generate_speculative(target, draft, prompt, verifier, K, L, temperature, max_new_tokens, eos,
@@ -174,7 +180,7 @@ def _generate_speculative(target, draft, prompt, verifier, K, L, temperature, ma
     calls = 0
     while len(new_tokens) < max_new_tokens:
         first = calls == 0
-        block = _block_length(verifier, state, L, max_new_tokens - len(new_tokens))
+        block = block_length(verifier, state, L, max_new_tokens - len(new_tokens))
         with timer("prefill" if first else "draft"):
             first_probs = first_draft_probs(draft_rows, committed[draft_rows.length:], temperature)
         with timer("draft"):
@@ -184,7 +190,7 @@ def _generate_speculative(target, draft, prompt, verifier, K, L, temperature, ma
         calls += 1
         with timer("verify"):
             result = verifier(draft_tokens, draft_probs, target_probs, generator=generator, state=state)
-            emitted = _read_outcomes([result], draft_tokens[None], [block], K, verifier)[0]  # the one host read
+            emitted = read_outcomes([result], draft_tokens[None], [block], K, verifier)[0]  # the one host read
         state = result.state
         tau, row = len(emitted) - 1, int(result.draft_index)
         accepted_lengths.append(tau)
@@ -215,7 +221,7 @@ def _generate_speculative(target, draft, prompt, verifier, K, L, temperature, ma
         "acceptance_by_position": acceptance_by_position(accepted_lengths, L, block_lengths),
         "num_iterations": calls,
     }
-    return GenerationOutput(new_tokens, calls, _block_efficiency(new_tokens, calls), stats)
+    return GenerationOutput(new_tokens, calls, block_efficiency(new_tokens, calls), stats)
 
 
 def _score_drafts(rows, committed, draft_tokens, L, temperature):
@@ -240,135 +246,6 @@ def _score_drafts(rows, committed, draft_tokens, L, temperature):
         tokens = torch.cat([tokens, tokens[:, -1:].expand(K, L - block)], dim=1)
     logits = rows.feed_rows(tokens, keep_last=tokens.shape[1] if rows.compiled else width)  # [K, >= width, V]
     return probs_from_logits(logits[:, :width], temperature)
-
-
-def _read_outcomes(results, draft_tokens: torch.Tensor, blocks: Sequence[int], K: int, verifier: Verifier
-                   ) -> list[list[int]]:
-    """The emitted tokens of each verifier result, read to the host in ONE transfer together with the
-    draft prefix each result claims to accept, which must match (the verifier contract).
-
-    draft_tokens: [R, K, >= block] (R = len(results); batch 1: R = 1).
-    """
-    pieces, sizes = [], []
-    for i, (result, block) in enumerate(zip(results, blocks)):
-        tau, chosen = int(result.num_accepted), int(result.draft_index)
-        if not 0 <= chosen < K or not 0 <= tau <= block or result.tokens.numel() != tau + 1:
-            raise RuntimeError(f"{verifier!r} returned {result.tokens.numel()} tokens, num_accepted={tau}, "
-                               f"draft_index={chosen} for K={K}, L={block}")
-        pieces += [result.tokens.to(draft_tokens.device), draft_tokens[i, chosen, :tau]]
-        sizes.append(tau)
-    flat = torch.cat(pieces).tolist()
-    emitted, offset = [], 0
-    for tau in sizes:
-        tokens, prefix = flat[offset:offset + tau + 1], flat[offset + tau + 1:offset + 2 * tau + 1]
-        if tokens[:tau] != prefix:
-            raise RuntimeError(f"{verifier!r}: accepted tokens are not a prefix of the chosen draft")
-        emitted.append(tokens)
-        offset += 2 * tau + 1
-    return emitted
-
-
-def _block_length(verifier: Verifier, state: Any, L: int, remaining: int) -> int:
-    """Draft length of the next block: L, or for a lossless rule carrying no state only as long as the
-    ``remaining`` tokens need (every iteration adds one token of its own after the drafted ones)."""
-    if verifier.lossless and state is None:
-        return max(1, min(L, remaining - 1))
-    return L
-
-
-def _block_efficiency(new_tokens: list[int], calls: int) -> float:
-    return len(new_tokens) / calls if calls else 0.0
-
-
-def _is_integer(value) -> bool:
-    """An int (numpy's too), not a bool."""
-    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
-
-
-def _check_arguments(draft, method, K, L, temperature, max_new_tokens, verifier_options) -> Verifier | None:
-    """Validate the arguments; return the verifier (None for AR)."""
-    if not _is_integer(K) or K < 1:
-        raise ValueError(f"K must be an integer >= 1, got {K!r}")
-    if not _is_integer(L) or L < 1:
-        raise ValueError(f"L must be an integer >= 1, got {L!r}")
-    if (not isinstance(temperature, numbers.Real) or isinstance(temperature, bool)
-            or not math.isfinite(temperature) or temperature < 0):
-        raise ValueError(f"temperature must be a finite number >= 0, got {temperature!r}")
-    if not _is_integer(max_new_tokens) or max_new_tokens < 0:
-        raise ValueError(f"max_new_tokens must be an integer >= 0, got {max_new_tokens!r}")
-    if isinstance(method, Verifier):
-        verifier, single_draft = method, method.single_draft
-    elif method == "ar":
-        return None
-    elif isinstance(method, str) and method in VERIFIERS:
-        if verifier_options is not None and not isinstance(verifier_options, Mapping):
-            raise ValueError(f"verifier_options must be a dict of {method}'s options, got {verifier_options!r}")
-        try:
-            verifier = get_verifier(method, **{"check_inputs": False, **(verifier_options or {})})
-        except TypeError as error:  # an option the rule does not take
-            raise ValueError(f"method {method!r}: {error}") from None
-        single_draft = VERIFIERS[method].single_draft
-    else:
-        known = ", ".join(["ar", *VERIFIERS])
-        raise ValueError(f"unknown method {method!r}; known: {known}")
-    if single_draft and K != 1:
-        raise ValueError(f"method {verifier.name!r} verifies a single draft; got K={K}")
-    if draft is None:
-        raise ValueError(f"method {verifier.name!r} needs a draft model")
-    return verifier
-
-
-def _model_device(model: torch.nn.Module) -> torch.device:
-    return next(model.parameters()).device
-
-
-def _eos_ids(eos_token_ids) -> frozenset[int]:
-    """One id or an iterable of ids, each a non-negative integer."""
-    ids = [eos_token_ids] if _is_integer(eos_token_ids) else eos_token_ids
-    if isinstance(ids, (str, bytes)) or not isinstance(ids, Iterable):
-        raise ValueError(f"eos_token_ids must be token ids (an int or a list of ints), got {eos_token_ids!r}")
-    ids = list(ids)
-    if not all(_is_integer(t) and t >= 0 for t in ids):
-        raise ValueError(f"eos_token_ids must be non-negative integers, got {eos_token_ids!r}")
-    return frozenset(int(t) for t in ids)
-
-
-def _check_setup(target, draft, verifier, prefill_chunk, vocab_size, eos_token_ids):
-    """(device, prefill_chunk, vocab_size, eos ids) checked and resolved: what generate and generate_batch share."""
-    if prefill_chunk is not None and (not _is_integer(prefill_chunk) or prefill_chunk < 1):
-        raise ValueError(f"prefill_chunk must be a positive integer or None, got {prefill_chunk!r}")
-    if vocab_size is not None and not _is_integer(vocab_size):
-        raise ValueError(f"vocab_size must be an integer or None, got {vocab_size!r}")
-    eos = _eos_ids(eos_token_ids)
-    device = _model_device(target)
-    if verifier is not None and _model_device(draft) != device:
-        # One generator drives every draw; cross-device pairs would also copy tokens every step.
-        raise ValueError(f"target and draft must be on one device, got {device} and {_model_device(draft)}")
-    vocab_size = resolve_vocab_size(target, None if verifier is None else draft, vocab_size)
-    return device, None if prefill_chunk is None else int(prefill_chunk), vocab_size, eos
-
-
-def _prompt_tensor(input_ids, device: torch.device, models: Sequence[torch.nn.Module]) -> torch.Tensor:
-    """input_ids as a 1-D LongTensor on ``device``: integer ids every model can embed."""
-    if input_ids is None or isinstance(input_ids, (str, bytes)):
-        raise ValueError(f"input_ids must be token ids (a 1-D or [1, T] tensor or list of ints), got {input_ids!r}")
-    try:
-        prompt = torch.as_tensor(input_ids)
-    except (TypeError, ValueError, RuntimeError) as error:
-        raise ValueError(f"input_ids must be token ids (a 1-D or [1, T] tensor or list of ints): {error}") from None
-    if prompt.dim() == 2 and prompt.shape[0] == 1:
-        prompt = prompt[0]
-    if prompt.dim() != 1:
-        raise ValueError(f"input_ids must be 1-D or [1, T], got shape {tuple(prompt.shape)}")
-    if prompt.numel() == 0:
-        raise ValueError("input_ids is empty: the prompt needs at least one token (e.g. BOS)")
-    if prompt.dtype == torch.bool or prompt.is_floating_point() or prompt.is_complex():
-        raise ValueError(f"input_ids must be integer token ids, got dtype {prompt.dtype}")
-    rows = min(model.get_input_embeddings().num_embeddings for model in models)
-    low, high = torch.stack(torch.aminmax(prompt)).tolist()  # one read per prompt, before decoding
-    if low < 0 or high >= rows:
-        raise ValueError(f"input_ids must be in [0, {rows}) (the models' embedding rows), got ids from {low} to {high}")
-    return prompt.long().to(device)
 
 
 __all__ = ["GenerationOutput", "TIME_SECTIONS", "acceptance_by_position", "generate"]

@@ -349,6 +349,16 @@ def check_writable(output_dir: str, folders: Iterable[str | Path] = ()) -> Path:
     return path
 
 
+def check_device(device) -> None:
+    """hardware=cuda on a machine without a visible GPU: say so before loading anything."""
+    if device and str(device).startswith("cuda"):
+        import torch
+
+        if not torch.cuda.is_available():
+            raise UsageError(f"hardware device {device!r} but no CUDA device is visible to torch "
+                             f"({torch.__version__}); use hardware=cpu")
+
+
 def run_folders(cfg: DictConfig, cell_dirs: Iterable[Path] = ()) -> list[Path]:
     """Every folder a run of ``cfg`` writes: the experiment's cells/ (and each existing cell folder), the
     W&B folder when logging is on, and Hydra's multirun folder (launcher path)."""
@@ -361,7 +371,7 @@ def run_folders(cfg: DictConfig, cell_dirs: Iterable[Path] = ()) -> list[Path]:
 
 
 __all__ = [
-    "GROUPS", "Composer", "ParsedArgs", "UsageError", "check_nested_keys", "check_top_level_keys", "check_writable",
-    "conf_dir", "expand", "grid_axes", "group_options", "needs_single_draft", "parse_arguments", "run_folders",
-    "schema_keys", "single_draft_message", "validate",
+    "GROUPS", "Composer", "ParsedArgs", "UsageError", "check_device", "check_nested_keys", "check_top_level_keys",
+    "check_writable", "conf_dir", "expand", "grid_axes", "group_options", "needs_single_draft", "parse_arguments",
+    "run_folders", "schema_keys", "single_draft_message", "validate",
 ]

@@ -9,7 +9,7 @@ from spectr_repro.analysis.replay_report import _monotone_verdict, _order_verdic
 from spectr_repro.analysis.report import build_report
 from spectr_repro.analysis.stats import Interval
 from spectr_repro.replay.driver import main as replay_main
-from spectr_repro.runner import main_sweep
+from spectr_repro.runner.cli import main_sweep
 
 
 @pytest.fixture(autouse=True)

@@ -13,7 +13,7 @@ TINY = ["model_pair=tiny_random", "check.quick=true", "method=sd", "K=1", "L=3",
 
 
 def test_tiny_pair_passes_writes_its_json_and_calibrates_the_plan(tmp_path, calibration_file, capsys):
-    from spectr_repro.runner import main_plan
+    from spectr_repro.runner.cli import main_plan
     from spectr_repro.verify import VERIFIERS
 
     assert main([*TINY, f"check.output={tmp_path / 'check'}"]) == 0

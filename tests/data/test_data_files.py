@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from spectr_repro.data import checksums, get_dataset
-from spectr_repro.runner import main_run
+from spectr_repro.runner.cli import main_run
 
 REPO = Path(__file__).resolve().parents[2]
 _CANDIDATES = [Path(os.environ["SPECTR_REPRO_DATA"])] if os.environ.get("SPECTR_REPRO_DATA") else []

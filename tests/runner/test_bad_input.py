@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from spectr_repro.runner import main_run, main_sweep
+from spectr_repro.runner.cli import main_run, main_sweep
 
 COMMON = ["model_pair=tiny_random", "dataset=humaneval", "logger=disabled", "num_prompts=1",
           "max_new_tokens=4"]

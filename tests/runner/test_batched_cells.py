@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from spectr_repro.runner import main_sweep
 from spectr_repro.runner.batched import split_prompts
+from spectr_repro.runner.cli import main_sweep
 
 # gbv (single draft, carry-over state) at K=1, sbv at K=1 and 2; gbv at K=2 is skipped.
 SWEEP = ["model_pair=tiny_random", "dataset=gsm8k", "method=gbv,sbv", "K=1,2", "L=3", "num_prompts=4",

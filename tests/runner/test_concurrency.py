@@ -10,8 +10,9 @@ import time
 
 from runner_helpers import cells_computed, cli
 
-from spectr_repro.runner import execute, main_sweep
+from spectr_repro.runner import execute
 from spectr_repro.runner.claims import CLAIM_FILE, Runner, process_start
+from spectr_repro.runner.cli import main_sweep
 
 # 7 cells: the AR baseline and six methods of one group.
 GRID = ["model_pair=tiny_random", "dataset=humaneval", "method=sd,bv,gbv,spectr,rbv,sbv", "K=1", "L=2",

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from spectr_repro.records import CellSummary, PromptRecord, field_names
-from spectr_repro.runner import execute, main_run, main_sweep, store
+from spectr_repro.runner import execute, store
+from spectr_repro.runner.cli import main_run, main_sweep
 
 # The schema is the contract: every summary and record carries exactly its fields.
 SUMMARY_KEYS = set(field_names(CellSummary))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from spectr_repro import models
-from spectr_repro.runner import main_plan, main_sweep
+from spectr_repro.runner.cli import main_plan, main_sweep
 
 
 def _line(text: str, start: str) -> str:

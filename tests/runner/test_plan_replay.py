@@ -9,7 +9,7 @@ import re
 import pytest
 
 from spectr_repro.replay.driver import group_folder, group_meta, parse, prompt_directory, write_prompt
-from spectr_repro.runner import main_plan
+from spectr_repro.runner.cli import main_plan
 from spectr_repro.runner.plan import _duration, pair_config_of, speculative_prompt_seconds
 from spectr_repro.runner.store import atomic_write_text
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from spectr_repro.runner import main_plan
+from spectr_repro.runner.cli import main_plan
 from spectr_repro.runner.config import Composer, expand, parse_arguments
-from tests.runner.test_plan import _line, offline  # noqa: F401 (offline is a fixture)
+from tests.runner.test_plan import _line  # the offline fixture comes from tests/runner/conftest.py
 
 RELEASE_PAIRS = {"llama2_7b_68m", "llama2_7b_160m", "llama2_13b_68m", "llama2_13b_160m"}
 

@@ -14,7 +14,7 @@ from runner_helpers import cells_computed, cli
 
 from spectr_repro import models
 from spectr_repro.analysis.report import main as report_main
-from spectr_repro.runner import main_sweep
+from spectr_repro.runner.cli import main_sweep
 
 TINY = ["dataset=humaneval", "K=1", "L=2", "num_prompts=1", "max_new_tokens=3", "logger=disabled",
         "runner.poll_s=0.2"]

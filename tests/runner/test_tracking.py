@@ -8,7 +8,7 @@ import struct
 from pathlib import Path
 
 from spectr_repro.conf import conf_dir
-from spectr_repro.runner import main_run
+from spectr_repro.runner.cli import main_run
 
 
 def wandb_records(path: Path):

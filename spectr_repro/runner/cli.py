@@ -1,0 +1,444 @@
+"""The runner's command line: ``run`` (one cell), ``sweep`` (a grid), ``plan`` (its cost, loading nothing).
+
+    python -m spectr_repro run method=spectr_gbv K=3 L=8 dataset=gsm8k model_pair=tiny_random
+    python -m spectr_repro sweep K=1,3,5,7 method=spectr,spectr_gbv
+    python -m spectr_repro plan experiment=paper_main            # cells, downloads, time; loads nothing
+    python -m spectr_repro sweep experiment=ablation_K          # the experiment's grid
+    python -m spectr_repro sweep experiment=paper_main hydra/launcher=slurm   # one SLURM job per pair
+
+Every cell of a command runs in one process, pair by pair (one pair in memory); each group's AR baseline
+runs once and gives every method's speed-up. Cells are claimed before they are computed
+(:mod:`spectr_repro.runner.claims`), so several runners over one folder compute each cell once.
+Records: ``<output_dir>/<experiment>/cells/<cell_id>/`` (see :mod:`spectr_repro.runner.store`); a cell
+is finished only when its summary agrees with its records, and is redone otherwise; ``force=true``
+recomputes finished ones. Bad input: one message on stderr, exit status 2, nothing written; a missing
+resource: exit 1; SIGINT 130 and SIGTERM 143, each saying what was kept.
+"""
+
+from __future__ import annotations
+
+import math
+import signal
+import sys
+from collections.abc import Sequence
+
+from spectr_repro.runner.claims import Runner
+from spectr_repro.runner.config import (
+    Composer,
+    ParsedArgs,
+    UsageError,
+    check_device,
+    check_writable,
+    conf_dir,
+    expand,
+    grid_axes,
+    group_options,
+    needs_single_draft,
+    parse_arguments,
+    run_folders,
+    single_draft_message,
+    validate,
+)
+from spectr_repro.runner.execute import CellOutcome, CellPlan, ResourceError, Session, plan_cells
+
+USAGE = """\
+usage: python -m spectr_repro {command} [key=value ...]
+
+Top-level keys: K, L, temperature, method, dataset, model_pair, num_prompts, max_new_tokens, seed,
+output_dir, experiment, force; groups: hardware=cpu|cuda, logger=wandb_offline|wandb_online|disabled;
+runner.* (claims, SLURM job layout) and hardware.allow_offload; unknown keys are refused, `+` or not.
+`sweep ... --plan` (or `python -m spectr_repro plan ...`) prints cells, downloads and time, loading nothing.
+{extra}"""
+
+
+def main_run(argv: Sequence[str] | None = None) -> int:
+    """One cell (plus its AR baseline when that is not finished yet)."""
+    return _main("run", list(sys.argv[1:] if argv is None else argv))
+
+
+def main_sweep(argv: Sequence[str] | None = None) -> int:
+    """The grid of the comma lists on the command line and of the selected experiment."""
+    return _main("sweep", list(sys.argv[1:] if argv is None else argv))
+
+
+def main_plan(argv: Sequence[str] | None = None) -> int:
+    """What ``sweep`` would do with the same arguments (``experiment=a,b`` plans several): no model loads."""
+    return _main("sweep", [*(sys.argv[1:] if argv is None else argv), "--plan"])
+
+
+class Terminated(BaseException):
+    """SIGTERM (e.g. SLURM's end of job, `kill`): unwinds like Ctrl-C so claims are released."""
+
+
+def _raise_terminated(signum, frame):
+    raise Terminated(signum)
+
+
+def _main(command: str, argv: list[str]) -> int:
+    if any(a in ("-h", "--help") for a in argv):
+        print(help_text(command))
+        return 0
+    try:
+        argv, show_config = _take_cfg_flag(argv)
+        plan_only = "--plan" in argv
+        argv = [a for a in argv if a != "--plan"]
+        if plan_only:
+            return _plan(argv)
+        args = parse_arguments(argv)
+        if command == "sweep" and args.launcher_overrides:
+            return _hydra_multirun(args)
+        cfgs, plans = _compose_and_check(command, args, show_config)
+    except UsageError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    if show_config:  # Hydra's `--cfg job`: print the composed config of every cell, run nothing
+        print_configs(cfgs)
+        return 0
+    return _run_plans(cfgs, plans)
+
+
+def _compose_and_check(command: str, args, show_config: bool) -> tuple[list, list[CellPlan] | None]:
+    """The cells' configs and (unless only shown) their plans; UsageError for anything that cannot run."""
+    if args.launcher_overrides:
+        raise UsageError("hydra/launcher overrides apply to `sweep` only")
+    if command == "run" and args.sweeps:
+        keys = ", ".join(key for key, _ in args.sweeps)
+        raise UsageError(f"`run` takes one value per key; use `sweep` for lists ({keys})")
+    with Composer() as composer:
+        cfgs = expand(composer, args, use_grid=command == "sweep")
+    for cfg in cfgs:
+        validate(cfg)
+        if command == "run" and needs_single_draft(cfg):
+            raise UsageError(single_draft_message(cfg))
+        if not show_config:
+            check_device(cfg.hardware.get("device"))
+    if show_config:
+        return cfgs, None
+    plans = plan_cells(cfgs)
+    check_something_to_run(plans)
+    check_prompt_counts(plans)
+    _check_folders(cfgs, plans)
+    return cfgs, plans
+
+
+def _run_plans(cfgs: list, plans: list[CellPlan]) -> int:
+    """Run the planned cells in one session (SIGTERM unwinds like Ctrl-C) and print what happened."""
+    force = any(bool(cfg.force) for cfg in cfgs)
+    _prepare_logging(cfgs)
+    settings = cfgs[0].get("runner") or {}
+    session = Session(force=force, poll_s=float(settings.get("poll_s", 5)),
+                      runner=Runner(heartbeat_s=float(settings.get("heartbeat_s", 30)),
+                                    stale_after_s=float(settings.get("stale_after_s", 600))))
+    finished: list[CellOutcome] = []
+    folder = plans[0].directory.parent.parent if plans else cfgs[0].output_dir
+    previous = signal.signal(signal.SIGTERM, _raise_terminated) if _main_thread() else None
+    try:
+        outcomes = session.run(plans, on_cell=finished.append)
+    except ResourceError as error:
+        print(f"error: {error}\n(finished cells are kept; fix the above and rerun the same command)",
+              file=sys.stderr)
+        return 1
+    except (KeyboardInterrupt, Terminated) as stop:
+        name = "SIGTERM" if isinstance(stop, Terminated) else "SIGINT (Ctrl-C)"
+        print("\n" + stopped_message(name, plans, finished, session.interrupted, folder), file=sys.stderr)
+        return 143 if isinstance(stop, Terminated) else 130
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+    print(summary_table(outcomes))
+    notes = [o for o in outcomes if o.status == "skipped"]
+    for outcome in notes:
+        print(f"note: skipped {outcome.plan.cell_id}: {outcome.note}")
+    counts = {status: sum(o.status == status for o in outcomes)
+              for status in ("ran", "finished earlier", "finished elsewhere", "claimed elsewhere")}
+    print(f"{counts['ran']} cell(s) run, {counts['finished earlier']} finished earlier (skipped), "
+          f"{counts['finished elsewhere'] + counts['claimed elsewhere']} computed by another runner, "
+          f"{len(notes)} skipped as invalid; results in {folder}")
+    return 0
+
+
+def _main_thread() -> bool:
+    import threading
+
+    return threading.current_thread() is threading.main_thread()
+
+
+def stopped_message(signal_name: str, plans, finished: Sequence[CellOutcome], interrupted, folder) -> str:
+    """What was kept and what was dropped when a run is stopped by a signal."""
+    ran = sum(o.status == "ran" for o in finished)
+    earlier = sum(o.status in ("finished earlier", "finished elsewhere") for o in finished)
+    left = len([p for p in plans if not p.skip_note]) - ran - earlier - sum(
+        o.status == "claimed elsewhere" for o in finished)
+    dropped = (f"the cell being computed ({interrupted.cell_id}) was dropped and starts over"
+               if interrupted is not None else "no cell was being computed")
+    return (f"stopped by {signal_name}: kept {ran} cell(s) computed in this run and {earlier} finished before, "
+            f"in {folder}; {dropped}; rerun the same command to compute the {max(left, 0)} cell(s) left.")
+
+
+def check_something_to_run(plans) -> None:
+    """UsageError when every cell of the command is invalid (e.g. `sweep method=sd K=3`): exit 2 with the
+    reason rather than "0 cell(s) run" and status 0."""
+    if plans and all(plan.skip_note for plan in plans):
+        reasons = list(dict.fromkeys(plan.skip_note for plan in plans))
+        raise UsageError(f"nothing valid to run: all {len(plans)} cell(s) are invalid. " + " ".join(reasons))
+
+
+def check_prompt_counts(plans) -> None:
+    """UsageError when a cell asks for more prompts than its dataset has, before any model pair loads.
+
+    Reading a dataset's records needs no tokenizer (prompts are formatted later); a dataset that cannot be
+    read at all is left to the run, which reports the missing resource (exit 1) as before.
+    """
+    from omegaconf import OmegaConf
+
+    from spectr_repro.data import get_dataset
+
+    wanted: dict[str, tuple[dict, int]] = {}
+    for plan in plans:
+        if plan.skip_note:
+            continue
+        dataset = OmegaConf.to_container(plan.cfg.dataset, resolve=True)
+        dataset.setdefault("name", plan.cfg.choices.dataset)
+        key = repr(sorted(dataset.items()))
+        most = max(wanted.get(key, (dataset, 0))[1], int(plan.cfg.num_prompts))
+        wanted[key] = (dataset, most)
+    for dataset, num_prompts in wanted.values():
+        try:
+            records = get_dataset(dataset["name"]).load_records(**dict(dataset.get("options") or {}))
+        except (ValueError, OSError, ImportError):
+            continue
+        if num_prompts > len(records):
+            raise UsageError(f"num_prompts={num_prompts} but dataset {dataset['name']} has only {len(records)} "
+                             f"records; use num_prompts <= {len(records)}")
+
+
+def _check_folders(cfgs, plans) -> None:
+    """Every folder the run writes (experiment, cells, existing cell folders, W&B) must be writable."""
+    by_output: dict[tuple, list] = {}
+    for plan in plans:
+        key = (plan.cfg.output_dir, plan.cfg.experiment)
+        by_output.setdefault(key, [plan.cfg, []])[1].append(plan.directory)
+    for cfg, directories in by_output.values():
+        existing = [d for d in directories if d.exists()]
+        check_writable(cfg.output_dir, run_folders(cfg, existing))
+
+
+def _plan(argv: list[str]) -> int:
+    """Print the plan of the cells ``sweep`` would run with ``argv`` (several experiments allowed)."""
+    from spectr_repro.runner.plan import build_plan, format_plan
+    from spectr_repro.runner.replay_plan import plan_replays
+
+    experiments = [None]
+    rest = []
+    for argument in argv:
+        key, _, value = argument.lstrip("+").partition("=")
+        if key == "experiment" and "," in value:
+            experiments = [v.strip() for v in value.split(",") if v.strip()]
+        else:
+            rest.append(argument)
+    plans, commands = [], []
+    for experiment in experiments:
+        arguments = [f"experiment={experiment}", *rest] if experiment else rest
+        args = parse_arguments(arguments)
+        with Composer() as composer:
+            cfgs = expand(composer, args, use_grid=True)
+        for cfg in cfgs:
+            validate(cfg)
+        plans.extend(plan_cells(cfgs))
+        commands.append((arguments, cfgs[0].choices.experiment if cfgs else experiment))
+    plan = build_plan(plans)
+    plan.replays = plan_replays(commands, plan.measured_block_efficiency)  # the experiments' replay: blocks
+    print(format_plan(plan))
+    return 0
+
+
+def _take_cfg_flag(argv: list[str]) -> tuple[list[str], bool]:
+    """Strip Hydra's ``--cfg job`` (also ``--cfg=job``, ``-c job``) from argv; only ``job`` is supported."""
+    rest, show, index = [], False, 0
+    while index < len(argv):
+        argument = argv[index]
+        if argument in ("--cfg", "-c") or argument.startswith("--cfg="):
+            value = argument.split("=", 1)[1] if "=" in argument else (argv[index + 1] if index + 1 < len(argv)
+                                                                      else None)
+            index += 1 if "=" in argument else 2
+            if value != "job":
+                raise UsageError(f"--cfg takes 'job' (print the composed config of each cell), got {value!r}")
+            show = True
+            continue
+        rest.append(argument)
+        index += 1
+    return rest, show
+
+
+def print_configs(cfgs) -> None:
+    """The resolved config of each cell, as YAML (what config.yaml beside each summary will hold)."""
+    from omegaconf import OmegaConf
+
+    from spectr_repro.runner.store import cell_id
+
+    for number, cfg in enumerate(cfgs, 1):
+        if len(cfgs) > 1:
+            print(f"# cell {number}/{len(cfgs)}: {cell_id(cfg)}")
+        print(OmegaConf.to_yaml(cfg, resolve=True))
+
+
+def _prepare_logging(cfgs) -> None:
+    from spectr_repro import tracking
+
+    for cfg in cfgs:
+        tracking.prepare(cfg.logger)
+
+
+def summary_table(outcomes: Sequence[CellOutcome]) -> str:
+    """Markdown table of the cells: method, K, L, T, block efficiency, speed-up, tokens/s."""
+    import pandas as pd
+
+    rows = []
+    for outcome in outcomes:
+        cfg, summary = outcome.plan.cfg, outcome.summary or {}
+        rows.append({
+            "model_pair": cfg.choices.model_pair,
+            "dataset": cfg.choices.dataset,
+            "method": cfg.method.name,
+            "K": cfg.K,
+            "L": cfg.L,
+            "T": float(cfg.temperature),
+            "BE": _number(summary.get("block_efficiency")),
+            "speedup": _number(summary.get("speedup")),
+            "tokens/s": _number(summary.get("tokens_per_s"), digits=1),
+            "status": outcome.status if outcome.status != "skipped" else "skipped (needs K=1)",
+        })
+    if not rows:
+        return "(no cells)"
+    frame = pd.DataFrame(rows)
+    for column in ("model_pair", "dataset"):
+        if frame[column].nunique() == 1:
+            frame = frame.drop(columns=column)
+    numeric = ("K", "L", "T", "BE", "speedup", "tokens/s")
+    align = ["right" if column in numeric else "left" for column in frame]
+    return frame.to_markdown(index=False, floatfmt=".2f", colalign=align)
+
+
+def _number(value, digits: int = 2) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    return f"{value:.{digits}f}"
+
+
+def help_text(command: str | None = None) -> str:
+    groups = "\n".join(f"  {group:<11} {', '.join(group_options(group)) or '(none yet)'}"
+                       for group in ("method", "model_pair", "dataset", "experiment", "hardware", "logger"))
+    extra = f"Config groups (conf/ in {conf_dir()}):\n{groups}\n"
+    if command == "sweep":
+        extra += ("\nComma lists expand to the grid (K=1,3,5 method=sd,spectr); axes not given take the\n"
+                  "experiment's `grid`. hydra/launcher=slurm sends SLURM jobs (submitit): one per model pair by\n"
+                  "default (runner.jobs=per_pair; workers_<N>, per_cell). Cells are claimed, so several runners\n"
+                  "over one folder compute each cell once.\n")
+    return USAGE.format(command=command or "{run,sweep}", extra=extra)
+
+
+# --------------------------------------------------------------------------------------------------
+# SLURM (or any Hydra launcher): Hydra's own multirun
+
+
+def _hydra_multirun(args: ParsedArgs) -> int:
+    """Run Hydra's real multirun with the chosen launcher (e.g. hydra/launcher=slurm).
+
+    ``runner.jobs`` says how the grid becomes jobs (see conf/config.yaml):
+
+    * ``per_pair`` (default): one job per model pair; each runs that pair's cells in one process, so a
+      job never loads two pairs and loads its pair once;
+    * ``per_cell``: one job per cell (each sub-grid of the experiment is one Hydra multirun);
+    * ``workers_<N>``: N identical jobs over the whole grid (an array of N): they share the cells
+      through claims, each cell computed once.
+
+    Whatever the layout, cells are claimed before they are computed, so jobs over overlapping grids (or a
+    rerun while jobs are still running) never compute a cell twice.
+    """
+    import functools
+
+    import hydra
+    from hydra.core.global_hydra import GlobalHydra
+
+    with Composer() as composer:
+        base = composer.compose(args.fixed)
+        cfgs = expand(composer, args, use_grid=True)
+    for cfg in cfgs:
+        validate(cfg)
+    plans = plan_cells(cfgs)
+    _check_folders(cfgs, plans)
+    jobs = str((base.get("runner") or {}).get("jobs", "per_pair"))
+    argv = _argv_without_launcher(args)
+    if jobs == "per_cell":
+        runs = [([f"{key}={','.join(values)}" for key, values in list(args.sweeps) + axes], hydra_task)
+                for axes in grid_axes(base.get("grid"), args.user_keys)]
+    elif jobs == "per_pair":
+        pairs = list(dict.fromkeys(cfg.choices.model_pair for cfg in cfgs))
+        runs = [([f"model_pair={','.join(pairs)}"], functools.partial(sweep_task, tuple(argv), "model_pair"))]
+    elif jobs.startswith("workers_") and jobs.removeprefix("workers_").isdigit():
+        count = int(jobs.removeprefix("workers_"))
+        runs = [([f"runner.worker=range({count})"], functools.partial(sweep_task, tuple(argv), None))]
+    else:
+        raise UsageError(f"runner.jobs must be per_pair, per_cell or workers_<N>, got {jobs!r}")
+    fixed = [a for a in args.fixed if not a.startswith("model_pair=")] if jobs == "per_pair" else list(args.fixed)
+    saved_argv = sys.argv
+    try:
+        for sweeps, task in runs:
+            sys.argv = ["spectr_repro", "--multirun", *fixed, *sweeps, *args.launcher_overrides]
+            GlobalHydra.instance().clear()
+            hydra.main(config_path=str(conf_dir()), config_name="config", version_base="1.3")(task)()
+    finally:
+        sys.argv = saved_argv
+        GlobalHydra.instance().clear()
+    return 0
+
+
+def _argv_without_launcher(args: ParsedArgs) -> list[str]:
+    """The command's overrides as a `sweep` takes them (the launcher's own overrides left out)."""
+    return [*args.fixed, *(f"{key}={','.join(values)}" for key, values in args.sweeps)]
+
+
+def sweep_task(argv: tuple[str, ...], pinned: str | None, cfg) -> int:
+    """One Hydra job running ``sweep argv`` in-process (the pair of the job pinned when ``pinned``)."""
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.initialize import get_gh_backup, restore_gh_from_backup
+
+    extra = []
+    if pinned == "model_pair":
+        extra = [f"model_pair={HydraConfig.get().runtime.choices.get('model_pair')}"]
+    backup = get_gh_backup()  # the job runs inside Hydra's own app; the sweep composes with its own
+    GlobalHydra.instance().clear()
+    try:
+        code = _main("sweep", [*argv, *extra])
+    finally:
+        restore_gh_from_backup(backup)
+    if code != 0:
+        raise RuntimeError(f"sweep {' '.join([*argv, *extra])} exited with status {code}")
+    return code
+
+
+def hydra_task(cfg) -> float | None:
+    """One Hydra job = one cell (and its AR baseline if not finished). Returns the speed-up."""
+    from hydra.core.hydra_config import HydraConfig
+    from omegaconf import open_dict
+
+    from spectr_repro.runner.config import GROUPS
+
+    choices = HydraConfig.get().runtime.choices
+    with open_dict(cfg):
+        cfg["choices"] = {group: choices.get(group) for group in GROUPS}
+    validate(cfg)
+    settings = cfg.get("runner") or {}
+    session = Session(force=bool(cfg.force), progress=False, poll_s=float(settings.get("poll_s", 5)),
+                      runner=Runner(heartbeat_s=float(settings.get("heartbeat_s", 30)),
+                                    stale_after_s=float(settings.get("stale_after_s", 600))))
+    outcomes = session.run(plan_cells([cfg]))
+    print(summary_table(outcomes))
+    summary = outcomes[-1].summary or {}
+    return summary.get("speedup")
+
+
+__all__ = ["UsageError", "check_prompt_counts", "check_something_to_run", "help_text",
+           "hydra_task", "main_plan", "main_run", "main_sweep", "print_configs",
+           "stopped_message", "summary_table", "sweep_task"]
