@@ -16,7 +16,7 @@ import math
 
 import torch
 
-from spectr_repro.toy import toy_pair
+from spectr_repro.theory.toy import toy_pair
 from spectr_repro.verify.mpbv import _rank_keys, path_block_test
 from spectr_repro.verify.sbv import choose_rho, selection_law
 

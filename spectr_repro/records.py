@@ -18,6 +18,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
+from spectr_repro.errors import SchemaError
+
 SCHEMA_VERSION = 2  # 2: prompt_ids, records_sha256, offloaded, contention, speedup_caveats, model_revisions
 
 
@@ -110,9 +112,6 @@ def table_columns() -> list[str]:
     """The per-prompt columns shown in tables (W&B): every record field but the per-iteration lists."""
     return [f.name for f in fields(PromptRecord) if f.metadata.get("table", True)]
 
-
-class SchemaError(ValueError):
-    """A summary or record that does not fit the schema; the message names the file."""
 
 
 def summary_from_json(data: Mapping[str, Any], where: str = "summary") -> dict[str, Any]:

@@ -9,9 +9,9 @@ import math
 import pytest
 import torch
 
-from spectr_repro.lawcheck import chi_square_test, total_variation
 from spectr_repro.sampling import sample
-from spectr_repro.toy import (
+from spectr_repro.theory.lawcheck import chi_square_test, total_variation
+from spectr_repro.theory.toy import (
     block_tensors,
     draft_tuples,
     exact_decoded_law,

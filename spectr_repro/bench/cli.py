@@ -44,7 +44,7 @@ def predicted_pick(replay_summary: str, hardware, preset, pair, prompts) -> dict
 
     from spectr_repro.check.calibration import find_calibration
     from spectr_repro.check.predict import best_configuration, predict_tokens_per_s, read_replay_summary
-    from spectr_repro.runner.config import UsageError
+    from spectr_repro.errors import UsageError
 
     dtype = str(pair.dtype).removeprefix("torch.")
     kind = "cuda" if pair.device.type == "cuda" else "cpu"
@@ -191,7 +191,7 @@ def write_json(results: dict, out: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from spectr_repro.runner.config import UsageError
+    from spectr_repro.errors import UsageError
 
     parser = argparse.ArgumentParser(prog="python -m spectr_repro bench", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)

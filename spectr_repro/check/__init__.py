@@ -481,7 +481,7 @@ def run_check(argv: Sequence[str]) -> tuple[int, dict[str, Any]]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from spectr_repro.runner.config import UsageError
+    from spectr_repro.errors import UsageError
     from spectr_repro.runner.store import atomic_write_text
 
     argv = list(sys.argv[1:] if argv is None else argv)

@@ -13,12 +13,11 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from spectr_repro.errors import ConfigFolderError
+
 CONF_ENV_VAR = "SPECTR_REPRO_CONF"
 PACKAGED_CONF = Path(__file__).resolve().parent
 
-
-class ConfigFolderError(ValueError):
-    """The config folder does not exist or has no config.yaml."""
 
 
 def conf_dir() -> Path:

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from spectr_repro.data.checksums import verify_files
+from spectr_repro.errors import HubDataError
 
 DATA_ENV_VAR = "SPECTR_REPRO_DATA"
 PROMPT_STYLES = ("auto", "base", "chat")
@@ -247,9 +248,6 @@ def read_text_lines(path: Path) -> list[str]:
     lines = text.replace("\r\n", "\n").replace("\r", "\n").split("\n")
     return lines[:-1] if lines and lines[-1] == "" else lines
 
-
-class HubDataError(ValueError):
-    """A dataset could not be read from the hub (not cached offline, no such files, no network)."""
 
 
 def fetch_hub_files(repo: str, revision: str, patterns: list[str]) -> list[Path]:

@@ -7,7 +7,7 @@ placement and extra stop tokens. Three kinds of source:
   (see ``spectr_repro.models.offline``); the only real pairs that work without the HuggingFace hub.
 * ``hub``: ``from_pretrained(hub_id, revision=...)`` at the revision pinned in the pair config; big models
   are spread with accelerate (``device_map: auto``); free disk is checked before anything is downloaded.
-* ``tiny``: ``spectr_repro.tiny.make_tiny_pair(seed)``, random models built in code.
+* ``tiny``: ``spectr_repro.models.tiny.make_tiny_pair(seed)``, random models built in code.
 
 One pair is held in memory at a time: loading another pair releases the previous one first (and empties
 the CUDA cache), so a sweep over two pairs never holds both. After loading, :func:`offloaded_modules`
@@ -318,7 +318,7 @@ def _as_dtype(value: str | torch.dtype) -> torch.dtype:
 def _load(cfg: dict, device: torch.device, target_dtype: torch.dtype, draft_dtype: torch.dtype) -> ModelPair:
     if cfg["source"] == "tiny":
         # Imported lazily: the tiny pair lives with the engine and is only needed here.
-        from spectr_repro.tiny import make_tiny_pair
+        from spectr_repro.models.tiny import make_tiny_pair
 
         options = {k: cfg[k] for k in ("draft_noise",) if cfg.get(k) is not None}
         target, draft, tokenizer = make_tiny_pair(

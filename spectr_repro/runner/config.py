@@ -24,15 +24,13 @@ from pathlib import Path
 from omegaconf import DictConfig, ListConfig, OmegaConf, open_dict
 
 from spectr_repro import conf as _conf
+from spectr_repro.errors import UsageError
 from spectr_repro.verify import VERIFIERS
 
 # Groups that hold a choice; their options are the yaml files in conf/<group>/.
 GROUPS = ("method", "model_pair", "dataset", "experiment", "hardware", "logger")
 INTEGER_KEYS = ("K", "L", "num_prompts", "max_new_tokens", "seed")
 
-
-class UsageError(ValueError):
-    """Bad command-line input: the CLI prints the message (no traceback) and exits with status 2."""
 
 
 def conf_dir() -> Path:

@@ -21,6 +21,7 @@ from tqdm.auto import tqdm
 
 from spectr_repro import tracking
 from spectr_repro.environment import environment
+from spectr_repro.errors import ResourceError
 from spectr_repro.records import CellSummary, PromptRecord, as_json, pooled_metrics, records_digest
 from spectr_repro.runner import batched, claims, store
 from spectr_repro.runner.config import conf_dir, needs_single_draft, single_draft_message
@@ -32,9 +33,6 @@ WARMUP_PROMPT_TOKENS = 32  # warm-up needs the kernels, not the whole prompt (CP
 # --------------------------------------------------------------------------------------------------
 # Planning
 
-
-class ResourceError(RuntimeError):
-    """A model pair or dataset cannot be loaded (missing weights or data): reported without a traceback."""
 
 
 @dataclass

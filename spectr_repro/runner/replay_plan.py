@@ -30,7 +30,8 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from spectr_repro.runner.config import UsageError, conf_dir
+from spectr_repro.errors import UsageError
+from spectr_repro.runner.config import conf_dir
 from spectr_repro.runner.plan import (
     calibrated_prompt_seconds,
     calibration_for,

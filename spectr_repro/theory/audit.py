@@ -1,7 +1,7 @@
 """Losslessness audit of every registered verification rule, across iterations, on toy models.
 
 For each rule (and option variant) and K, on seeded toy pairs whose conditionals depend on the whole
-context (spectr_repro.toy):
+context (spectr_repro.theory.toy):
 - exact: the joint law of the first n decoded tokens across iterations (state threaded, every draft
   tuple enumerated, the rule's draws integrated by ``verifier.law``) vs the target's law -> TV. No
   sampling noise: a lossless rule gives float64 round-off (~1e-16);
@@ -27,8 +27,8 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from spectr_repro.lawcheck import chi_square_test, total_variation
-from spectr_repro.toy import ToySpec, exact_decoded_law, sample_decoded, target_law
+from spectr_repro.theory.lawcheck import chi_square_test, total_variation
+from spectr_repro.theory.toy import ToySpec, exact_decoded_law, sample_decoded, target_law
 from spectr_repro.verify import VERIFIERS, Verifier, get_verifier
 from spectr_repro.verify.thresholds import ALPHA, EXACT_TV
 

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from spectr_repro.toy import ToyLM
+from spectr_repro.theory.toy import ToyLM
 
 
 def prefix_masses(model: ToyLM, context: Sequence[int], L: int) -> list[np.ndarray]:

@@ -18,8 +18,8 @@ from spectr_repro.theory.bounds import gbv_value, paper_bound
 from spectr_repro.theory.exact import expected_accepted_length, iteration_law
 from spectr_repro.theory.generation import generation_efficiency
 from spectr_repro.theory.lp import optimal_expected_accepted, optimal_expected_accepted_nodes
+from spectr_repro.theory.toy import ToySpec, toy_pair
 from spectr_repro.theory.validity import check_validity
-from spectr_repro.toy import ToySpec, toy_pair
 from spectr_repro.verify import VERIFIERS, get_verifier
 from spectr_repro.verify.thresholds import EXACT_TV
 

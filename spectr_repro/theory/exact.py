@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from spectr_repro.toy import ToyLM, block_tensors, draft_tuples
+from spectr_repro.theory.toy import ToyLM, block_tensors, draft_tuples
 from spectr_repro.verify import Verifier, get_verifier
 
 Law = dict[tuple[int, ...], float]

@@ -22,7 +22,7 @@ import pandas as pd
 from spectr_repro.theory.exact import expected_accepted_length, iteration_law
 from spectr_repro.theory.lp import optimal_expected_accepted_nodes
 from spectr_repro.theory.structure import myopic_selection_limit
-from spectr_repro.toy import ToySpec
+from spectr_repro.theory.toy import ToySpec
 from spectr_repro.verify import VERIFIERS, get_verifier
 
 BASELINE = "spectr"

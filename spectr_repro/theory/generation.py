@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from spectr_repro.theory.exact import iteration_outcomes
-from spectr_repro.toy import ToyLM
+from spectr_repro.theory.toy import ToyLM
 from spectr_repro.verify import get_verifier
 
 

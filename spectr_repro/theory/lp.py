@@ -29,7 +29,7 @@ import numpy as np
 from scipy import sparse
 from scipy.optimize import linprog
 
-from spectr_repro.toy import ToyLM
+from spectr_repro.theory.toy import ToyLM
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,7 @@ def theory_markdown(df: pd.DataFrame, gen: pd.DataFrame, checks, elapsed: float,
         "# Theory on toy models: exact E[accepted], the LP limit, the paper's bound",
         "",
         "Exact expected accepted draft tokens per iteration E[tau] (block efficiency = E[tau] + 1) on seeded "
-        "toy pairs (spectr_repro.toy: context-dependent Dirichlet conditionals; the draft mixes the target "
+        "toy pairs (spectr_repro.theory.toy: context-dependent Dirichlet conditionals; the draft mixes the target "
         "with an independent toy). Rules: exact per-iteration laws (every draft tuple enumerated, draws "
         "integrated). `LP limit`: the best E[tau] of ANY verifier valid as is (docs/methods.md, \"The limit any "
         "valid rule obeys\"; scipy HiGHS). `paper's bound`: sum_i sum_{x^i} P(x^i)[1 - (1 - min(1, Q/P))^K]. "
@@ -196,7 +196,7 @@ def peers_markdown(peer_rows) -> list[str]:
     return [
         "## Peers: transformers' assisted generation",
         "",
-        f"`target.generate(assistant_model=draft, do_sample=True)` on a {peer_rows[0].pair} (spectr_repro.tiny; "
+        f"`target.generate(assistant_model=draft, do_sample=True)` on a {peer_rows[0].pair} (spectr_repro.models.tiny; "
         "the target's law of the first tokens enumerated from one batched forward). `MC p`: Pearson chi-square "
         f"of the first {peer_rows[0].law_tokens} tokens over independent calls against the target's exact law "
         f"(threshold {peers_mod.ALPHA:g}). `detectable TV`: every bias whose TV over the test's bins is at "

@@ -1,7 +1,7 @@
 """Peer audit: transformers' assisted generation put through the audit's checks.
 
 ``target.generate(assistant_model=draft, do_sample=True)`` is the speculative decoding most users run. On a
-tiny Llama pair over V = 4 tokens (spectr_repro.tiny, built in code, float32) the target's conditionals after
+tiny Llama pair over V = 4 tokens (spectr_repro.models.tiny, built in code, float32) the target's conditionals after
 a fixed prompt are tabulated for every continuation (one batched forward), so the exact law of the first n
 decoded tokens is known and transformers' output can be tested like our rules:
 
@@ -61,9 +61,9 @@ import numpy as np
 import torch
 from scipy import optimize, stats
 
-from spectr_repro.lawcheck import chi_square_test, total_variation
 from spectr_repro.theory.exact import expected_accepted_length, iteration_law
-from spectr_repro.toy import Context, ToyLM, block_tensors, draft_tuples, target_law
+from spectr_repro.theory.lawcheck import chi_square_test, total_variation
+from spectr_repro.theory.toy import Context, ToyLM, block_tensors, draft_tuples, target_law
 from spectr_repro.verify import Outcome, get_verifier
 from spectr_repro.verify.thresholds import ALPHA  # the audit's p-value threshold (audit.P_VALUE_THRESHOLD)
 
@@ -87,7 +87,7 @@ class PeerPair:
     prompt: tuple[int, ...] = (3,)
 
     def models(self):
-        from spectr_repro.tiny import make_tiny_models
+        from spectr_repro.models.tiny import make_tiny_models
 
         return make_tiny_models(self.vocab_size, seed=self.seed, draft_noise=self.draft_noise,
                                 logit_scale=self.logit_scale, hidden_size=self.hidden_size,

@@ -24,7 +24,7 @@ import numpy as np
 from scipy import sparse
 from scipy.optimize import linprog
 
-from spectr_repro.toy import ToyLM
+from spectr_repro.theory.toy import ToyLM
 
 
 def myopic_selection_limit(target: ToyLM, draft: ToyLM, K: int, L: int, context: Sequence[int] = ()) -> float:

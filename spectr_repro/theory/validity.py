@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from spectr_repro.toy import ToyLM
+from spectr_repro.theory.toy import ToyLM
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ from spectr_repro.bench import cli, suites
 from spectr_repro.bench.contenders import hf_generation_config
 from spectr_repro.bench.measure import ForwardMeter
 from spectr_repro.models import ModelPair
-from spectr_repro.tiny import make_tiny_pair
+from spectr_repro.models.tiny import make_tiny_pair
 from spectr_repro.verify import VERIFIERS
 
 
@@ -105,7 +105,7 @@ def test_presets_compose_with_the_hardware_config():
             assert K >= 1 and L >= 1 and method
         for rule in (preset.get("verification") or {}).get("rules") or []:
             assert rule in VERIFIERS
-    from spectr_repro.runner.config import UsageError
+    from spectr_repro.errors import UsageError
 
     with pytest.raises(UsageError):
         cli.compose_preset("no_such_preset", "cpu")

@@ -14,7 +14,7 @@ import torch
 
 from spectr_repro.bias import estimators as E
 from spectr_repro.theory.exact import rule_law
-from spectr_repro.toy import block_tensors, draft_tuples, sample_drafts, toy_pair
+from spectr_repro.theory.toy import block_tensors, draft_tuples, sample_drafts, toy_pair
 from spectr_repro.verify import get_verifier
 
 

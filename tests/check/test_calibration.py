@@ -47,7 +47,7 @@ def test_entries_are_kept_and_replaced(calibration_file):
 
 
 def test_measured_costs_cover_every_shape_on_the_tiny_model():
-    from spectr_repro.tiny import make_tiny_pair
+    from spectr_repro.models.tiny import make_tiny_pair
 
     target, _, _ = make_tiny_pair(seed=0)
     shapes = [(1, 1, "last"), (3, 5, "all"), (1, 40, "last")]

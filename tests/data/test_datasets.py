@@ -40,7 +40,7 @@ def _point_at_local_data(monkeypatch):
 
 @pytest.fixture(scope="module")
 def chat_tokenizer():
-    from spectr_repro.tiny import make_byte_tokenizer
+    from spectr_repro.models.tiny import make_byte_tokenizer
 
     return make_byte_tokenizer()  # has a minimal chat template: <|user|>\n...\n<|assistant|>\n
 
@@ -172,7 +172,7 @@ def test_auto_style_uses_the_chat_template(name, chat_tokenizer):
 
 @needs_data
 def test_humaneval_chat_reply_starts_with_the_code():
-    from spectr_repro.tiny import make_byte_tokenizer
+    from spectr_repro.models.tiny import make_byte_tokenizer
 
     example = load_examples("humaneval", 1, tokenizer=make_byte_tokenizer())[0]
     record = next(r for r in get_dataset("humaneval").load_records() if r["task_id"] == example.id)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from spectr_repro.tiny import make_tiny_pair
+from spectr_repro.models.tiny import make_tiny_pair
 from spectr_repro.verify import VERIFIERS
 
 SPECULATIVE = tuple(VERIFIERS)  # sd, spectr, bv, gbv, spectr_gbv, rbv, sbv

@@ -22,9 +22,9 @@ import torch
 from scipy.stats import chi2 as chi2_distribution
 
 from spectr_repro.engine import generate, generate_batch
-from spectr_repro.lawcheck import chi_square_test
+from spectr_repro.models.tiny import make_tiny_models
 from spectr_repro.sampling import probs_from_logits
-from spectr_repro.tiny import make_tiny_models
+from spectr_repro.theory.lawcheck import chi_square_test
 from spectr_repro.verify import Verifier, get_verifier
 from tests.engine.conftest import draft_count
 

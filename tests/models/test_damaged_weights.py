@@ -10,7 +10,7 @@ import pytest
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from spectr_repro import models
-from spectr_repro.tiny import make_byte_tokenizer
+from spectr_repro.models.tiny import make_byte_tokenizer
 
 
 def _write_truncated_model(folder: Path) -> None:

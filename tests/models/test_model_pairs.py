@@ -87,7 +87,7 @@ def test_tiny_pair_loads_once_in_eval_mode():
 
 
 def test_eos_ids_merge_tokenizer_generation_config_and_extra_tokens():
-    from spectr_repro.tiny import make_byte_tokenizer
+    from spectr_repro.models.tiny import make_byte_tokenizer
 
     tokenizer = make_byte_tokenizer()
 
@@ -103,7 +103,7 @@ def test_eos_ids_merge_tokenizer_generation_config_and_extra_tokens():
 
 def test_mismatched_tokenizers_are_refused():
     from spectr_repro.models import _check_tokenizers
-    from spectr_repro.tiny import make_byte_tokenizer
+    from spectr_repro.models.tiny import make_byte_tokenizer
 
     target_tokenizer, draft_tokenizer = make_byte_tokenizer(), make_byte_tokenizer()
     _check_tokenizers("same", target_tokenizer, draft_tokenizer)  # equal vocabularies pass

@@ -14,7 +14,7 @@ import torch
 
 from spectr_repro.replay import block_estimates, check_grid, grid
 from spectr_repro.theory.exact import rule_expected_accepted
-from spectr_repro.toy import block_tensors, draft_tuples, toy_pair
+from spectr_repro.theory.toy import block_tensors, draft_tuples, toy_pair
 from spectr_repro.verify import VERIFIERS, get_verifier
 
 EXACT_TOLERANCE = 1e-9  # float64 sums of at most a few hundred products: round-off is ~1e-15

@@ -172,7 +172,7 @@ def test_run_one_cell_prints_the_table(tmp_path, capsys):
 
 
 def test_stop_strings_end_generation_and_cut_the_completion():
-    from spectr_repro.tiny import make_byte_tokenizer
+    from spectr_repro.models.tiny import make_byte_tokenizer
 
     tokenizer = make_byte_tokenizer()
     should_stop = execute.stop_checker(tokenizer, ("\ndef ",))

@@ -9,7 +9,7 @@ import pytest
 from spectr_repro.theory.cli import main_theory
 from spectr_repro.theory.exact import rule_expected_accepted
 from spectr_repro.theory.gap import GAP_RULES, gap_markdown, gap_rows, gap_toys
-from spectr_repro.toy import ToySpec, toy_pair
+from spectr_repro.theory.toy import ToySpec, toy_pair
 
 
 def test_gap_rules_come_from_the_registry():

@@ -9,7 +9,7 @@ import torch
 
 from spectr_repro.theory.bounds import gbv_value
 from spectr_repro.theory.generation import calls_law, generation_efficiency
-from spectr_repro.toy import block_tensors, sample_drafts, toy_pair
+from spectr_repro.theory.toy import block_tensors, sample_drafts, toy_pair
 from spectr_repro.verify import get_verifier
 
 

@@ -12,8 +12,8 @@ from spectr_repro.theory.bounds import gbv_value, paper_bound
 from spectr_repro.theory.exact import rule_expected_accepted
 from spectr_repro.theory.lp import draft_set_weights, optimal_expected_accepted, optimal_expected_accepted_nodes
 from spectr_repro.theory.structure import myopic_selection_limit
+from spectr_repro.theory.toy import toy_pair
 from spectr_repro.theory.validity import check_validity
-from spectr_repro.toy import toy_pair
 
 TOYS = [(2, 2, 0), (3, 2, 1), (2, 3, 2), (3, 2, 3)]  # (V, L, seed)
 

@@ -13,11 +13,11 @@ import json
 import pytest
 import torch
 
-from spectr_repro.lawcheck import chi_square_test, total_variation
 from spectr_repro.theory import peers
 from spectr_repro.theory.cli import main_audit
 from spectr_repro.theory.exact import expected_accepted_length, iteration_law
-from spectr_repro.toy import target_law
+from spectr_repro.theory.lawcheck import chi_square_test, total_variation
+from spectr_repro.theory.toy import target_law
 from spectr_repro.verify import get_verifier
 from spectr_repro.verify.thresholds import ALPHA, POWER_ALPHA
 

@@ -8,8 +8,8 @@ import pytest
 
 from spectr_repro.theory.exact import expected_accepted_length, rule_law
 from spectr_repro.theory.lp import optimal_expected_accepted
+from spectr_repro.theory.toy import toy_pair
 from spectr_repro.theory.validity import check_validity
-from spectr_repro.toy import toy_pair
 from spectr_repro.verify import VERIFIERS
 
 # Rules the harness uses as is (no carried state) and calls lossless.

@@ -12,9 +12,9 @@ from collections import Counter
 import pytest
 import torch
 
-from spectr_repro.lawcheck import chi_square_test, total_variation
 from spectr_repro.theory.exact import iteration_law  # noqa: F401 - re-exported for the rule tests
-from spectr_repro.toy import (
+from spectr_repro.theory.lawcheck import chi_square_test, total_variation
+from spectr_repro.theory.toy import (
     block_tensors,
     draft_tuples,
     exact_decoded_law,

@@ -9,8 +9,8 @@ import math
 import pytest
 import torch
 
-from spectr_repro.lawcheck import total_variation
-from spectr_repro.toy import toy_pair
+from spectr_repro.theory.lawcheck import total_variation
+from spectr_repro.theory.toy import toy_pair
 from spectr_repro.verify import get_verifier
 
 from .conftest import (

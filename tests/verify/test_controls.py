@@ -14,7 +14,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from spectr_repro.toy import block_tensors
+from spectr_repro.theory.toy import block_tensors
 from spectr_repro.verify import get_verifier
 from spectr_repro.verify.base import Outcome, Verifier, VerifyResult
 from spectr_repro.verify.bv import BlockSegment, BlockVerification

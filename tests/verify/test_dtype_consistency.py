@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from spectr_repro.toy import block_tensors, draft_tuples, toy_pair
+from spectr_repro.theory.toy import block_tensors, draft_tuples, toy_pair
 from spectr_repro.verify import VERIFIERS, get_verifier
 
 TOLERANCE = 1e-5

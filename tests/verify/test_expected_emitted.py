@@ -20,7 +20,7 @@ import torch
 from spectr_repro.bench.blocks import synthetic_block
 from spectr_repro.bench.counters import count_ops
 from spectr_repro.sampling import sample
-from spectr_repro.toy import block_tensors, draft_tuples, toy_pair
+from spectr_repro.theory.toy import block_tensors, draft_tuples, toy_pair
 from spectr_repro.verify import VERIFIERS, get_verifier, validate_inputs
 from spectr_repro.verify import rbv as rbv_module
 

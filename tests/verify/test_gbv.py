@@ -11,8 +11,8 @@ from collections import Counter
 import pytest
 import torch
 
-from spectr_repro.lawcheck import chi_square_test, total_variation
-from spectr_repro.toy import block_tensors, exact_decoded_law, target_law, toy_pair
+from spectr_repro.theory.lawcheck import chi_square_test, total_variation
+from spectr_repro.theory.toy import block_tensors, exact_decoded_law, target_law, toy_pair
 from spectr_repro.verify import VERIFIERS, get_verifier
 from spectr_repro.verify.carry_over import CarryFrame, CarryOverState
 from spectr_repro.verify.gbv import GreedyBlockVerification

@@ -12,8 +12,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from spectr_repro.lawcheck import total_variation
-from spectr_repro.toy import exact_decoded_law, target_law
+from spectr_repro.theory.lawcheck import total_variation
+from spectr_repro.theory.toy import exact_decoded_law, target_law
 from spectr_repro.verify import get_verifier
 from spectr_repro.verify.base import Outcome, Verifier
 from spectr_repro.verify.mpbv import greedy_path, path_block_test

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from spectr_repro.lawcheck import total_variation
+from spectr_repro.theory.lawcheck import total_variation
 from spectr_repro.verify import get_verifier
 
 from .conftest import (

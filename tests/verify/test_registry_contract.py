@@ -22,8 +22,8 @@ import math
 
 import pytest
 
-from spectr_repro.lawcheck import total_variation
-from spectr_repro.toy import block_tensors, exact_decoded_law, target_law, toy_pair
+from spectr_repro.theory.lawcheck import total_variation
+from spectr_repro.theory.toy import block_tensors, exact_decoded_law, target_law, toy_pair
 from spectr_repro.verify import VERIFIERS, VerifierSpec, get_verifier
 from spectr_repro.verify.sd import SpeculativeDecoding
 from spectr_repro.verify.thresholds import BIASED_TV

@@ -15,9 +15,9 @@ import math
 import pytest
 import torch
 
-from spectr_repro.lawcheck import chi_square_test, total_variation
 from spectr_repro.theory.exact import expected_accepted_length, iteration_law
-from spectr_repro.toy import (
+from spectr_repro.theory.lawcheck import chi_square_test, total_variation
+from spectr_repro.theory.toy import (
     ToyLM,
     block_tensors,
     draft_tuples,

@@ -15,9 +15,9 @@ import math
 import pytest
 import torch
 
-from spectr_repro.lawcheck import chi_square_test, total_variation
+from spectr_repro.theory.lawcheck import chi_square_test, total_variation
+from spectr_repro.theory.toy import block_tensors, draft_tuples, exact_decoded_law, sample_decoded, target_law, toy_pair
 from spectr_repro.theory.validity import check_validity
-from spectr_repro.toy import block_tensors, draft_tuples, exact_decoded_law, sample_decoded, target_law, toy_pair
 from spectr_repro.verify import get_verifier
 from spectr_repro.verify.sbv import _ranked_head, _rules_at, choose_rho
 from spectr_repro.verify.sbvf import BELOW, FREE, REJECTED, SelectionBlockVerificationFallback, candidate_laws

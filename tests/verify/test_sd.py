@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from spectr_repro.toy import block_tensors, toy_pair
+from spectr_repro.theory.toy import block_tensors, toy_pair
 from spectr_repro.verify import get_verifier
 
 from .conftest import (

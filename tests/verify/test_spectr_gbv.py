@@ -9,8 +9,8 @@ import itertools
 import pytest
 import torch
 
-from spectr_repro.lawcheck import chi_square_test, total_variation
-from spectr_repro.toy import block_tensors, draft_tuples, exact_decoded_law, sample_decoded, target_law, toy_pair
+from spectr_repro.theory.lawcheck import chi_square_test, total_variation
+from spectr_repro.theory.toy import block_tensors, draft_tuples, exact_decoded_law, sample_decoded, target_law, toy_pair
 from spectr_repro.verify import VERIFIERS, get_verifier
 
 from .conftest import (
