@@ -1,4 +1,4 @@
-"""Hostile completions against the sandbox that runs model-written HumanEval code (spectr_repro.sandbox).
+"""Hostile completions against the sandbox that runs model-written HumanEval code (spectr_repro.quality.sandbox).
 
 Each case is a program a model could write, run through ``quality.run_program`` in every sandbox mode this
 machine has (bwrap, unshare; each skipped with the probe's reason where it does not work) and in mode
@@ -18,8 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from spectr_repro import quality, sandbox
-from spectr_repro.sandbox import OUTPUT_LIMIT_BYTES, PROCESS_LIMIT, SandboxUnavailable, find_sandbox
+from spectr_repro import quality
+from spectr_repro.quality import sandbox
+from spectr_repro.quality.sandbox import OUTPUT_LIMIT_BYTES, PROCESS_LIMIT, SandboxUnavailable, find_sandbox
 
 NO_ISOLATION = (
     "mode none has no isolation tool: the program shares the harness's network, processes and files, so "

@@ -195,7 +195,7 @@ def _compile_works(device):
 
 
 def _sandbox_mode():
-    from spectr_repro.sandbox import SandboxUnavailable, find_sandbox
+    from spectr_repro.quality.sandbox import SandboxUnavailable, find_sandbox
 
     try:
         return None, find_sandbox("auto").describe(), None

@@ -5,7 +5,7 @@ within sampling error; a lossy rule (the released SpecTr-GBV) may drift. Read fr
 (``<results>/**/cells/<cell>/records.jsonl`` + ``summary.json``):
 
 - HumanEval pass@1: the completion is appended to the problem's prompt and run against the dataset's
-  tests. **THIS EXECUTES MODEL-WRITTEN CODE**, in the sandbox of ``spectr_repro.sandbox``: bubblewrap
+  tests. **THIS EXECUTES MODEL-WRITTEN CODE**, in the sandbox of ``spectr_repro.quality.sandbox``: bubblewrap
   where it works (new namespaces, no network, read-only root, private /tmp), else ``unshare`` (the same
   namespaces, every mount read-only), always with its own process group killed at exit or timeout,
   limits on processes, file size, open files, memory, CPU and output bytes, in a temporary folder, as
@@ -36,7 +36,7 @@ from pathlib import Path
 import pandas as pd
 
 from spectr_repro.analysis.stats import wilson_interval  # scipy's Wilson score interval (also used by the report)
-from spectr_repro.sandbox import (
+from spectr_repro.quality.sandbox import (
     MODE_DESCRIPTIONS,
     OUTPUT_LIMIT_BYTES,
     SANDBOX_MODES,
@@ -79,7 +79,7 @@ def run_program(
 ) -> ExecutionResult:
     """Run ``source`` (model-written code!) in the sandbox; passed iff it exits with status 0 in time.
 
-    ``sandbox``: a mode of ``spectr_repro.sandbox`` (``auto`` refuses with SandboxUnavailable where no
+    ``sandbox``: a mode of ``spectr_repro.quality.sandbox`` (``auto`` refuses with SandboxUnavailable where no
     isolation tool works; ``none`` opts in to running without one) or a ready ``Sandbox``."""
     box = sandbox if isinstance(sandbox, Sandbox) else find_sandbox(sandbox)
     run = run_python(source, timeout, box)
@@ -258,7 +258,7 @@ def quality_markdown(df: pd.DataFrame) -> str:
     lines = [
         "# Quality parity with autoregressive decoding",
         "",
-        "HumanEval pass@1 **executes model-written code** (`spectr_repro.sandbox`). " + sandbox_sentence(df) + " "
+        "HumanEval pass@1 **executes model-written code** (`spectr_repro.quality.sandbox`). " + sandbox_sentence(df) + " "
         "GSM8K/MGSM: exact match of the extracted final answer. Intervals: Wilson 95 % for accuracy, "
         "Newcombe 95 % for the difference with AR (independent-sample, conservative). A lossless rule "
         "should agree with AR (0 inside the difference interval) in about 95 % of settings.",
@@ -338,6 +338,3 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"quality: {len(df)} cells scored -> {Path(args.out or args.results) / 'QUALITY.md'}")
     return 0
 
-
-if __name__ == "__main__":
-    sys.exit(main())
