@@ -258,7 +258,8 @@ def quality_markdown(df: pd.DataFrame) -> str:
     lines = [
         "# Quality parity with autoregressive decoding",
         "",
-        "HumanEval pass@1 **executes model-written code** (`spectr_repro.quality.sandbox`). " + sandbox_sentence(df) + " "
+        "HumanEval pass@1 **executes model-written code** (`spectr_repro.quality.sandbox`). "
+        + sandbox_sentence(df) + " "
         "GSM8K/MGSM: exact match of the extracted final answer. Intervals: Wilson 95 % for accuracy, "
         "Newcombe 95 % for the difference with AR (independent-sample, conservative). A lossless rule "
         "should agree with AR (0 inside the difference interval) in about 95 % of settings.",
