@@ -8,11 +8,10 @@ import sys
 import threading
 import time
 
-from runner_helpers import cells_computed, cli
-
 from spectr_repro.runner import execute
 from spectr_repro.runner.claims import CLAIM_FILE, Runner, process_start
 from spectr_repro.runner.cli import main_sweep
+from tests.runner.runner_helpers import cells_computed, cli
 
 # 7 cells: the AR baseline and six methods of one group.
 GRID = ["model_pair=tiny_random", "dataset=humaneval", "method=sd,bv,gbv,spectr,rbv,sbv", "K=1", "L=2",

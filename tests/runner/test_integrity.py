@@ -11,11 +11,11 @@ import signal
 import time
 
 import pytest
-from runner_helpers import cli
 
 from spectr_repro.analysis.report import main as report_main
 from spectr_repro.runner import execute
 from spectr_repro.runner.cli import main_sweep
+from tests.runner.runner_helpers import cli
 
 GRID = ["model_pair=tiny_random", "dataset=humaneval", "method=sd,spectr", "K=1", "L=2", "num_prompts=2",
         "max_new_tokens=3", "logger=disabled"]

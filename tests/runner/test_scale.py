@@ -10,11 +10,11 @@ import re
 from pathlib import Path
 
 import pytest
-from runner_helpers import cells_computed, cli
 
 from spectr_repro import models
 from spectr_repro.analysis.report import main as report_main
 from spectr_repro.runner.cli import main_sweep
+from tests.runner.runner_helpers import cells_computed, cli
 
 TINY = ["dataset=humaneval", "K=1", "L=2", "num_prompts=1", "max_new_tokens=3", "logger=disabled",
         "runner.poll_s=0.2"]
