@@ -57,7 +57,7 @@ import torch
 
 from spectr_repro.sampling import sample, uniform
 from spectr_repro.verify.base import Outcome, Verifier, VerifyResult
-from spectr_repro.verify.common import expected_emitted_from_stops
+from spectr_repro.verify.common import clipped_stop_probability, expected_emitted_from_stops, running_ratio
 
 __all__ = ["GreedyMultiPathBlockVerification", "GreedyPath", "greedy_path", "path_block_test"]
 
@@ -200,16 +200,11 @@ def path_block_test(targets: torch.Tensor, draft_law: torch.Tensor, tokens: torc
     row L the bonus p(.|x^L), weights w [L+1]). targets [L+1, V], draft_law [L, V] (float64), tokens [L]."""
     L = tokens.shape[0]
     index = tokens[:, None]
-    log_ratio = (targets[:L].gather(-1, index) / draft_law.gather(-1, index)).squeeze(-1).log()
-    # w_i = min(1, w_{i-1} ratio_i) = exp(S_i - max(0, max_{j <= i} S_j)) with S the cumulative log ratio
-    running = torch.cat([log_ratio.new_zeros(1), log_ratio.cumsum(0)])
-    weights = (running - running.cummax(0).values).exp()  # [L+1], w_0 = 1
+    weights = running_ratio((targets[:L].gather(-1, index) / draft_law.gather(-1, index)).squeeze(-1))  # [L+1]
     scaled = targets[:L] * weights[:L, None]  # w_i p(.|x^i), i = 0..L-1
     excess = (scaled - draft_law).clamp_min(0)
     mass = excess.sum(-1)  # Z_i
-    stop = torch.where(weights[:L] >= 1, torch.ones_like(mass),
-                       torch.minimum(mass / (mass + 1 - weights[:L]), weights[:L]))
-    stop = torch.cat([stop, weights[L:]])
+    stop = torch.cat([clipped_stop_probability(mass, weights[:L]), weights[L:]])
     stop[0] = 1.0
     no_mass = mass <= 0  # (w p - q_sel)+ = 0 only when w = 1 and q_sel = p: then p itself
     corrections = torch.where(no_mass[:, None], targets[:L], excess / mass.clamp_min(1e-300)[:, None])
