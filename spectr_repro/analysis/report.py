@@ -744,9 +744,11 @@ def build_report(
     raised before anything is written."""
     folders = [Path(d) for d in results_dirs]
     # Damaged or unfinished cell folders refuse the report (each named) unless allow_incomplete.
-    # A folder holding only `bias` output (no cells/) feeds the bias section alone, beside folders with cells.
-    bias_only = [f for f in folders if (f / BIAS_CSV).is_file() and not (f / "cells").is_dir()]
-    cell_folders = [f for f in folders if f not in bias_only] or folders
+    # A folder holding only `bias` or `replay` output (no cells/) feeds those sections alone, beside folders with
+    # cells (e.g. `report results/cpu_quick results/replay_qwen`).
+    without_cells = [f for f in folders if not (f / "cells").is_dir()
+                     and ((f / BIAS_CSV).is_file() or (f / "replay").is_dir())]
+    cell_folders = [f for f in folders if f not in without_cells] or folders
     results = _merge([load_results(folder, strict=not allow_incomplete) for folder in cell_folders])
     paper = load_paper_numbers(paper_csv)
     audit_path = Path(audit) if audit is not None else find_audit(folders)

@@ -57,3 +57,16 @@ def test_verdicts_read_the_audit():
     rows = verdict_rows(blocks, table, [{"rule": "spectr_gbv", "exact_tv": 0.1, "options": None}])
     assert rows[0]["verdict"] == "does not hold" and "0.100" in rows[0]["measured"]
     assert verdict_rows(blocks, table, [{"rule": "spectr_gbv", "exact_tv": 1e-15}])[0]["verdict"] == "holds"
+
+
+def test_a_replay_only_folder_reports_beside_a_folder_of_cells(tmp_path):
+    """`report results/cpu_quick results/replay_qwen`: a folder with a replay and no cells feeds the replay's sections;
+    alone it still refuses (no cells: the trajectory tables need some)."""
+    common = ["model_pair=tiny_random", "num_prompts=2", "max_new_tokens=8", "logger=disabled"]
+    assert replay_main([*common, f"output_dir={tmp_path / 'r'}", "method=sd,gbv", "K=1", "L=2", "replay.draws=1"]) == 0
+    assert main_sweep([*common, f"output_dir={tmp_path / 'c'}", "method=sd", "K=1", "L=2"]) == 0
+    cells, replayed = tmp_path / "c" / "default", tmp_path / "r" / "default"
+    report = build_report([cells, replayed], output=tmp_path / "out" / "REPORT.md").read_text()
+    assert [line for line in report.splitlines() if line.startswith("## ")][0].startswith("## Verdicts")
+    with pytest.raises(ValueError, match="no cells found"):
+        build_report([replayed], output=tmp_path / "alone" / "REPORT.md")
