@@ -123,6 +123,8 @@ PROFILE_HEADER = ("BE | target fwd/tok | ms/target fwd | draft fwd/tok | ms/draf
 
 
 def markdown(results: dict) -> str:
+    if not (results["ar_vs_hf_generate"] or results["sd_vs_hf_assisted"]):  # a preset without those sections
+        return _best_methods_verification(results, [])
     lines = ["| benchmark | pair | ours tok/s | HF tok/s | ratio | target |", "|---|---|---|---|---|---|"]
     for key in ("ar_vs_hf_generate", "sd_vs_hf_assisted"):
         for pair, r in results[key].items():
@@ -135,6 +137,11 @@ def markdown(results: dict) -> str:
             for who in ("ours", "hf"):
                 prof = r[f"{who}_profile"]
                 lines.append(f"| {key} | {pair} | {who} | {1e3 / prof['ms_per_token']:.2f} | {_profile_cells(prof)}")
+    return _best_methods_verification(results, lines)
+
+
+def _best_methods_verification(results: dict, lines: list[str]) -> str:
+    """The best-against-best, methods and verification sections (each only where the results have it)."""
     for pair, r in results.get("best_vs_best", {}).items():
         best = r["best"]
         lines += ["", f"Best against best on {pair} (same rounds; ours_best = {best['method']} K={best['K']} "
