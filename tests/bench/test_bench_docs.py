@@ -90,7 +90,7 @@ def test_one_section_per_file_and_a_file_without_date_or_command_says_so(tmp_pat
     ("{not json", "not JSON"),
     ("[1, 2]", "a JSON list, not an object"),
     (json.dumps({"settings": {}}), "no 'environment' object"),
-    (json.dumps({k: v for k, v in fabricated().items() if k != "verification"}), "no key 'verification'"),
+    (json.dumps({k: v for k, v in fabricated().items() if k != "ar_vs_hf_generate"}), "no key 'ar_vs_hf_generate'"),
 ])
 def test_a_malformed_file_is_refused_with_one_message_naming_it(tmp_path, capsys, content, message):
     bad = tmp_path / "bench.json"
@@ -129,3 +129,18 @@ def test_the_bench_records_its_date_and_command_in_its_file(tmp_path, monkeypatc
     assert results["command"] == f"python -m spectr_repro bench --preset qwen --device cpu --out {out}"
     assert results["date"][:4].isdigit() and results["date"].endswith("+00:00")
     assert f"Command: `{results['command']}`." in docs.render([out])
+
+
+def test_a_preset_without_some_sections_renders_what_it_has(tmp_path):
+    """verification_qwen writes the verification rows only; a file without them (or without best_vs_best) renders
+    the sections it has and leaves the others out."""
+    only_verification = {**fabricated(), "ar_vs_hf_generate": {}, "sd_vs_hf_assisted": {}, "methods": {}}
+    del only_verification["best_vs_best"]
+    no_verification = {k: v for k, v in fabricated().items() if k != "verification"}
+    for content, present, absent in ((only_verification, "| spectr | 3 | 12 |", "| benchmark | pair |"),
+                                     (no_verification, "| benchmark | pair |", "Verification per call")):
+        path = tmp_path / "bench.json"
+        path.write_text(json.dumps(content))
+        doc = _speed_doc(tmp_path / "speed.md")
+        assert docs.main([str(path), "--docs", str(doc)]) == 0
+        assert present in doc.read_text() and absent not in doc.read_text()
