@@ -43,6 +43,7 @@ from spectr_repro.runner.config import (
     check_writable,
     expand,
     parse_arguments,
+    print_help_if_asked,
     single_draft_message,
     validate,
 )
@@ -133,8 +134,7 @@ def group_settings(cfgs: Sequence[DictConfig]) -> list[tuple[dict, DictConfig, l
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if any(a in ("-h", "--help") for a in argv):
-        print(__doc__)
+    if print_help_if_asked(argv, __doc__):
         return 0
     try:
         args = parse_arguments(argv)

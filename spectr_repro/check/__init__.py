@@ -482,11 +482,11 @@ def run_check(argv: Sequence[str]) -> tuple[int, dict[str, Any]]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     from spectr_repro.errors import UsageError
+    from spectr_repro.runner.config import print_help_if_asked
     from spectr_repro.runner.store import atomic_write_text
 
     argv = list(sys.argv[1:] if argv is None else argv)
-    if any(a in ("-h", "--help") for a in argv):
-        print(__doc__)
+    if print_help_if_asked(argv, __doc__):
         return 0
     try:
         code, result = run_check(argv)

@@ -36,7 +36,7 @@ from omegaconf import DictConfig, OmegaConf
 from tqdm.auto import tqdm
 
 from spectr_repro.replay.core import block_estimates, check_grid
-from spectr_repro.runner.config import Composer, UsageError, expand, parse_arguments, validate
+from spectr_repro.runner.config import Composer, UsageError, expand, parse_arguments, print_help_if_asked, validate
 from spectr_repro.runner.store import atomic_write_text
 from spectr_repro.verify import VERIFIERS, Verifier, get_verifier
 
@@ -270,8 +270,7 @@ def write_prompt(directory: Path, blocks: Sequence[dict[str, Any]], done: dict[s
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if any(a in ("-h", "--help") for a in argv):
-        print(__doc__)
+    if print_help_if_asked(argv, __doc__):
         return 0
     try:
         groups = parse(argv)

@@ -116,6 +116,14 @@ def check_nested_keys(cfg: DictConfig, keys: Iterable[str]) -> None:
                              .replace(f"unknown key {key.rsplit('.', 1)[1]!r}", f"unknown key {key!r}"))
 
 
+def print_help_if_asked(argv: Sequence[str], doc: str | None) -> bool:
+    """The commands' shared opening: ``-h``/``--help`` anywhere prints the command's docstring (True: exit 0)."""
+    if any(a in ("-h", "--help") for a in argv):
+        print(doc)
+        return True
+    return False
+
+
 def parse_arguments(arguments: Sequence[str]) -> ParsedArgs:
     """Parse Hydra overrides; check group options before composing (clear 'did you mean')."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
