@@ -100,19 +100,8 @@ def test_hub_pairs_carry_an_overridable_revision():
         pair_config(unpinned)
 
 
-def test_the_revision_reaches_from_pretrained(monkeypatch, tmp_path):
-    import transformers
-
-    seen = []
-
-    def refuse(where, **kwargs):
-        seen.append((where, kwargs.get("revision")))
-        raise OSError("offline")
-
-    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", refuse)
-    monkeypatch.setattr(models, "hub_cache_dir", lambda: tmp_path)
-    monkeypatch.setattr(models, "free_disk_bytes", lambda path: 10**15)
-    models.release_pair()
+def test_the_revision_reaches_from_pretrained(refused_hub):
+    seen = refused_hub
     with pytest.raises(ValueError, match="could not load 'deepseek-ai/deepseek-coder-33b-instruct'"):
         load_pair(_deepseek("model_pair.target.revision=abc123"), device="cpu")
     assert seen == [("deepseek-ai/deepseek-coder-33b-instruct", "abc123")]

@@ -37,19 +37,8 @@ def test_release_pairs_name_the_hub_checkpoints_in_fp16(name):
 
 
 @pytest.mark.parametrize("name", ["llama2_7b_68m", "llama2_13b_160m"])
-def test_release_pair_revisions_reach_from_pretrained_offline(monkeypatch, tmp_path, name):
-    import transformers
-
-    seen = []
-
-    def refuse(where, **kwargs):
-        seen.append((where, kwargs.get("revision")))
-        raise OSError("offline")
-
-    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", refuse)
-    monkeypatch.setattr(models, "hub_cache_dir", lambda: tmp_path)
-    monkeypatch.setattr(models, "free_disk_bytes", lambda path: 10**15)
-    models.release_pair()
+def test_release_pair_revisions_reach_from_pretrained_offline(refused_hub, name):
+    seen = refused_hub
     target, _ = RELEASE_PAIRS[name]
     with pytest.raises(ValueError, match=f"could not load '{target}'"):
         load_pair(_pair(name, "model_pair.target.revision=" + "b" * 40), device="cpu")
