@@ -34,15 +34,14 @@ import torch
 from spectr_repro.verify.base import Outcome, VerifyResult
 from spectr_repro.verify.bv import BlockSegment, excess_mass
 from spectr_repro.verify.common import LawBuilder, running_ratio, stop_probability, uniform
-from spectr_repro.verify.sbv import (
+from spectr_repro.verify.sbv import LawWalk, SelectionBlockVerification
+from spectr_repro.verify.selection import (
     DEFAULT_GRID_SIZE,
     DEFAULT_HEAD_SIZE,
     DEFAULT_RANK_SIZE,
     DEFAULT_TAIL_THRESHOLD,
-    LawWalk,
-    SelectionBlockVerification,
-    _inverse_cdf,
-    _Rules,
+    Rules,
+    inverse_cdf,
 )
 
 __all__ = ["BELOW", "FREE", "REJECTED", "SelectionBlockVerificationFallback", "candidate_laws", "scan_statuses"]
@@ -66,7 +65,7 @@ def scan_statuses(survivors: list[int], tokens: list[list[int]], depth: int, tok
     return out
 
 
-def candidate_laws(rules: _Rules, depth: int, Q_row: torch.Tensor, count: int, token: int,
+def candidate_laws(rules: Rules, depth: int, Q_row: torch.Tensor, count: int, token: int,
                    statuses: list[str]) -> torch.Tensor:
     """The candidates' token laws at the stop depth, float64 [n, V], normalised: Q restricted to tokens != v
     (FREE), Q (1 - a) on the ranked tokens (the tail is never rejected) restricted to != v (REJECTED) or to
@@ -120,7 +119,7 @@ class SelectionBlockVerificationFallback(SelectionBlockVerification):
 
     # ------------------------------------------------------------------------------------------- hooks
     @staticmethod
-    def _candidate_laws(rules: _Rules, depth: int, Q_row: torch.Tensor, count: int, token: int,
+    def _candidate_laws(rules: Rules, depth: int, Q_row: torch.Tensor, count: int, token: int,
                         statuses: list[str]) -> torch.Tensor:
         """The candidates' draft laws at depth tau+1, [n, V] (a hook for negative controls)."""
         return candidate_laws(rules, depth, Q_row, count, token, statuses)
@@ -160,7 +159,7 @@ class SelectionBlockVerificationFallback(SelectionBlockVerification):
     def _emit(prefix: list[int], law: torch.Tensor, row: int, last_uniform: torch.Tensor, device) -> VerifyResult:
         """The accepted prefix and one token from ``law`` (unnormalised [V]) with SBV's last uniform, which SBV
         would have spent on its own last token and nothing else reads (built on the device: no read)."""
-        extra = _inverse_cdf(law, last_uniform).to(device)
+        extra = inverse_cdf(law, last_uniform).to(device)
         out = torch.cat([torch.tensor(prefix, dtype=torch.long, device=device), extra])
         return VerifyResult(tokens=out, num_accepted=len(prefix), draft_index=row, state=None)
 

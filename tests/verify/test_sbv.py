@@ -27,13 +27,13 @@ from spectr_repro.theory.toy import (
     toy_pair,
 )
 from spectr_repro.verify import VERIFIERS, get_verifier
-from spectr_repro.verify.sbv import (
+from spectr_repro.verify.sbv import SelectionBlockVerification
+from spectr_repro.verify.selection import (
     DepthRule,
-    SelectionBlockVerification,
-    _ranked_head,
-    _rules_at,
     choose_rho,
     count_likelihood,
+    ranked_head,
+    rules_at,
     selection_law,
 )
 from spectr_repro.verify.thresholds import ALPHA, EXACT_TV
@@ -368,11 +368,11 @@ def test_cpu_shortcut_ranks_the_same_tokens():
     """On the CPU the ranked set is read off the threshold (no top-k) when it fits: the same tokens, the same
     rule as the top-k a GPU takes."""
     P, Q = peaked_rows(4, 3000, seed=0)
-    shortcut = _ranked_head(P, Q, 256, 1e-6, shrink=True)
-    topk = _ranked_head(P, Q, 256, 1e-6, shrink=False)
+    shortcut = ranked_head(P, Q, 256, 1e-6, shrink=True)
+    topk = ranked_head(P, Q, 256, 1e-6, shrink=False)
     assert shortcut.ids.shape[-1] < topk.ids.shape[-1] == 256  # the shortcut was taken
     rho = torch.tensor([[1.5, 3.0]] * 4, dtype=torch.float64)
-    ours, reference = _rules_at(shortcut, rho, 3), _rules_at(topk, rho, 3)
+    ours, reference = rules_at(shortcut, rho, 3), rules_at(topk, rho, 3)
     for row in range(4):
         assert_same_laws(token_laws(ours, row), token_laws(reference, row))
 

@@ -19,8 +19,8 @@ from spectr_repro.theory.lawcheck import chi_square_test, total_variation
 from spectr_repro.theory.toy import block_tensors, draft_tuples, exact_decoded_law, sample_decoded, target_law, toy_pair
 from spectr_repro.theory.validity import check_validity
 from spectr_repro.verify import get_verifier
-from spectr_repro.verify.sbv import _ranked_head, _rules_at, choose_rho
 from spectr_repro.verify.sbvf import BELOW, FREE, REJECTED, SelectionBlockVerificationFallback, candidate_laws
+from spectr_repro.verify.selection import choose_rho, ranked_head, rules_at
 
 from .conftest import (
     ALPHA,
@@ -173,7 +173,7 @@ def test_candidate_laws_match_enumeration(k):
     P, Q = _random_rows(4, 10 + k)
     rho = choose_rho(P, Q, [k])[k]
     rho_per_count = torch.tensor([[rho] * (k - 1)], dtype=torch.float64)
-    rules = _rules_at(_ranked_head(P[None], Q[None], None, 0.0), rho_per_count, k)
+    rules = rules_at(ranked_head(P[None], Q[None], None, 0.0), rho_per_count, k)
     cells = _enumerated_candidates(P, Q, rho, k)
     assert {BELOW, REJECTED, FREE} <= {BELOW if a < 0 else (REJECTED if pos < a else FREE) for _, a, pos in cells}
     for (v, accepted_at, position), cell in cells.items():
@@ -188,7 +188,7 @@ def test_candidate_laws_have_power():
     """Negative control for the enumeration check: the REJECTED law differs from the FREE one (Q restricted)."""
     P, Q = _random_rows(4, 12)
     rho = choose_rho(P, Q, [2])[2]
-    rules = _rules_at(_ranked_head(P[None], Q[None], None, 0.0), torch.tensor([[rho]], dtype=torch.float64), 2)
+    rules = rules_at(ranked_head(P[None], Q[None], None, 0.0), torch.tensor([[rho]], dtype=torch.float64), 2)
     laws = candidate_laws(rules, 0, Q, 2, 0, [FREE, REJECTED])
     assert float((laws[0] - laws[1]).abs().sum()) > 1e-3
 
@@ -259,7 +259,7 @@ def test_candidate_laws_leave_the_draft_row_intact(statuses):
     """candidate_laws zeroes v's entry in its laws: on copies, never in the caller's draft row (a float64 row
     reaches it as a view of the inputs, and a FREE law is that row)."""
     P, Q = _random_rows(5, 4)
-    rules = _rules_at(_ranked_head(P[None], Q[None], None, 0.0), torch.tensor([[1.3, 1.1]], dtype=torch.float64), 3)
+    rules = rules_at(ranked_head(P[None], Q[None], None, 0.0), torch.tensor([[1.3, 1.1]], dtype=torch.float64), 3)
     before = Q.clone()
     v = int(rules.ids[0, -1])  # the token of top rank: every status is possible for it
     laws = candidate_laws(rules, 0, Q, 3, v, statuses)
