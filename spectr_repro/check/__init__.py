@@ -7,9 +7,9 @@
 
 Keys: those of ``run`` (hardware, model_pair, K, L, experiment, ...; composed by the runner's Hydra config)
 plus ``check.*`` (conf/config.yaml): ``random_weights`` (build the pair from its configs, no download),
-``quick`` (one timed forward per shape), ``output`` (folder of check.json), ``replay_summary`` (a replay's
-CSV: predict the fastest lossless configuration). With an experiment, the shapes calibrated are those of
-its grid (every K and L, its prompt batch size).
+``quick`` (fewer shapes: the smallest and largest L and prefill chunk), ``output`` (folder of check.json),
+``replay_summary`` (a replay's CSV: predict the fastest lossless configuration). With an experiment, the
+shapes calibrated are those of its grid (every K and L, its prompt batch size).
 
 It checks, in order:
 
@@ -232,9 +232,9 @@ def memory_item(checker: Checker, base, pair_cfg: dict, shapes: dict[str, Any], 
 
 
 def _dtype(base, pair_cfg: dict) -> torch.dtype:
-    from spectr_repro.models import _as_dtype
+    from spectr_repro.models import as_dtype
 
-    return _as_dtype(base.hardware.get("dtype") or pair_cfg.get("dtype") or "float32")
+    return as_dtype(base.hardware.get("dtype") or pair_cfg.get("dtype") or "float32")
 
 
 @dataclass
@@ -336,7 +336,7 @@ def calibration_item(checker: Checker, base, pair_cfg, loaded: LoadedPair, shape
     from spectr_repro.runner.plan import calibration_dtype
 
     wanted = plan_shapes(shapes["Ks"], shapes["Ls"], shapes["prefill_chunks"], shapes["batch_sizes"])
-    repeats = 1 if quick else 3
+    repeats = 3  # medians of 3 rounds, quick too: one timed forward per shape once read 880 ms for a 320 ms shape
 
     def measure():
         target = measure_forward_costs(loaded.target, wanted["target"], repeats, vocab_size=loaded.vocab_size)

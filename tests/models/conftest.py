@@ -20,7 +20,7 @@ def refused_hub(monkeypatch, tmp_path):
         raise OSError("offline")
 
     monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", refuse)
-    monkeypatch.setattr(models, "hub_cache_dir", lambda: tmp_path)
-    monkeypatch.setattr(models, "free_disk_bytes", lambda path: 10**15)
+    monkeypatch.setattr(models.hub, "hub_cache_dir", lambda: tmp_path)
+    monkeypatch.setattr(models.hub, "free_disk_bytes", lambda path: 10**15)
     models.release_pair()
     return seen

@@ -49,7 +49,7 @@ def test_a_truncated_file_in_the_hub_cache_names_the_cache_folder(tmp_path, monk
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path))
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    monkeypatch.setattr(models, "free_disk_bytes", lambda path: 10**15)
+    monkeypatch.setattr(models.hub, "free_disk_bytes", lambda path: 10**15)
     pair = {"name": "damaged_hub_pair", "source": "hub", "dtype": "float32",
             "target": {"hub_id": hub_id, "revision": "main"}, "draft": {"hub_id": hub_id, "revision": "main"}}
     models.release_pair()

@@ -102,14 +102,14 @@ def test_eos_ids_merge_tokenizer_generation_config_and_extra_tokens():
 
 
 def test_mismatched_tokenizers_are_refused():
-    from spectr_repro.models import _check_tokenizers
+    from spectr_repro.models.loading import check_tokenizers
     from spectr_repro.models.tiny import make_byte_tokenizer
 
     target_tokenizer, draft_tokenizer = make_byte_tokenizer(), make_byte_tokenizer()
-    _check_tokenizers("same", target_tokenizer, draft_tokenizer)  # equal vocabularies pass
+    check_tokenizers("same", target_tokenizer, draft_tokenizer)  # equal vocabularies pass
     draft_tokenizer.add_tokens(["<|extra|>"])
     with pytest.raises(ValueError, match="draft's tokenizer differs"):
-        _check_tokenizers("mixed", target_tokenizer, draft_tokenizer)
+        check_tokenizers("mixed", target_tokenizer, draft_tokenizer)
 
 
 def _skip_unless_converted(*folders: str) -> None:

@@ -108,7 +108,7 @@ def test_the_revision_reaches_from_pretrained(refused_hub):
 
 
 def test_downloads_count_what_the_cache_lacks(tmp_path, monkeypatch):
-    monkeypatch.setattr(models, "hub_cache_dir", lambda: tmp_path)
+    monkeypatch.setattr(models.hub, "hub_cache_dir", lambda: tmp_path)
     needed = downloads_needed(_deepseek())
     assert [(hub_id, size) for hub_id, _, size in needed] == [
         ("deepseek-ai/deepseek-coder-33b-instruct", round(33.3e9 * 2)),
@@ -129,8 +129,8 @@ def test_downloads_count_what_the_cache_lacks(tmp_path, monkeypatch):
 def test_full_disk_is_refused_before_any_download(tmp_path, monkeypatch):
     import transformers
 
-    monkeypatch.setattr(models, "hub_cache_dir", lambda: tmp_path)
-    monkeypatch.setattr(models, "free_disk_bytes", lambda path: 50 * 10**9)
+    monkeypatch.setattr(models.hub, "hub_cache_dir", lambda: tmp_path)
+    monkeypatch.setattr(models.hub, "free_disk_bytes", lambda path: 50 * 10**9)
     fetched = []
     monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", lambda *a, **k: fetched.append(a))
     with pytest.raises(ValueError) as refused:

@@ -46,7 +46,7 @@ def test_release_pair_revisions_reach_from_pretrained_offline(refused_hub, name)
 
 
 def test_release_pair_downloads_are_counted_from_the_model_cards(tmp_path, monkeypatch):
-    monkeypatch.setattr(models, "hub_cache_dir", lambda: tmp_path)
+    monkeypatch.setattr(models.hub, "hub_cache_dir", lambda: tmp_path)
     assert [(hub_id, size) for hub_id, _, size in downloads_needed(_pair("llama2_7b_160m"))] == [
         ("meta-llama/Llama-2-7b-hf", round(6.74e9 * 2)),
         ("JackFram/llama-160m", round(0.162e9 * 2)),

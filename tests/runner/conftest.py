@@ -50,7 +50,7 @@ def offline(tmp_path, monkeypatch):
         raise AssertionError("the plan loaded a model")
 
     monkeypatch.setattr(models, "load_pair", no_loading)
-    monkeypatch.setattr(models, "hub_cache_dir", lambda: tmp_path / "hub")
-    monkeypatch.setattr(models, "free_disk_bytes", lambda path: 500 * 10**9)
+    monkeypatch.setattr(models.hub, "hub_cache_dir", lambda: tmp_path / "hub")
+    monkeypatch.setattr(models.hub, "free_disk_bytes", lambda path: 500 * 10**9)
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
     return tmp_path
