@@ -1,4 +1,4 @@
-"""The paper's reported numbers (arXiv 2604.25925), kept as package data in ``spectr_repro/analysis/paper_numbers.csv``.
+"""The paper's reported numbers (arXiv 2604.25925), kept as package data in ``spectr_repro/paper_numbers.csv``.
 
 Only numbers the project's docs/methods.md gives are in the file; missing cells stay missing (NaN in
 tables, blank in reports). Rows without a ``model_pair`` were seen without setting labels and are

@@ -46,7 +46,7 @@ def test_the_wheel_carries_configs_and_paper_numbers(wheel):
     assert "spectr_repro/conf/config.yaml" in names
     assert "spectr_repro/conf/model_pair/tiny_random.yaml" in names
     assert "spectr_repro/conf/hydra/launcher/slurm.yaml" in names
-    assert "spectr_repro/analysis/paper_numbers.csv" in names
+    assert "spectr_repro/paper_numbers.csv" in names
     assert not any(name.startswith(("tests/", "conf/")) for name in names)
 
 

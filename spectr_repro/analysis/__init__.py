@@ -16,7 +16,6 @@ from spectr_repro.analysis.figures import (
     plot_acceptance,
 )
 from spectr_repro.analysis.load import Results, load_results
-from spectr_repro.analysis.paper import load_paper_numbers
 from spectr_repro.analysis.tables import (
     Setting,
     build_table1,
@@ -25,6 +24,7 @@ from spectr_repro.analysis.tables import (
     table1,
     table1_intervals,
 )
+from spectr_repro.paper import load_paper_numbers
 
 __all__ = [
     "Results",

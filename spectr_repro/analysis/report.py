@@ -36,7 +36,6 @@ from spectr_repro.analysis.load import (
     order_methods,
     ordered,
 )
-from spectr_repro.analysis.paper import PAPER_SOURCE, load_paper_numbers, release_numbers, unlabelled_numbers
 from spectr_repro.analysis.stats import RESAMPLES, SEED, quality_parity
 from spectr_repro.analysis.tables import (
     AVERAGE,
@@ -49,6 +48,7 @@ from spectr_repro.analysis.tables import (
     throughput_ratios,
 )
 from spectr_repro.environment import git_commit
+from spectr_repro.paper import PAPER_SOURCE, load_paper_numbers, release_numbers, unlabelled_numbers
 from spectr_repro.quality import quality_markdown
 
 DEFAULT_RESULTS_DIR = "results/cpu_quick"
@@ -309,7 +309,7 @@ def paper_section(paper: pd.DataFrame) -> str:
     lines = [
         "## The paper's numbers",
         "",
-        f"Source: {PAPER_SOURCE}; kept in `spectr_repro/analysis/paper_numbers.csv`. "
+        f"Source: {PAPER_SOURCE}; kept in `spectr_repro/paper_numbers.csv`. "
         "Blank = not reported (never filled in).",
         "",
     ]

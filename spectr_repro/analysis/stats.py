@@ -39,6 +39,8 @@ import numpy as np
 import pandas as pd
 from scipy.stats import DegenerateDataWarning, binomtest, bootstrap
 
+from spectr_repro.quality import wilson_interval  # noqa: F401 (quality scores and owns it; re-exported)
+
 LEVEL = 0.95
 RESAMPLES = 9999
 SEED = 0
@@ -281,14 +283,6 @@ def align_prompts(a: pd.DataFrame, b: pd.DataFrame, keys: Sequence[str], columns
 # --------------------------------------------------------------------------------------------------
 # Quality: paired binary outcomes
 # --------------------------------------------------------------------------------------------------
-
-
-def wilson_interval(successes: int, n: int, level: float = LEVEL) -> tuple[float, float]:
-    """Wilson score interval of a proportion (scipy); NaN bounds when n = 0."""
-    if n == 0:
-        return (math.nan, math.nan)
-    interval = binomtest(int(successes), int(n)).proportion_ci(confidence_level=level, method="wilson")
-    return (float(interval.low), float(interval.high))
 
 
 @dataclass(frozen=True)

@@ -34,7 +34,6 @@ from spectr_repro.analysis.load import (
     order_methods,
     ordered,
 )
-from spectr_repro.analysis.paper import paper_table
 from spectr_repro.analysis.stats import (
     MIN_PROMPTS_FOR_VERDICT,
     RESAMPLES,
@@ -44,6 +43,7 @@ from spectr_repro.analysis.stats import (
     paired_comparison,
     speedup_exclusion,
 )
+from spectr_repro.paper import paper_table
 
 METRICS = {"block_efficiency": "Block efficiency", "speedup": "Speed-up vs AR"}
 PAPER_MAIN = {"K": 3, "L": 12, "temperature": 0.4}

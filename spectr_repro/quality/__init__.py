@@ -35,7 +35,6 @@ from pathlib import Path
 
 import pandas as pd
 
-from spectr_repro.analysis.stats import wilson_interval  # scipy's Wilson score interval (also used by the report)
 from spectr_repro.quality.sandbox import (
     MODE_DESCRIPTIONS,
     OUTPUT_LIMIT_BYTES,
@@ -45,6 +44,18 @@ from spectr_repro.quality.sandbox import (
     find_sandbox,
     run_python,
 )
+
+
+def wilson_interval(successes: int, n: int, level: float = 0.95) -> tuple[float, float]:
+    """Wilson score interval of a proportion (scipy); NaN bounds when n = 0. Quality owns it (its accuracy
+    intervals are part of quality.csv); the analysis re-uses it for the report's paired tables."""
+    from scipy.stats import binomtest
+
+    if n == 0:
+        return (math.nan, math.nan)
+    interval = binomtest(int(successes), int(n)).proportion_ci(confidence_level=level, method="wilson")
+    return (float(interval.low), float(interval.high))
+
 
 QUALITY_DATASETS = ("humaneval", "gsm8k", "mgsm")
 # Per-prompt outcomes (analysis.report pairs each method with AR on the same prompts: McNemar).

@@ -13,7 +13,6 @@ import pandas as pd
 import pytest
 
 from spectr_repro.analysis.figures import ablation_data
-from spectr_repro.analysis.paper import load_paper_numbers
 from spectr_repro.analysis.tables import (
     AVERAGE,
     build_table1,
@@ -22,6 +21,7 @@ from spectr_repro.analysis.tables import (
     table1,
     table1_intervals,
 )
+from spectr_repro.paper import load_paper_numbers
 
 PAIR = "toy_pair"
 DATASETS = ("humaneval", "gsm8k")

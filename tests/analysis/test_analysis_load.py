@@ -44,8 +44,8 @@ def test_malformed_summary_names_the_file(tmp_path):
 def test_one_rule_run_with_two_option_sets_gives_two_methods(synthetic, tmp_path):
     import shutil
 
-    from spectr_repro.analysis.paper import load_paper_numbers
     from spectr_repro.analysis.tables import build_table1, table1
+    from spectr_repro.paper import load_paper_numbers
 
     root = tmp_path / "variants"
     shutil.copytree(synthetic.root, root)

@@ -1,6 +1,6 @@
 from spectr_repro.analysis.load import DATASET_ORDER, METHOD_ORDER
-from spectr_repro.analysis.paper import load_paper_numbers, paper_table, release_numbers, unlabelled_numbers
 from spectr_repro.analysis.tables import AVERAGE, METRICS
+from spectr_repro.paper import load_paper_numbers, paper_table, release_numbers, unlabelled_numbers
 
 PAIRS = {"deepseek_33b_1.3b", "deepseek_6.7b_1.3b"}
 

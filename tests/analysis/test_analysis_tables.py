@@ -4,7 +4,6 @@ import pandas as pd
 import pytest
 
 from spectr_repro.analysis.load import SINGLE_DRAFT_METHODS, load_results
-from spectr_repro.analysis.paper import load_paper_numbers
 from spectr_repro.analysis.tables import (
     AVERAGE,
     Setting,
@@ -13,6 +12,7 @@ from spectr_repro.analysis.tables import (
     main_setting,
     table1,
 )
+from spectr_repro.paper import load_paper_numbers
 
 QWEN = "qwen25coder_1.5b_0.5b"
 DEEPSEEK = "deepseek_33b_1.3b"
