@@ -226,19 +226,22 @@ def _check_folders(cfgs, plans) -> None:
 def _plan(argv: list[str]) -> int:
     """Print the plan of the cells ``sweep`` would run with ``argv`` (several experiments allowed)."""
     from spectr_repro.runner.plan import build_plan, format_plan
-    from spectr_repro.runner.replay_plan import plan_replays
+    from spectr_repro.runner.replay_plan import plan_replays, replay_only
 
     experiments = [None]
     rest = []
     for argument in argv:
         key, _, value = argument.lstrip("+").partition("=")
-        if key == "experiment" and "," in value:
+        if key == "experiment" and value.strip():  # one or several (experiment=a,b)
             experiments = [v.strip() for v in value.split(",") if v.strip()]
         else:
             rest.append(argument)
     plans, commands = [], []
     for experiment in experiments:
         arguments = [f"experiment={experiment}", *rest] if experiment else rest
+        if replay_only(experiment):  # its replay alone (plan_replays below), no sweep cells
+            commands.append((arguments, experiment))
+            continue
         args = parse_arguments(arguments)
         with Composer() as composer:
             cfgs = expand(composer, args, use_grid=True)

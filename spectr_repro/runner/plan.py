@@ -116,7 +116,7 @@ def expected_block_efficiency(cfg: DictConfig, measured: dict[tuple, float]) -> 
 
 @functools.cache
 def _paper_block_efficiency() -> dict[tuple[str, str, str], float]:
-    from spectr_repro.analysis.paper import load_paper_numbers
+    from spectr_repro.paper import load_paper_numbers
 
     table = load_paper_numbers()
     table = table[table["metric"] == "block_efficiency"]
@@ -271,12 +271,12 @@ def build_plan(plans: Sequence[CellPlan]) -> Plan:
         entry.generations += cfg.num_prompts
         batched_cells += int(cfg.hardware.get("batch_prompts", 1) or 1) > 1
         entry.new_tokens += cfg.num_prompts * cfg.max_new_tokens
-    cache = models.hub_cache_dir()
+    cache = models.hub.hub_cache_dir()
     experiments = list(dict.fromkeys(plan.cfg.experiment for plan in plans))
     folders = list(dict.fromkeys(store.experiment_dir(plan.cfg) for plan in plans))
     return Plan(experiments=experiments, folders=folders, pairs=list(pairs.values()),
                 hardware_note="; ".join(hardware_notes), download_bytes=sum(downloads.values()),
-                free_bytes=models.free_disk_bytes(cache), cache_dir=cache, batched_cells=batched_cells,
+                free_bytes=models.hub.free_disk_bytes(cache), cache_dir=cache, batched_cells=batched_cells,
                 measured_block_efficiency=measured_be)
 
 
@@ -375,6 +375,10 @@ def _duration(seconds: float) -> str:
 
 def format_plan(plan: Plan) -> str:
     import pandas as pd
+
+    if not plan.pairs and plan.replays:  # replay experiments only (e.g. replay_qwen): no cells to price
+        return "\n".join(["Plan: replay only (the experiment has no grid: `sweep` has no cells to run here)",
+                          "(nothing is loaded to make this plan)", "", *_replay_lines(plan)])
 
     rows = [{
         "model pair": p.name,

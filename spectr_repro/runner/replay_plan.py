@@ -97,6 +97,16 @@ def declares_replay(experiment: str | None, argv: Sequence[str]) -> bool:
     return path.is_file() and "replay" in (OmegaConf.load(path) or {})
 
 
+def replay_only(experiment: str | None) -> bool:
+    """The experiment is a replay and nothing else: a ``replay:`` block and no ``grid`` (e.g. replay_qwen).
+    Its cells are not part of its plan: ``sweep`` would run only the base cell, which nobody asked for."""
+    if not experiment:
+        return False
+    path = conf_dir() / "experiment" / f"{experiment}.yaml"
+    config = (OmegaConf.load(path) or {}) if path.is_file() else {}
+    return "replay" in config and "grid" not in config
+
+
 def plan_replays(commands: Sequence[tuple[Sequence[str], str | None]], measured: dict[tuple, float]
                  ) -> list[ReplayPlan]:
     """The replay plan of each (arguments, experiment name) of the plan whose experiment declares a replay,
@@ -240,4 +250,4 @@ def _counts(items) -> dict[str, int]:
     return counts
 
 
-__all__ = ["ReplayGroup", "ReplayPlan", "declares_replay", "format_replay", "plan_replays"]
+__all__ = ["ReplayGroup", "ReplayPlan", "declares_replay", "format_replay", "plan_replays", "replay_only"]

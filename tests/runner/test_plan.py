@@ -35,7 +35,7 @@ def test_paper_preset_plan_offline(offline, capsys):
 
 
 def test_full_disk_shows_in_the_plan(offline, monkeypatch, capsys):
-    monkeypatch.setattr(models, "free_disk_bytes", lambda path: 40 * 10**9)
+    monkeypatch.setattr(models.hub, "free_disk_bytes", lambda path: 40 * 10**9)
     assert main_plan(["experiment=paper_main", "dataset=gsm8k", f"output_dir={offline / 'results'}"]) == 0
     text = capsys.readouterr().out
     assert "to download: 82.8 GB" in text and "free in" in text and "40.0 GB (NOT ENOUGH" in text

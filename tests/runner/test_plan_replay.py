@@ -175,3 +175,14 @@ def test_the_calibration_prices_the_replay_calls(offline, capsys, no_calibration
     write_calibration(calibration(2.0))
     (twice,) = plan_replays([(argv, "cpu_quick")], {})
     assert twice.model_seconds == pytest.approx(2 * once.model_seconds, rel=1e-9)
+
+
+def test_a_replay_experiment_is_planned_without_cells(offline, capsys):
+    """replay_qwen has a replay: block and no grid: its plan is the replay alone (no base cell priced, which
+    `sweep` would run and nobody asked for); an experiment with a grid keeps its cells (negative control)."""
+    out = offline / "results"
+    text = _plan(capsys, "experiment=replay_qwen", "replay.num_prompts=1", f"output_dir={out}")
+    assert text.startswith("Plan: replay only") and "Cells:" not in text, text
+    assert len(_lines(text, "Replay (shared blocks")) == 1 and "Total:" in text
+    mixed = _plan(capsys, "experiment=cpu_quick,replay_qwen", "replay.num_prompts=1", f"output_dir={out}")
+    assert "Cells:" in mixed and len(_lines(mixed, "Replay (shared blocks")) == 2, mixed
