@@ -38,31 +38,41 @@ def compose_preset(name: str, device: str):
     return cfg.bench, cfg.hardware
 
 
-def predicted_pick(replay_summary: str, hardware, preset, pair, prompts) -> dict:
-    """ours_best predicted from a replay summary and this machine's calibration of the pair (``check``)."""
+def predicted_pick(replay_summary: str, hardware, preset, pair, prompts, calibrate=None) -> dict:
+    """ours_best predicted from a replay summary and the pair's costs measured here, in this process, just before
+    the rounds (``check.calibration.measure_forward_costs`` at the shapes the replay's K and L call): a cost
+    file written earlier by ``check`` can be off by the machine's drift since (measured: 120 ms, then 207 ms,
+    for one decode forward on the shared 2-core VM); its per-call overhead is used where there is one.
+    ``calibrate``: (pair, shapes) -> (target costs, draft costs), for tests."""
     import pandas as pd
 
-    from spectr_repro.check.calibration import find_calibration
+    from spectr_repro.check.calibration import find_calibration, measure_forward_costs, plan_shapes, today
     from spectr_repro.check.predict import best_configuration, predict_tokens_per_s, read_replay_summary
     from spectr_repro.errors import UsageError
 
-    dtype = str(pair.dtype).removeprefix("torch.")
-    kind = "cuda" if pair.device.type == "cuda" else "cpu"
-    calibration = find_calibration(kind, preset.pair, dtype)
-    if calibration is None:
-        raise UsageError(f"no calibration of {preset.pair} ({kind}, {dtype}) on this machine: run "
-                         f"`python -m spectr_repro check model_pair={preset.pair} hardware={kind}` first")
     try:
         columns = pd.read_csv(replay_summary, nrows=0).columns
-        table = read_replay_summary(replay_summary, {"temperature": float(preset.temperature)}
-                                    if "temperature" in columns else None)
+        # The replay's rows at the bench's setting: its temperature and, for a replay of several datasets, its dataset.
+        wanted = {"temperature": float(preset.temperature), "dataset": preset.get("dataset")}
+        table = read_replay_summary(replay_summary, {key: value for key, value in wanted.items()
+                                                     if key in columns and value is not None})
     except (OSError, ValueError) as error:
         raise UsageError(str(error)) from None
     prompt_tokens = round(sum(len(p) for p in prompts) / len(prompts))
-    predictions = predict_tokens_per_s(table, calibration.target, calibration.draft,
-                                       float(calibration.extra.get("overhead_s_per_call", 0.0)),
-                                       prompt_tokens, int(preset.max_new_tokens))
-    return best_configuration(predictions) | {"calibration": calibration.note}
+    shapes = plan_shapes(sorted(set(table["K"].astype(int))), sorted(set(table["L"].astype(int))), [prompt_tokens])
+
+    def measure(pair, shapes):
+        return tuple(measure_forward_costs(model, shapes[role], repeats=3, vocab_size=pair.vocab_size)
+                     for model, role in ((pair.target, "target"), (pair.draft, "draft")))
+
+    target, draft = (calibrate or measure)(pair, shapes)
+    stored = find_calibration("cuda" if pair.device.type == "cuda" else "cpu", preset.pair,
+                              str(pair.dtype).removeprefix("torch."))
+    overhead = float(stored.extra.get("overhead_s_per_call", 0.0)) if stored is not None else 0.0
+    predictions = predict_tokens_per_s(table, target, draft, overhead, prompt_tokens, int(preset.max_new_tokens))
+    return best_configuration(predictions) | {
+        "calibration": f"costs measured in this process before the rounds, {today()}",
+        "predictions": json.loads(predictions.head(10).to_json(orient="records"))}
 
 
 def run(preset, hardware, device: str | None, dtype: str | None, replay_summary: str | None = None) -> dict:
@@ -144,8 +154,9 @@ def _best_methods_verification(results: dict, lines: list[str]) -> str:
     """The best-against-best, methods and verification sections (each only where the results have it)."""
     for pair, r in results.get("best_vs_best", {}).items():
         best = r["best"]
+        chosen = "predicted from a replay" if "predicted_tokens_per_s" in r else "chosen by a sweep on other seeds"
         lines += ["", f"Best against best on {pair} (same rounds; ours_best = {best['method']} K={best['K']} "
-                  f"L={best['L']}, chosen by a sweep on other seeds):", "",
+                  f"L={best['L']}, {chosen}):", "",
                   f"| contender | tok/s | vs HF assisted (defaults) | vs HF generate | {PROFILE_HEADER}",
                   "|---|---|---|---|" + "---|" * 7]
         base_assisted = r["contenders"]["hf_assisted_defaults"]["tokens_per_s"]
@@ -160,11 +171,18 @@ def _best_methods_verification(results: dict, lines: list[str]) -> str:
                       "the prediction; target within 10 %)."]
         lines += ["", f"ours_best / HF assisted at its defaults: {r['best_vs_hf_assisted_defaults']:.2f} "
                   f"(target {TARGETS['best_vs_hf_assisted_defaults']}); ours_best / HF generate: "
-                  f"{r['best_vs_hf_generate']:.2f} (target {TARGETS['best_vs_hf_generate']}).", "",
-                  "Sweep that chose ours_best (tok/s on seeds the rounds do not use):", "",
-                  "| method | K | L | tok/s | BE |", "|---|---|---|---|---|"]
-        lines += [f"| {s['method']} | {s['K']} | {s['L']} | {s['tokens_per_s']:.2f} | {s['block_efficiency']:.2f} |"
-                  for s in r["sweep"]]
+                  f"{r['best_vs_hf_generate']:.2f} (target {TARGETS['best_vs_hf_generate']})."]
+        if r["sweep"]:
+            lines += ["", "Sweep that chose ours_best (tok/s on seeds the rounds do not use):", "",
+                      "| method | K | L | tok/s | BE |", "|---|---|---|---|---|"]
+            lines += [f"| {s['method']} | {s['K']} | {s['L']} | {s['tokens_per_s']:.2f} | "
+                      f"{s['block_efficiency']:.2f} |" for s in r["sweep"]]
+        if best.get("predictions"):  # the prediction's runners-up, as predicted
+            lines += ["", "Predicted tokens/s of the fastest lossless configurations (replay x costs measured here):",
+                      "", "| method | K | L | tokens per call | ms per call | predicted tok/s |",
+                      "|---|---|---|---|---|---|"]
+            lines += [f"| {q['method']} | {q['K']} | {q['L']} | {q['tokens_per_call']:.2f} | "
+                      f"{1e3 * q['seconds_per_call']:.0f} | {q['tokens_per_s']:.2f} |" for q in best["predictions"]]
     for pair, rows in results["methods"].items():
         lines += ["", f"Methods on {pair} (T={results['settings']['temperature']}):", "",
                   "| method | K | L | BE | speed-up vs our AR | tok/s | verify/target time | peak MB |",

@@ -195,8 +195,11 @@ def measure_forward_costs(model: torch.nn.Module, shapes: Sequence[tuple[int, in
     A context of ``context_tokens`` is cached once; before each timed forward the cache is cut back to it
     and repeated over the rows, as the engine repeats the committed prefix over K drafts. The forward is
     the engine's (``engine.forward.forward_logits``, the head on the last position or on all). Two untimed
-    forwards first (threads, allocator), one per shape (kernel selection), then ``repeats`` timed ones,
-    each between two synchronisations (the one timing helper, ``SectionTimer``).
+    forwards first (threads, allocator), one per shape (kernel selection), then ``repeats`` rounds that time
+    every shape once each, in turn, each forward between two synchronisations (the one timing helper,
+    ``SectionTimer``). Rounds rather than one shape's repeats back to back: on a machine whose speed drifts
+    (a shared VM measured 120 ms, then 207 ms, for the same decode forward 50 minutes apart) every shape
+    sees the same drift, so the costs stay consistent with each other.
     """
     from transformers import DynamicCache
 
@@ -207,7 +210,6 @@ def measure_forward_costs(model: torch.nn.Module, shapes: Sequence[tuple[int, in
     device = next(model.parameters()).device
     vocab = int(vocab_size or head_size(model))
     generator = torch.Generator().manual_seed(0)
-    points = []
     with torch.inference_mode():
         cache = DynamicCache()
         context = torch.randint(0, vocab, (1, context_tokens), generator=generator).to(device)
@@ -215,20 +217,21 @@ def measure_forward_costs(model: torch.nn.Module, shapes: Sequence[tuple[int, in
         for _ in range(2):
             forward_logits(model, context[:, :1], cache, vocab, keep_last=1)
             crop_to(cache, context_tokens)
-        for rows, tokens, logits in shapes:
-            ids = torch.randint(0, vocab, (rows, tokens), generator=generator).to(device)
-            keep = tokens if logits == "all" else 1
-            times = []
-            for attempt in range(repeats + 1):
+        inputs = [torch.randint(0, vocab, (rows, tokens), generator=generator).to(device)
+                  for rows, tokens, _ in shapes]
+        times: list[list[float]] = [[] for _ in shapes]
+        for attempt in range(repeats + 1):  # attempt 0 warms every shape up (kernel selection)
+            for index, ((rows, tokens, logits), ids) in enumerate(zip(shapes, inputs)):
                 repeat_rows(cache, rows)
                 timer = SectionTimer(device)
                 with timer("forward"):
-                    forward_logits(model, ids, cache, vocab, keep_last=keep)
+                    forward_logits(model, ids, cache, vocab, keep_last=tokens if logits == "all" else 1)
                 crop_to(cache, context_tokens)
                 keep_row(cache, 0, rows, device)
-                if attempt:  # the first is the warm-up of this shape
-                    times.append(timer.seconds["forward"])
-            points.append((int(rows), int(tokens), str(logits), float(statistics.median(times))))
+                if attempt:
+                    times[index].append(timer.seconds["forward"])
+        points = [(int(rows), int(tokens), str(logits), float(statistics.median(seconds)))
+                  for (rows, tokens, logits), seconds in zip(shapes, times)]
     return ForwardCosts(tuple(points))
 
 

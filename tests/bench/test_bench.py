@@ -150,3 +150,56 @@ def test_best_vs_best_takes_a_predicted_pick_instead_of_its_sweep(self_pair, mon
     assert result["measured_over_predicted"] == pytest.approx(measured / 50.0)
     with pytest.raises(ValueError, match="not lossless"):
         suites.bench_best_vs_best(self_pair, [PROMPT], 0.7, 8, 3, [], 1, pick=pick | {"method": "spectr_gbv"})
+
+
+def test_predicted_pick_reads_the_replay_rows_of_the_bench_dataset(tmp_path, monkeypatch):
+    """A replay of several datasets (replay_qwen) holds one row per (dataset, method, K, L): the pick uses the rows
+    of the preset's dataset and temperature, with costs measured in the process at the replay's shapes; without
+    a dataset to select it refuses the ambiguity."""
+    import types
+
+    from omegaconf import OmegaConf
+
+    from spectr_repro.check import calibration
+    from spectr_repro.check.calibration import ForwardCosts
+    from spectr_repro.errors import UsageError
+
+    costs = ForwardCosts(((1, 1, "last", 0.01), (8, 8, "all", 0.05)))
+    asked = []
+
+    def calibrate(pair, shapes):
+        asked.append(shapes)
+        return costs, costs
+
+    monkeypatch.setattr(calibration, "find_calibration", lambda *args, **kwargs: None)
+    rows = [  # humaneval favours sd L=6, gsm8k sbv K=3 L=6; the other temperature favours bv
+        ("humaneval", 0.4, "sd", 1, 6, 5.0), ("humaneval", 0.4, "sbv", 3, 6, 2.0),
+        ("gsm8k", 0.4, "sd", 1, 6, 2.0), ("gsm8k", 0.4, "sbv", 3, 6, 6.5),
+        ("humaneval", 0.7, "bv", 1, 6, 6.9), ("gsm8k", 0.7, "bv", 1, 6, 6.9)]
+    summary = tmp_path / "replay_summary.csv"
+    summary.write_text("dataset,temperature,method,K,L,blocks,prompts,tokens_per_call,ci_low,ci_high\n" + "".join(
+        f"{d},{t},{m},{k},{l},10,2,{v},{v - 0.1},{v + 0.1}\n" for d, t, m, k, l, v in rows))
+    pair = types.SimpleNamespace(dtype=torch.bfloat16, device=torch.device("cpu"))
+    preset = OmegaConf.create({"pair": "tiny", "temperature": 0.4, "dataset": "humaneval", "max_new_tokens": 8})
+    pick = cli.predicted_pick(str(summary), None, preset, pair, [[1, 2, 3]], calibrate=calibrate)
+    assert (pick["method"], pick["K"], pick["L"]) == ("sd", 1, 6) and "this process" in pick["calibration"]
+    assert {(1, 7, "all"), (3, 7, "all"), (1, 3, "last")} <= set(asked[0]["target"])  # K=1,3 x L+1; the prompt
+    preset.dataset = "gsm8k"
+    assert cli.predicted_pick(str(summary), None, preset, pair, [[1, 2, 3]], calibrate=calibrate)["method"] == "sbv"
+    preset.dataset = None
+    with pytest.raises(UsageError, match="several rows per"):
+        cli.predicted_pick(str(summary), None, preset, pair, [[1, 2, 3]], calibrate=calibrate)
+
+
+def test_the_bench_measures_the_costs_of_its_pick_on_the_pair(pair, tmp_path):
+    """Without a test double the pick's costs are measured on the loaded pair (the tiny one here): positive
+    seconds for every shape the replay calls, and a pick among the replay's lossless rows."""
+    from omegaconf import OmegaConf
+
+    summary = tmp_path / "replay_summary.csv"
+    summary.write_text("method,K,L,blocks,prompts,tokens_per_call,ci_low,ci_high\n"
+                       "sd,1,2,4,2,2.5,2.4,2.6\nspectr_gbv,2,2,4,2,2.9,2.8,3.0\n")
+    preset = OmegaConf.create({"pair": "tiny", "temperature": 0.7, "max_new_tokens": 8})
+    pick = cli.predicted_pick(str(summary), None, preset, pair, [PROMPT])
+    assert (pick["method"], pick["K"], pick["L"]) == ("sd", 1, 2)  # spectr_gbv is faster on paper, not lossless
+    assert pick["seconds_per_call"] > 0 and pick["tokens_per_s"] > 0
