@@ -41,3 +41,15 @@ def test_release_plan_offline(offline, capsys):  # noqa: F811 (the fixture)
     assert "meta-llama/Llama-2-13b-hf@main 26.0 GB" in text
     assert "JackFram/llama-68m@0359bbda21c69b1426e785b7f64ba782c3296f31" in text
     assert not (offline / "results").exists(), "a plan writes nothing"
+
+
+def test_the_qwen_release_setting_has_its_replay():
+    """`replay experiment=release_humaneval_qwen`: every rule at K = 1..7 and the release's L = 6 on the release's
+    prompts (HumanEval 2..32 in file order), length, temperature and first seed; the sbv reference trajectory."""
+    from spectr_repro.replay.driver import parse
+
+    (cfg, settings), = parse(["experiment=release_humaneval_qwen"])
+    assert (settings.K_values, settings.L_values, settings.num_prompts) == ((1, 3, 5, 7), (6,), 31)
+    assert "spectr_gbv" in settings.methods and "mpbv" in settings.methods and settings.reference == "sbv"
+    assert (float(cfg.temperature), cfg.max_new_tokens, cfg.seed) == (0.7, 64, 1001)
+    assert (cfg.dataset.name, cfg.dataset.prompt_order, cfg.dataset.skip_prompts) == ("humaneval", "file", 1)
