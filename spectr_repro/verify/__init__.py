@@ -14,7 +14,7 @@ import difflib
 import importlib
 from dataclasses import dataclass
 
-from spectr_repro.verify.base import Outcome, Verifier, VerifyResult, validate_inputs
+from spectr_repro.verify.base import FirstTokenLaw, Outcome, Verifier, VerifyResult, validate_inputs
 
 
 @dataclass(frozen=True)
@@ -105,6 +105,6 @@ def get_verifier(name: str, **options) -> Verifier:
 
 
 __all__ = [
-    "AR_LABEL", "AR_METHOD", "VERIFIERS", "Outcome", "Verifier", "VerifierSpec", "VerifyResult", "get_verifier",
-    "method_labels", "method_names", "single_draft_methods", "validate_inputs",
+    "AR_LABEL", "AR_METHOD", "VERIFIERS", "FirstTokenLaw", "Outcome", "Verifier", "VerifierSpec", "VerifyResult",
+    "get_verifier", "method_labels", "method_names", "single_draft_methods", "validate_inputs",
 ]

@@ -30,6 +30,22 @@ class VerifyResult:
 
 
 @dataclass(frozen=True)
+class FirstTokenLaw:
+    """The exact law of the first token one iteration emits, given the drafts:
+    P(y) = sum_k draft_weights[k] 1{y = draft_tokens[k, 0]} + (1 - sum_k draft_weights[k]) residual[y].
+
+    The drafts' first tokens carry what the rule accepts (tau >= 1 on draft k's path); ``residual`` is the law of
+    the token emitted when nothing is accepted (tau = 0)."""
+
+    draft_weights: torch.Tensor  # float64 [K]: P(tau >= 1 and the emitted path is draft k's)
+    residual: torch.Tensor  # float64 [V], normalised: the law of the correction at depth 0
+
+    @property
+    def residual_weight(self) -> float:
+        return max(0.0, 1.0 - float(self.draft_weights.sum()))
+
+
+@dataclass(frozen=True)
 class Outcome:
     """One atom of a rule's exact per-iteration law."""
 
@@ -92,6 +108,17 @@ class Verifier:
         no cheap closed form (callers then average draws of the sampler). Inputs are not validated here (the
         engine's calls are not either); ``law`` gives the same number as sum(probability * len(tokens)) on
         small inputs."""
+        return None
+
+    def first_token_law(
+        self,
+        draft_tokens: torch.Tensor,
+        draft_probs: torch.Tensor,
+        target_probs: torch.Tensor,
+    ) -> FirstTokenLaw | None:
+        """The exact law of the first token this iteration emits given the drafts, from a fresh state (no carry-over),
+        at any vocabulary size, or None when the rule has no cheap form (callers then count the rule's own draws).
+        ``law`` gives the same marginal on small inputs (tests/verify/test_first_token_law.py)."""
         return None
 
     def expected_emitted_by_length(

@@ -36,7 +36,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from spectr_repro.sampling import uniform
-from spectr_repro.verify.base import Outcome, Verifier, VerifyResult
+from spectr_repro.verify.base import FirstTokenLaw, Outcome, Verifier, VerifyResult
 from spectr_repro.verify.common import ValueMemo, expected_emitted_from_stops, stop_probability, tensor_key
 from spectr_repro.verify.selection import (
     DEFAULT_GRID_SIZE,
@@ -325,6 +325,29 @@ class SelectionBlockVerification(Verifier):
 
         self._walk(draft_tokens, draft_probs, target_probs, leaf, by_draw=False)
         return total
+
+    def first_token_law(self, draft_tokens, draft_probs, target_probs) -> FirstTokenLaw:
+        """Exact: the law's walk over the selection's events; a selected path (probability pi) emits its first
+        token with probability pi (1 - P(tau = 0)) and BV's depth-0 correction with pi P(tau = 0) (the
+        correction is a mixture over paths, normalised at the end). Cost: ``expected_emitted``'s plus one [V]
+        correction row per selected path (at most K)."""
+        K = draft_tokens.shape[0]
+        firsts = draft_tokens[:, 0].tolist()
+        weights = [0.0] * K
+        residual = torch.zeros(draft_probs.shape[-1], dtype=_F64, device=draft_probs.device)
+
+        def leaf(walk: LawWalk, prob: float) -> None:
+            nonlocal residual
+            terms = self._leaf_terms(target_probs, draft_probs, walk)
+            stop_at_0 = stop_law(terms.exact_stops())[0]
+            weights[firsts.index(walk.path[0])] += prob * (1.0 - stop_at_0)  # the first draft with that token
+            if stop_at_0 > 0:
+                residual = residual + (prob * stop_at_0) * terms.correction_law(slice(0, 1))[0]
+
+        self._walk(draft_tokens, draft_probs, target_probs, leaf, by_draw=False)
+        mass = float(residual.sum())
+        residual = residual / mass if mass > 0 else target_probs[0, 0].to(_F64) / float(target_probs[0, 0].sum())
+        return FirstTokenLaw(torch.tensor(weights, dtype=_F64, device=draft_probs.device), residual)
 
     def _walk(self, draft_tokens, draft_probs, target_probs, leaf, by_draw: bool) -> None:
         """Call ``leaf(walk, probability)`` for every selected path with positive probability.

@@ -219,6 +219,13 @@ class SelectionBlockVerificationFallback(SelectionBlockVerification):
             return super().expected_emitted(draft_tokens, draft_probs, target_probs, state)
         return None
 
+    def first_token_law(self, draft_tokens, draft_probs, target_probs):
+        """SBV's with ``fallback=False``; None otherwise (the fallback re-verifies other drafts after a stop at
+        depth 0, so SBV's first-token law would be wrong; callers count the rule's own draws)."""
+        if not self.fallback:
+            return super().first_token_law(draft_tokens, draft_probs, target_probs)
+        return None
+
     def _law(self, draft_tokens, draft_probs, target_probs, state) -> list[Outcome]:
         if not self.fallback:
             return super()._law(draft_tokens, draft_probs, target_probs, state)

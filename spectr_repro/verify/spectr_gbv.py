@@ -63,7 +63,7 @@ import math
 
 import torch
 
-from spectr_repro.verify.base import Outcome, Verifier, VerifyResult
+from spectr_repro.verify.base import FirstTokenLaw, Outcome, Verifier, VerifyResult
 from spectr_repro.verify.carry_over import effective_targets, integer_power, next_state, resolve_frames
 from spectr_repro.verify.common import normalize, sample, uniform
 
@@ -314,6 +314,23 @@ class SpecTrGBV(Verifier):
         law = self._scan_law(drafts, h_table, K, L, track_selected=False)
         mean = sum(weight * (tau + 1) for (tau, _), weight in law.items())
         return torch.tensor(mean, dtype=torch.float64, device=draft_probs.device)
+
+    def first_token_law(self, draft_tokens, draft_probs, target_probs) -> FirstTokenLaw:
+        """Exact, from a fresh state: the scan's law of (tau, selected) puts P(tau >= 1, selected = k) on draft k's
+        first token; tau = 0 (nothing accepted, draft 0's frame with P = Q = 1) emits the depth-0 correction
+        p (1 - min(1, q/p)^K), normalised. Cost: ``expected_emitted``'s (the h table, one host read) plus one
+        [V] correction row."""
+        K, L = draft_tokens.shape
+        draft_probs, target_probs = self._rows_for_arithmetic(draft_probs, target_probs)
+        effective, P, Q = self._block(draft_tokens, draft_probs, target_probs, None)
+        h_table = self._h_table(effective, draft_probs, P, Q, K, L)
+        weights = [0.0] * K
+        for (tau, selected), weight in self._scan_law(draft_tokens.tolist(), h_table, K, L).items():
+            if tau >= 1:
+                weights[selected] += weight
+        residual = self._correction_law(effective.row(0, 0), draft_probs[0, 0], P[0, 0], Q[0, 0], K)
+        return FirstTokenLaw(torch.tensor(weights, dtype=torch.float64, device=draft_probs.device),
+                             residual.double())
 
     def _law(self, draft_tokens, draft_probs, target_probs, state) -> list[Outcome]:
         K, L = draft_tokens.shape
