@@ -21,8 +21,6 @@ ALLOWED = {
         "the engine's one entry point: half of it is the docstring of its 15 arguments, the body checks and dispatches",
     "spectr_repro/runner/plan.py::build_plan":
         "one pass over the cells accumulating per-pair counts, each branch ending the cell with `continue`",
-    "spectr_repro/bias/driver.py::measure_context":
-        "one batched loop over draws that shares a dozen locals (caches, generators, caps, timers) between its steps",
     "spectr_repro/verify/rbv.py::RecursiveBlockVerification.expected_emitted":
         "a quarter of it is the docstring deriving the recursion; the body is one loop over drafts whose steps share "
         "the states (w, c, mass)",

@@ -671,16 +671,17 @@ def bias_section(results_dirs: list[Path], out_dir: Path) -> str | None:
         "sets of K drafts x L tokens, drawn in batches), against the target's exact p(.|context) from the same "
         "target forward. Contexts: cuts of an AR continuation of each prompt where the target's top token has "
         "probability nearest 1/2. "
-        "Estimator `exact given drafts`: the rule's closed-form first-token law given the drafts (sd, spectr, "
-        "the controls); `counted`: the rule's own first token. Test: TV between the empirical law of one "
-        "first token per draft set and p, its null law simulated from p (valid at any vocabulary size); "
-        "p: Fisher's combination over contexts; detectable TV: the smallest TV moved off the target's most "
-        "likely token that the pooled test detects with 90 % power at level 0.05. Controls on the same draft "
-        "sets: `control_draft` emits the drafted token (law q: exact TV = TV(p, q)) and `control_lenient_sd` "
-        "accepts with min(1, 2p/q) (deliberately biased; exact TV shown); `exact TV` 0 marks rules proven "
-        "lossless on toys. acceptance: SD's first-token acceptance, sum_y min(p, q), mean over contexts. "
-        "The TV estimate (a plug-in, here the mean over contexts; per-context values and bootstrap intervals in "
-        "bias.csv) is biased upward by sampling noise: read it against the detectable TV.",
+        "Estimator `exact given drafts`: the rule's exact first-token law given the drafts (closed forms for sd, "
+        "spectr and the controls; the rule's own `first_token_law` for spectr_gbv and sbv); `counted`: the rule's "
+        "own first tokens. Test: Hotelling's T^2 on the probabilities of p's most likely tokens (at most 4 bins, "
+        "fixed by p alone; the laws given the drafts are averaged, so no draw is thrown away), valid at any "
+        "vocabulary size; p: Fisher's combination over contexts; detectable TV: the smallest TV moved off the "
+        "target's most likely token that the pooled test detects with 90 % power at level 0.05. Controls on the "
+        "same draft sets: `control_draft` emits the drafted token (law q: exact TV = TV(p, q)) and "
+        "`control_lenient_sd` accepts with min(1, 2p/q) (deliberately biased; exact TV shown); `exact TV` 0 "
+        "marks rules proven lossless on toys. acceptance: SD's first-token acceptance, sum_y min(p, q), mean over "
+        "contexts. The TV estimate is the TV on those bins (a lower bound of the first token's TV; here the mean "
+        "over contexts; per-context values and bootstrap intervals in bias.csv).",
         "",
         _markdown(shown.astype(str)),
         "",

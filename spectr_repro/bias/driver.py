@@ -308,31 +308,25 @@ def measure_context(pair, cfg: DictConfig, setting: dict, ids: list[int], method
                 continue
             started = time.perf_counter()
             width = 1 if method in estimators.CONTROLS else K  # the controls verify draft 0 of each set
-            if method in verifiers and method not in estimators.EXACT_GIVEN_DRAFTS:
-                draws = estimators.counted_draws(method, draft_tokens[:take, :width], draft_probs[:take, :width],
-                                                 target_probs[:take, :width], setting["rule_calls"],
-                                                 draw_generator, verifier=verifiers[method])
-            else:
-                draws = estimators.closed_form_draws(method, p0, q0, draft_tokens[:take, :width, 0], draw_generator)
+            draws = estimators.rule_draws(method, draft_tokens[:take, :width], draft_probs[:take, :width],
+                                          target_probs[:take, :width], setting["rule_calls"], draw_generator,
+                                          verifier=verifiers.get(method))
             parts[method].append(draws)
             seconds[method] += time.perf_counter() - started
         done += n
         bar.update(n)
         del cache, logits, target_probs, draft_probs
-    calibrations: dict[int, estimators.Calibration] = {}  # by sample count: shared by the methods
     generator = torch.Generator().manual_seed(seed)
     records = {}
     for method in methods:
         draws = estimators.concat_draws(parts[method])
-        if draws.samples not in calibrations:
-            calibrations[draws.samples] = estimators.calibrate(p0, draws.samples, generator)
-        records[method] = _record(method, draws, p0, q0, setting, calibrations[draws.samples], generator)
+        records[method] = _record(method, draws, p0, q0, setting, generator)
         records[method]["seconds"] = {"draft_and_target_forwards": seconds["models"], "rule": seconds[method]}
     return records
 
 
-def _record(method: str, draws, p0, q0, setting: dict, calibration, generator) -> dict:
-    result = estimators.analyse(draws, p0, generator, calibration)
+def _record(method: str, draws, p0, q0, setting: dict, generator) -> dict:
+    result = estimators.analyse(draws, p0, generator)
     exact_tv = math.nan
     if method in estimators.CONTROLS:
         exact_tv = float(estimators.total_variation(estimators.control_exact_law(method, p0, q0), p0))
@@ -347,7 +341,9 @@ def _record(method: str, draws, p0, q0, setting: dict, calibration, generator) -
         "dataset": setting["dataset"], "samples": result.samples, "tv_estimate": result.tv_estimate,
         "interval": list(result.interval), "p_value": result.p_value, "detectable_tv": result.detectable_tv,
         "estimator": estimators.estimator_name(method, setting["rule_calls"]), "acceptance": acceptance,
-        "exact_tv": exact_tv, "alternative_p_values": result.alternative_p_values,
+        "exact_tv": exact_tv, "power_model": result.power_model.as_dict(), "test": result.test,
+        "bins": result.bins, "target_bins": p64[result.bins].tolist(),
+        "binned_laws": [[round(v, 8) for v in row] for row in result.binned.tolist()],  # the test's data, kept
         "top_tokens": top.tolist(), "top_target": p64[top].tolist(), "top_rule": result.law[top].tolist(),
     }
 
@@ -374,8 +370,7 @@ def bias_table(folder: Path) -> pd.DataFrame:
         rows.append(_row(record, record["context"], record["p_value"], record["detectable_tv"],
                          record["tv_estimate"], record["interval"], record["samples"]))
     for group in by_cell.values():
-        p_value, detectable = estimators.pooled([r["p_value"] for r in group],
-                                                [r["alternative_p_values"] for r in group])
+        p_value, detectable = estimators.pooled([r["p_value"] for r in group], [r["power_model"] for r in group])
         estimate = sum(r["tv_estimate"] for r in group) / len(group)
         low = sum(r["interval"][0] for r in group) / len(group)
         high = sum(r["interval"][1] for r in group) / len(group)

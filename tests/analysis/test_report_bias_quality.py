@@ -45,11 +45,11 @@ def test_quality_section_shows_the_informative_rows_and_one_line_per_collapsed_s
 
 
 def fake_record(method, context, tv, p_value, top_rule):
-    calibration_p = [[0.001] * 20 if tv > 0.1 else [0.5] * 20 for tv in estimators.TV_GRID]
+    power_model = {"df1": 2, "df2": 30, "noncentrality": [400 * t * t for t in estimators.TV_GRID]}
     return {"method": method, "K": 3, "L": 6, "temperature": 0.4, "draft_temperature": 0.4, "model_pair": "qwen",
             "dataset": "humaneval", "samples": 32, "tv_estimate": tv, "interval": [tv / 2, tv * 2],
             "p_value": p_value, "detectable_tv": 0.2, "estimator": "counted", "acceptance": 0.9,
-            "exact_tv": float("nan"), "alternative_p_values": calibration_p, "top_tokens": [5, 7],
+            "exact_tv": float("nan"), "power_model": power_model, "top_tokens": [5, 7],
             "top_target": [0.6, 0.4], "top_rule": top_rule, "top_strings": ["def", " x"], "context": context}
 
 
