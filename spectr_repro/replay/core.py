@@ -21,6 +21,12 @@ Estimators (``BlockEstimate.estimator``):
                    exact for every rule but for small vocabularies only (the toy tests use it).
 Rules that carry state across iterations (gbv's carry-over) are run from a fresh state: their values are
 first-iteration values (``first_iteration=True``), above what they average over a whole generation.
+
+Row groups (``row_groups``): the K_max rows are i.i.d., so every set of K distinct rows is a valid K-draft block.
+"disjoint" (the default) averages a rule's value over the floor(K_max / K) disjoint groups of K consecutive rows
+(rows [gK, (g + 1)K)): at K_max = 7, single-draft rules average 7 drafts and K = 3 rules 2 triples, which removes
+much of the draft-to-draft noise from a block's value (and from the paired differences between K = 1 and K = 3)
+at the cost of the rules' work only; "first" uses rows [:K] alone (the replays written before 2026-12-02).
 """
 
 from __future__ import annotations
@@ -36,6 +42,7 @@ from spectr_repro.verify import VERIFIERS, get_verifier
 ESTIMATORS = ("exact", "control_variate", "monte_carlo", "law")
 # "auto": each rule's exact expectation where it has one, else Monte-Carlo draws of its sampler.
 MODES = ("auto", "monte_carlo", "law")
+ROW_GROUPS = ("disjoint", "first")
 
 
 @dataclass(frozen=True)
@@ -45,7 +52,7 @@ class BlockEstimate:
     L: int
     tokens: float  # E[tau + 1] on this block: the tokens the rule emits for one target call
     estimator: str  # "exact", "control_variate" or "monte_carlo" (or "law")
-    draws: int  # Monte-Carlo draws averaged (0 for exact)
+    draws: int  # Monte-Carlo draws averaged, over every row group (0 for exact)
     first_iteration: bool  # the rule carries state: this is its value from a fresh state
 
 
@@ -87,18 +94,22 @@ def block_estimates(
     generator: torch.Generator | None = None,
     options: dict[str, dict[str, Any]] | None = None,
     mode: str = "auto",
+    row_groups: str = "disjoint",
 ) -> list[BlockEstimate]:
     """Tokens per target call of every (method, K, L) on sub-blocks of one block.
 
     draft_tokens [K_max, L_max], draft_probs [K_max, L_max, V], target_probs [K_max, L_max + 1, V]: one
-    engine block (K_max i.i.d. drafts). Sub-block (K, L) = rows [:K], positions [:L] (target [:L + 1]);
-    single-draft rules use row 0. ``generator`` seeds the Monte-Carlo draws (one seed per draw, shared by
+    engine block (K_max i.i.d. drafts). Sub-block (K, L) = positions [:L] (target [:L + 1]) of rows [gK, (g + 1)K),
+    averaged over the floor(K_max / K) groups g (``row_groups="disjoint"``) or of rows [:K] alone ("first"; single-
+    draft rules then use row 0). ``generator`` seeds the Monte-Carlo draws (one seed per draw, shared by
     every rule: common random numbers). ``options``: per-rule options for ``get_verifier``. ``mode``:
     "auto" (exact where the rule has it, else Monte-Carlo), "monte_carlo" (always the sampler) or "law"
     (every rule through its exact law: small vocabularies only).
     """
     if mode not in MODES:
         raise ValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
+    if row_groups not in ROW_GROUPS:
+        raise ValueError(f"row_groups must be one of {', '.join(ROW_GROUPS)}, got {row_groups!r}")
     K_max, L_max = draft_tokens.shape
     check_grid(methods, K_values, L_values, draws)
     too_big = [v for v in K_values if v > K_max] + [v for v in L_values if v > L_max]
@@ -114,38 +125,49 @@ def block_estimates(
     closed = _ClosedForms(verifiers, block, sorted(set(L_values))) if mode == "auto" else None
     estimates = []
     for method, K, L in grid(methods, K_values, L_values):
-        verifier = verifiers[method]
-        sub_block = (draft_tokens[:K, :L], draft_probs[:K, :L], target_probs[:K, :L + 1])
-        control = VERIFIERS[method].shares_draws_with if closed is not None else None
-        if mode == "law":
-            outcomes = verifier.law(*sub_block)
-            tokens, estimator, used = sum(o.probability * len(o.tokens) for o in outcomes), "law", 0
-        elif closed is not None and (value := closed.value(method, K, L)) is not None:
-            tokens, estimator, used = value, "exact", 0
-        elif control is not None and (base := closed.value(control, K, L)) is not None:
-            difference = _mean_draw(verifier, sub_block, seeds) - _mean_draw(verifiers[control], sub_block, seeds)
-            tokens, estimator, used = base + difference, "control_variate", draws
-        else:
-            tokens, estimator, used = _mean_draw(verifier, sub_block, seeds), "monte_carlo", draws
+        groups = range(K_max // K if row_groups == "disjoint" else 1)
+        values = [_group_value(verifiers, closed, block, method, K, L, g, seeds, mode) for g in groups]
+        tokens = sum(value for value, _, _ in values) / len(values)
+        estimator, used = values[0][1], sum(draws_used for _, _, draws_used in values)
         estimates.append(BlockEstimate(method, K, L, tokens, estimator, used, VERIFIERS[method].carries_state))
     return estimates
 
 
+def _group_value(verifiers, closed, block, method: str, K: int, L: int, group: int, seeds: list[int],
+                 mode: str) -> tuple[float, str, int]:
+    """(tokens, estimator, draws) of ``method`` on positions [:L] of rows [group K, (group + 1) K)."""
+    draft_tokens, draft_probs, target_probs = block
+    rows = slice(group * K, (group + 1) * K)
+    sub_block = (draft_tokens[rows, :L], draft_probs[rows, :L], target_probs[rows, :L + 1])
+    verifier = verifiers[method]
+    control = VERIFIERS[method].shares_draws_with if closed is not None else None
+    if mode == "law":
+        return sum(o.probability * len(o.tokens) for o in verifier.law(*sub_block)), "law", 0
+    if closed is not None and (value := closed.value(method, K, L, group)) is not None:
+        return value, "exact", 0
+    if control is not None and (base := closed.value(control, K, L, group)) is not None:
+        difference = _mean_draw(verifier, sub_block, seeds) - _mean_draw(verifiers[control], sub_block, seeds)
+        return base + difference, "control_variate", len(seeds)
+    return _mean_draw(verifier, sub_block, seeds), "monte_carlo", len(seeds)
+
+
 class _ClosedForms:
-    """Each rule's closed form on the sub-blocks of one block, computed once per (rule, K) for every L asked
-    (``expected_emitted_by_length``: rules share work across L); None for a rule without one."""
+    """Each rule's closed form on the sub-blocks of one block, computed once per (rule, K, row group) for every L
+    asked (``expected_emitted_by_length``: rules share work across L); None for a rule without one."""
 
     def __init__(self, verifiers: dict[str, Any], block, lengths: list[int]) -> None:
         self.verifiers, self.block, self.lengths = verifiers, block, lengths
-        self.values: dict[tuple[str, int], dict[int, float] | None] = {}
+        self.values: dict[tuple[str, int, int], dict[int, float] | None] = {}
 
-    def value(self, method: str, K: int, L: int) -> float | None:
-        if (method, K) not in self.values:
+    def value(self, method: str, K: int, L: int, group: int = 0) -> float | None:
+        key = (method, K, group)
+        if key not in self.values:
             tokens, draft_probs, target_probs = self.block
-            values = self.verifiers[method].expected_emitted_by_length(tokens[:K], draft_probs[:K], target_probs[:K],
-                                                                       self.lengths)
-            self.values[(method, K)] = None if values is None else {n: float(v) for n, v in values.items()}
-        values = self.values[(method, K)]
+            rows = slice(group * K, (group + 1) * K)
+            values = self.verifiers[method].expected_emitted_by_length(tokens[rows], draft_probs[rows],
+                                                                       target_probs[rows], self.lengths)
+            self.values[key] = None if values is None else {n: float(v) for n, v in values.items()}
+        values = self.values[key]
         return None if values is None else values[L]
 
 
@@ -159,4 +181,4 @@ def _mean_draw(verifier, block, seeds: list[int]) -> float:
     return total / len(seeds)
 
 
-__all__ = ["BlockEstimate", "ESTIMATORS", "block_estimates", "check_grid", "grid"]
+__all__ = ["BlockEstimate", "ESTIMATORS", "ROW_GROUPS", "block_estimates", "check_grid", "grid"]

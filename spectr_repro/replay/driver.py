@@ -35,7 +35,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from tqdm.auto import tqdm
 
-from spectr_repro.replay.core import block_estimates, check_grid
+from spectr_repro.replay.core import ROW_GROUPS, block_estimates, check_grid
 from spectr_repro.runner.config import Composer, UsageError, expand, parse_arguments, print_help_if_asked, validate
 from spectr_repro.runner.store import atomic_write_text
 from spectr_repro.verify import VERIFIERS, Verifier, get_verifier
@@ -53,6 +53,7 @@ class ReplaySettings:
     reference_L: int
     draws: int
     num_prompts: int
+    row_groups: str = "disjoint"
 
     @property
     def K_max(self) -> int:
@@ -65,7 +66,7 @@ class ReplaySettings:
     def as_dict(self) -> dict[str, Any]:
         return {"methods": list(self.methods), "K": list(self.K_values), "L": list(self.L_values),
                 "reference": self.reference, "reference_K": self.reference_K, "reference_L": self.reference_L,
-                "draws": self.draws}
+                "draws": self.draws, "row_groups": self.row_groups}
 
 
 # --------------------------------------------------------------------------------------------------
@@ -119,8 +120,11 @@ def settings_of(cfg: DictConfig, grid: dict[str, list[str]]) -> ReplaySettings:
     num_prompts = replay.get("num_prompts") or cfg.num_prompts
     if isinstance(num_prompts, bool) or not isinstance(num_prompts, int) or num_prompts < 1:
         raise UsageError(f"replay.num_prompts must be an integer >= 1, got {num_prompts!r}")
+    row_groups = replay.get("row_groups", "disjoint")
+    if row_groups not in ROW_GROUPS:
+        raise UsageError(f"replay.row_groups must be one of {', '.join(ROW_GROUPS)}, got {row_groups!r}")
     return ReplaySettings(tuple(dict.fromkeys(methods)), K_values, L_values, reference, int(reference_K),
-                          int(reference_L), int(draws), int(num_prompts))
+                          int(reference_L), int(draws), int(num_prompts), str(row_groups))
 
 
 def parse(argv: Sequence[str]) -> list[tuple[DictConfig, ReplaySettings]]:
@@ -168,7 +172,7 @@ class ReplayingReference(Verifier):
         s = self.settings
         start = time.perf_counter()  # the estimates end in host reads: the clock sees their device work too
         estimates = block_estimates(draft_tokens, draft_probs, target_probs, s.methods, s.K_values, s.L_values,
-                                    s.draws, self.generator)
+                                    s.draws, self.generator, row_groups=s.row_groups)
         K, L = s.reference_K, s.reference_L
         result = self.reference(draft_tokens[:K, :L], draft_probs[:K, :L], target_probs[:K, :L + 1],
                                 generator=generator, state=state)
