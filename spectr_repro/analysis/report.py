@@ -693,8 +693,8 @@ def bias_section(results_dirs: list[Path], out_dir: Path) -> str | None:
 
 
 def bias_figure(table: pd.DataFrame, csv_paths: list[Path], out_dir: Path) -> Path | None:
-    """Bars of p and of the rule's estimated first-token law, at the (rule, context) with the strongest evidence
-    of a bias (smallest p-value, then largest TV estimate)."""
+    """Bars of p and of the rule's estimated first-token law, at the (rule, context) with the largest estimated TV
+    among those whose test rejects (else the smallest p-value)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -703,9 +703,11 @@ def bias_figure(table: pd.DataFrame, csv_paths: list[Path], out_dir: Path) -> Pa
     rules = table[~table.context.astype(str).str.startswith("pooled") & ~table.method.str.startswith("control")]
     if rules.empty:
         return None
-    # "Largest bias" = most evidence of one (smallest p, then largest estimate): at small S the largest plug-in
-    # estimate alone is mostly noise (a counted rule on 8 draft sets).
-    worst = rules.sort_values(["p_value", "tv_estimate"], ascending=[True, False]).iloc[0]
+    # The largest estimated TV among the detected biases (the estimate is only read where the test rejects: a
+    # lossless rule's estimate is noise); without any detection, the most evidence of one (smallest p).
+    detected = rules[rules.verdict.astype(str).str.startswith("bias detected")]
+    worst = (detected.sort_values("tv_estimate", ascending=False).iloc[0] if not detected.empty
+             else rules.sort_values(["p_value", "tv_estimate"], ascending=[True, False]).iloc[0])
     record = None
     for path in csv_paths:
         for candidate in sorted(path.parent.glob(f"contexts/*/*/{worst.method}.json")):
@@ -749,6 +751,8 @@ def build_report(
     # cells (e.g. `report results/cpu_quick results/replay_qwen`).
     without_cells = [f for f in folders if not (f / "cells").is_dir()
                      and ((f / BIAS_CSV).is_file() or (f / "replay").is_dir())]
+    if folders and len(without_cells) == len(folders):  # bias or replay output alone (their own experiments)
+        return _report_without_cells(folders, output, audit)
     cell_folders = [f for f in folders if f not in without_cells] or folders
     results = _merge([load_results(folder, strict=not allow_incomplete) for folder in cell_folders])
     paper = load_paper_numbers(paper_csv)
@@ -789,6 +793,29 @@ def build_report(
                      bias_section(folders, out_dir)):
         if optional:
             sections.append(optional)
+    report_path.write_text("\n".join(sections).rstrip() + "\n", encoding="utf-8")
+    return report_path
+
+
+def _report_without_cells(folders: list[Path], output: str | Path | None, audit: str | Path | None) -> Path:
+    """REPORT.md for folders that hold only a replay or a bias run (no trajectory cells: no speed-ups, settings or
+    environment tables): the verdicts and replay sections, then the bias section."""
+    audit_path = Path(audit) if audit is not None else find_audit(folders)
+    if audit is not None and not audit_path.is_file():
+        raise ValueError(f"audit file {str(audit_path)!r} not found")
+    report_path = Path(output) if output is not None else folders[0] / "REPORT.md"
+    out_dir = report_path.parent
+    out_dir.mkdir(parents=True, exist_ok=True)
+    command = "python -m spectr_repro report " + " ".join(str(f) for f in folders)
+    sections = ["# spectr_repro report", "",
+                f"Generated {dt.datetime.now().isoformat(timespec='seconds')} by `{command}` from files without "
+                "trajectory cells (no speed-ups: those come from `sweep`).", ""]
+    audit_data = json.loads(audit_path.read_text(encoding="utf-8")) if audit_path is not None else None
+    from spectr_repro.analysis.replay_report import replay_sections
+
+    replayed = replay_sections(folders, out_dir, audit_rows(audit_data) if audit_data is not None else None)
+    sections += list(replayed) if replayed is not None else []
+    sections += [part for part in (bias_section(folders, out_dir),) if part]
     report_path.write_text("\n".join(sections).rstrip() + "\n", encoding="utf-8")
     return report_path
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import pandas as pd
+import pytest
 
 from spectr_repro.analysis import report
 from spectr_repro.analysis.report import bias_section, collapse_uninformative_quality, quality_section
@@ -85,3 +86,18 @@ def test_a_bias_only_folder_beside_a_results_folder_adds_the_section_to_the_repo
     report = build_report([synthetic.root, tmp_path / "bias_run"], output=tmp_path / "out" / "REPORT.md")
     text = report.read_text()
     assert "## Bias on real models" in text and "figures/bias_first_token.png" in text
+
+
+def test_a_bias_only_folder_gets_a_report_of_its_own(tmp_path):
+    """bias_qwen is its own experiment (no cells): `report results/bias_qwen` writes the bias section alone."""
+    from spectr_repro.analysis.report import build_report
+
+    write_bias_folder(tmp_path / "bias_run")
+    report = build_report([tmp_path / "bias_run"])
+    text = report.read_text()
+    assert report == tmp_path / "bias_run" / "REPORT.md"
+    assert "## Bias on real models" in text and "no speed-ups" in text
+    assert (tmp_path / "bias_run" / "figures" / "bias_first_token.png").is_file()
+    (tmp_path / "empty_run").mkdir()
+    with pytest.raises(ValueError, match="no cells found"):  # a folder with neither cells nor bias nor replay
+        build_report([tmp_path / "empty_run"])
