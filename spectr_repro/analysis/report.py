@@ -756,12 +756,7 @@ def build_report(
     cell_folders = [f for f in folders if f not in without_cells] or folders
     results = _merge([load_results(folder, strict=not allow_incomplete) for folder in cell_folders])
     paper = load_paper_numbers(paper_csv)
-    audit_path = Path(audit) if audit is not None else find_audit(folders)
-    if audit is not None and not audit_path.is_file():
-        raise ValueError(f"audit file {str(audit_path)!r} not found")
-    report_path = Path(output) if output is not None else folders[0] / "REPORT.md"
-    out_dir = report_path.parent
-    out_dir.mkdir(parents=True, exist_ok=True)
+    audit_path, report_path, out_dir = _report_paths(folders, output, audit)
 
     command = "python -m spectr_repro report " + " ".join(str(f) for f in folders)
     sections = [
@@ -797,15 +792,20 @@ def build_report(
     return report_path
 
 
-def _report_without_cells(folders: list[Path], output: str | Path | None, audit: str | Path | None) -> Path:
-    """REPORT.md for folders that hold only a replay or a bias run (no trajectory cells: no speed-ups, settings or
-    environment tables): the verdicts and replay sections, then the bias section."""
+def _report_paths(folders: list[Path], output: str | Path | None, audit: str | Path | None):
+    """(audit file or None, REPORT.md's path, its folder, created); ValueError for an audit file that is missing."""
     audit_path = Path(audit) if audit is not None else find_audit(folders)
     if audit is not None and not audit_path.is_file():
         raise ValueError(f"audit file {str(audit_path)!r} not found")
     report_path = Path(output) if output is not None else folders[0] / "REPORT.md"
-    out_dir = report_path.parent
-    out_dir.mkdir(parents=True, exist_ok=True)
+    report_path.parent.mkdir(parents=True, exist_ok=True)
+    return audit_path, report_path, report_path.parent
+
+
+def _report_without_cells(folders: list[Path], output: str | Path | None, audit: str | Path | None) -> Path:
+    """REPORT.md for folders that hold only a replay or a bias run (no trajectory cells: no speed-ups, settings or
+    environment tables): the verdicts and replay sections, then the bias section."""
+    audit_path, report_path, out_dir = _report_paths(folders, output, audit)
     command = "python -m spectr_repro report " + " ".join(str(f) for f in folders)
     sections = ["# spectr_repro report", "",
                 f"Generated {dt.datetime.now().isoformat(timespec='seconds')} by `{command}` from files without "

@@ -493,6 +493,6 @@ __all__ = [
     "ALPHA", "CLOSED_FORMS", "CONTROLS", "MAX_BINS", "POWER", "TV_GRID", "ContextResult", "FirstTokenDraws",
     "MeanTest", "PowerModel", "analyse", "binned_laws", "binned_tv", "bins_of", "bootstrap_interval",
     "closed_form_draws", "concat_draws", "control_exact_law", "counted_draws", "detectable_of", "estimator_name",
-    "exact_draws", "has_exact_law", "hotelling", "mean_law", "multinomial_covariance", "pearson", "pooled", "power_model", "rule_draws", "shifted_law",
-    "total_variation", "verdict",
+    "exact_draws", "has_exact_law", "hotelling", "mean_law", "multinomial_covariance", "pearson", "pooled",
+    "power_model", "rule_draws", "shifted_law", "total_variation", "verdict",
 ]
