@@ -45,6 +45,7 @@ whole estimated law (the report's figure).
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -68,6 +69,7 @@ POOLED_REPLICATES = 2000  # simulations of the pooled statistic per TV of the gr
 TV_GRID = tuple(float(x) for x in torch.logspace(math.log10(0.002), math.log10(0.6), 32).tolist())
 
 
+@functools.cache
 def has_exact_law(method: str) -> bool:
     """True when the first-token law given the drafts is computed exactly (closed form or the rule's own)."""
     if method in CLOSED_FORMS:
@@ -104,9 +106,6 @@ class FirstTokenDraws:
     @property
     def samples(self) -> int:
         return int(self.atoms.shape[0])
-
-    def head(self, n: int) -> FirstTokenDraws:
-        return FirstTokenDraws(self.atoms[:n], self.weights[:n], self.residual, self.counted)
 
 
 def concat_draws(parts: Sequence[FirstTokenDraws]) -> FirstTokenDraws:
@@ -160,12 +159,14 @@ def closed_form_draws(method: str, p0: torch.Tensor, q0: torch.Tensor, first_tok
 
 
 def exact_draws(verifier, draft_tokens: torch.Tensor, draft_probs: torch.Tensor,
-                target_probs: torch.Tensor) -> FirstTokenDraws:
-    """The rule's own ``first_token_law`` on each draft set (shapes as ``counted_draws``)."""
-    laws = [verifier.first_token_law(draft_tokens[s], draft_probs[s], target_probs[s])
-            for s in range(draft_tokens.shape[0])]
-    if any(law is None for law in laws):
-        raise ValueError(f"{verifier.name} has no exact first-token law (use counted_draws)")
+                target_probs: torch.Tensor) -> FirstTokenDraws | None:
+    """The rule's own ``first_token_law`` on each draft set (shapes as ``counted_draws``); None when the rule has
+    none (or declines with its options, as sbvf's fallback does: it answers for every block alike)."""
+    first = verifier.first_token_law(draft_tokens[0], draft_probs[0], target_probs[0])
+    if first is None:
+        return None
+    laws = [first, *(verifier.first_token_law(draft_tokens[s], draft_probs[s], target_probs[s])
+                     for s in range(1, draft_tokens.shape[0]))]
     # The residual only matters where it has weight: a set that accepts surely (weight 0) may report any law.
     reference = max(laws, key=lambda law: law.residual_weight)
     residual = reference.residual.double().cpu()
@@ -215,8 +216,9 @@ def rule_draws(method: str, draft_tokens, draft_probs, target_probs, calls: int,
     if method not in VERIFIERS:
         raise ValueError(f"unknown method {method!r}")
     verifier = verifier if verifier is not None else get_verifier(method, check_inputs=False)
-    if _answers(verifier):
-        return exact_draws(verifier, draft_tokens, draft_probs, target_probs)
+    draws = exact_draws(verifier, draft_tokens, draft_probs, target_probs)
+    if draws is not None:
+        return draws
     return counted_draws(method, draft_tokens, draft_probs, target_probs, calls, generator, verifier)
 
 
@@ -300,7 +302,8 @@ def _power(df1: int, df2: int | None, noncentrality: float, alpha: float) -> flo
 @dataclass(frozen=True)
 class MeanTest:
     """A test of E[y] = target from S i.i.d. rows y [S, m]: the statistic (F with (df1, df2), or chi-square with df1
-    when df2 is None), its p-value, and what the power needs (the covariance's kept eigenvectors and values)."""
+    when df2 is None), its p-value, and what the power needs (the covariance's kept eigenvectors and values; the
+    power itself: ``power_model`` and ``detectable_of``)."""
 
     statistic: float
     p_value: float
@@ -316,11 +319,6 @@ class MeanTest:
             return 0.0
         projected = self.basis.T @ shift.double()
         return float(self.samples * (projected ** 2 / self.eigenvalues).sum())
-
-    def power(self, shift: torch.Tensor, alpha: float = ALPHA) -> float:
-        if self.df1 == 0 or (self.df2 is not None and self.df2 <= 0):
-            return 0.0
-        return _power(self.df1, self.df2, self.noncentrality(shift), alpha)
 
 
 def _mean_test(y: torch.Tensor, target: torch.Tensor, covariance: torch.Tensor, hotelling: bool) -> MeanTest:
