@@ -86,15 +86,16 @@ def test_plan_uses_the_calibration_and_says_so(cpu_quick_cells):
 
 
 def test_calibrated_batched_cells_decode_their_untimed_prompts_together():
-    """cpu_quick decodes 6 of 8 prompts in one batch: the batch's calls cost more than one prompt's, and
+    """8 prompts, the first 2 timed alone and 6 in one batch: the batch's calls cost more than one prompt's, and
     less than six prompts' alone."""
     from spectr_repro.runner.config import Composer
     from spectr_repro.runner.plan import calibrated_cell_seconds
 
     calibration = _calibration("qwen25coder_1.5b_0.5b")
+    cell = ["experiment=cpu_quick", "method=sbv", "num_prompts=8"]
     with Composer() as composer:
-        alone = composer.compose(["experiment=cpu_quick", "method=sbv", "hardware.batch_prompts=1"])
-        batched = composer.compose(["experiment=cpu_quick", "method=sbv"])
+        alone = composer.compose([*cell, "hardware.batch_prompts=1"])
+        batched = composer.compose([*cell, "hardware.batch_prompts=8", "hardware.timed_prompts=2"])
     per_prompt = (calibrated_cell_seconds(alone, calibration, 3.0)
                   - calibrated_cell_seconds(OmegaConf.merge(alone, {"num_prompts": 7}), calibration, 3.0))
     seconds = calibrated_cell_seconds(batched, calibration, 3.0)
