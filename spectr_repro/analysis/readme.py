@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from spectr_repro.analysis.replay import SUMMARY_FILE, read_summaries
+from spectr_repro.analysis.replay import SUMMARY_FILE, read_summaries, reference_setting
 from spectr_repro.analysis.replay_report import main_cells, table1_markdown
 from spectr_repro.docblocks import BlockError, read_block, write_block
 from spectr_repro.verify import VERIFIERS, method_labels
@@ -81,7 +81,7 @@ def render(replay_dir: str | Path, root: str | Path = ".", model_pair: str | Non
         raise TableError(f"{summary_path}: {len(groups)} (model pair, temperature) groups "
                          f"{groups or ''}; choose one with --model-pair and --temperature")
     (pair, T), = groups
-    K, L = main_cells(table)
+    K, L = main_cells(table, reference_setting(replay_dir))
     prompts = table.loc[table["dataset"] != "average", "prompts"]
     count = (f"{int(prompts.min())}" if prompts.min() == prompts.max()
              else f"{int(prompts.min())}–{int(prompts.max())}") if len(prompts) else "?"

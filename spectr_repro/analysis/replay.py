@@ -153,6 +153,18 @@ def write_summaries(root: str | Path, resamples: int = RESAMPLES) -> str:
     return summary_markdown(table)
 
 
+def reference_setting(roots: list[str | Path] | str | Path) -> tuple[int, int] | None:
+    """The (K, L) the reference trajectories ran at (``replay.json``), when every group under ``roots`` agrees:
+    the setting the experiment was built around (cpu_quick: sbv K=3 L=6 beside its L = 4, 6, 8 grid)."""
+    roots = [roots] if isinstance(roots, (str, Path)) else roots
+    metas = [json.loads(path.read_text()) for root in roots for path in sorted(Path(root).glob("*/replay.json"))]
+    settings = {(meta.get("reference_K"), meta.get("reference_L")) for meta in metas}
+    if len(settings) != 1 or None in next(iter(settings)):
+        return None
+    K, L = settings.pop()
+    return int(K), int(L)
+
+
 def read_summaries(root: str | Path) -> tuple[pd.DataFrame, pd.DataFrame] | None:
     """(summary, differences) written by :func:`write_summaries`, or None when there is no replay."""
     root = Path(root)
@@ -190,5 +202,5 @@ def summary_markdown(table: pd.DataFrame, dataset: str | None = None) -> str:
     return title + "\n\n" + wide.fillna("-").to_markdown()
 
 
-__all__ = ["AVERAGE", "LABEL", "differences", "load_blocks", "read_summaries", "summary", "summary_markdown",
-           "write_summaries"]
+__all__ = ["AVERAGE", "LABEL", "differences", "load_blocks", "read_summaries", "reference_setting", "summary",
+           "summary_markdown", "write_summaries"]

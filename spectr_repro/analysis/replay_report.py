@@ -2,10 +2,10 @@
 ablations, and the agreement of replay and trajectory block efficiency. Files in, markdown and figures out.
 
 Like with like: a replay value is a block's expected tokens for one target call, never truncated (every
-block is drafted whole). The trajectory figure set beside it is the block efficiency of the timed cells'
-*full* blocks: iterations whose block had the cell's L drafted and that were not the prompt's last (the last
-is cut by max_new_tokens, EOS or a stop string). Both are per-call means over lossless contexts, so they
-agree up to where in the text their blocks start (the replay's blocks start where the reference's did).
+block is drafted whole). The trajectory figure set beside it is the block efficiency of the cells' *full*
+blocks: iterations whose block had the cell's L drafted, the prompt's last included (:func:`full_block_tokens`).
+Both are per-call means over lossless contexts, so they agree up to where in the text their blocks start (the
+replay's blocks start where the reference's did).
 """
 
 from __future__ import annotations
@@ -16,7 +16,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from spectr_repro.analysis.replay import AVERAGE, LABEL, load_blocks, read_summaries
+from spectr_repro.analysis.load import base_method
+from spectr_repro.analysis.replay import AVERAGE, LABEL, load_blocks, read_summaries, reference_setting
 from spectr_repro.analysis.stats import RESAMPLES, Interval, mean_of_ratios, paired_comparison
 from spectr_repro.verify import VERIFIERS, method_labels
 
@@ -87,9 +88,12 @@ def _text(interval: Interval | None, digits: int = 2) -> str:
 # Verdicts
 
 
-def main_cells(table: pd.DataFrame) -> tuple[int, int]:
-    """The replay's main setting: K = 3 (else the largest K below it) and the smallest L replayed."""
+def main_cells(table: pd.DataFrame, reference: tuple[int, int] | None = None) -> tuple[int, int]:
+    """The replay's main setting: the reference trajectory's (K, L) where the grid has it (the experiment's own
+    setting, which its timed cells share), else K = 3 (or the largest K below it) and the smallest L replayed."""
     Ks, Ls = sorted(set(table["K"])), sorted(set(table["L"]))
+    if reference is not None and reference[0] in Ks and reference[1] in Ls:
+        return int(reference[0]), int(reference[1])
     K = 3 if 3 in Ks else max([k for k in Ks if k <= 3] or Ks)
     return int(K), int(Ls[0])
 
@@ -125,10 +129,12 @@ def _monotone_verdict(intervals: list[Interval | None]) -> tuple[str, str]:
 
 
 def verdict_rows(blocks: pd.DataFrame, table: pd.DataFrame, audit_rows: list[dict] | None,
-                 cells: pd.DataFrame | None = None, resamples: int = RESAMPLES) -> list[dict]:
-    """One row per claim of the paper: what it says, what this run measured, the verdict."""
+                 cells: pd.DataFrame | None = None, resamples: int = RESAMPLES,
+                 main: tuple[int, int] | None = None) -> list[dict]:
+    """One row per claim of the paper: what it says, what this run measured, the verdict (at ``main`` = (K, L),
+    default :func:`main_cells`)."""
     rows = []
-    K, L = main_cells(table)
+    K, L = main or main_cells(table)
     methods = set(table["method"])
 
     # 1. Lossless (the release): the exact audit on toys.
@@ -168,7 +174,8 @@ def verdict_rows(blocks: pd.DataFrame, table: pd.DataFrame, audit_rows: list[dic
     steps = [difference_interval(blocks, ("spectr_gbv", K, b), ("spectr_gbv", K, a), resamples=resamples)
              for a, b in zip(Ls, Ls[1:])]
     verdict, note = _monotone_verdict(steps)
-    speed = _speedup_series(cells, K) if cells is not None else ""
+    temps = sorted(set(blocks["temperature"]))
+    speed = _speedup_series(cells, K, temps[0] if len(temps) == 1 else None) if cells is not None else ""
     rows.append({"claim": "block efficiency rises with L; speed-up rises then falls",
                  "paper": "L ablation (L = 12 ... 24)",
                  "measured": ("; ".join(f"L {a}→{b} {_text(s)}" for (a, b), s in zip(zip(Ls, Ls[1:]), steps)) or "-")
@@ -211,18 +218,33 @@ def _equality_verdict(step: Interval | None, missing: str) -> tuple[str, str]:
     return "holds (no difference detected)", "first iterations, same blocks"
 
 
-def _speedup_series(cells: pd.DataFrame, K: int) -> str:
+def default_variant(frame: pd.DataFrame, rule: str) -> pd.DataFrame:
+    """Rows of ``rule`` as the replay runs it: of the option variants a sweep named ("spectr_gbv[carry_over=False]",
+    "spectr_gbv[arithmetic=release_bf16,carry_over=False]"), the one with the fewest options (its config's)."""
+    names = [name for name in dict.fromkeys(frame["method"]) if base_method(name) == rule]
+    if not names:
+        return frame.iloc[:0]
+    chosen = min(names, key=lambda name: (name.count("="), name))
+    return frame[frame["method"] == chosen]
+
+
+def _speedup_series(cells: pd.DataFrame, K: int, temperature: float | None = None) -> str:
+    """Mean speed-up of the release's timed cells by L at K (and the replay's temperature), over the datasets
+    every L has: the L ablation runs on HumanEval only, so the main table's other datasets would bias L = 6."""
     if cells is None or cells.empty or "speedup" not in cells:
         return ""
-    part = cells[(cells["method"] == "spectr_gbv") & (cells["K"] == K)]
+    part = default_variant(cells, "spectr_gbv")
+    part = part[(part["K"] == K) & ((part["temperature"] == temperature) if temperature is not None else True)]
     if part["L"].nunique() < 2:
         return ""
-    series = part.groupby("L")["speedup"].mean()
-    return ", ".join(f"L={L}: {v:.2f}" for L, v in series.items() if pd.notna(v))
+    shared = set.intersection(*(set(group["dataset"]) for _, group in part.groupby("L")))
+    series = part[part["dataset"].isin(shared)].groupby("L")["speedup"].mean()
+    return ", ".join(f"L={L}: {v:.2f}" for L, v in series.items() if pd.notna(v)) + (
+        f" ({', '.join(sorted(shared))})" if shared else "")
 
 
-def verdicts_section(blocks, table, audit_rows, cells=None, resamples=RESAMPLES) -> str:
-    rows = verdict_rows(blocks, table, audit_rows, cells, resamples)
+def verdicts_section(blocks, table, audit_rows, cells=None, resamples=RESAMPLES, main=None) -> str:
+    rows = verdict_rows(blocks, table, audit_rows, cells, resamples, main)
     frame = pd.DataFrame(rows)[["claim", "paper", "measured", "verdict", "note"]]
     return "\n".join([
         "## Verdicts: the paper's claims against this run", "",
@@ -270,7 +292,7 @@ def differences_markdown(diffs: pd.DataFrame, K: int, L: int) -> str:
     part["method"] = [f"{labels[m]} (K={k})" for m, k in zip(part["method"], part["K"])]
     wide = part.pivot_table(index=["method", "vs"], columns="dataset", values="Δ", aggfunc="first", sort=False)
     columns = [c for c in wide.columns if c != AVERAGE] + ([AVERAGE] if AVERAGE in wide.columns else [])
-    return wide[columns].fillna("-").to_markdown()
+    return wide[columns].fillna("-").reset_index().to_markdown(index=False)
 
 
 def ablation_figure(table: pd.DataFrame, axis: str, fixed: dict, path: Path) -> Path | None:
@@ -318,13 +340,25 @@ def ablation_figure(table: pd.DataFrame, axis: str, fixed: dict, path: Path) -> 
 # Agreement with the trajectory cells
 
 
+def full_block_tokens(accepted_lengths, block_lengths, L: int) -> list[int]:
+    """Tokens (tau + 1) of a trajectory's blocks drafted at the full L, the prompt's last included.
+
+    Whether a block is drafted whole depends on the tokens before it only (the engine shortens the blocks that
+    max_new_tokens would cut), and tau is recorded before max_new_tokens or EOS cut the emitted text, so these
+    are unbiased draws of the rule's tokens per call. Leaving the last block out would select on its own
+    outcome: a long acceptance ends the prompt sooner and so more often makes its block the last, and the
+    mean of the rest is biased down (tests/analysis/test_replay_report.py simulates it)."""
+    return [tau + 1 for tau, length in zip(accepted_lengths, block_lengths) if length == L]
+
+
 def trajectory_full_blocks(records: pd.DataFrame, method: str, K: int, L: int) -> pd.DataFrame:
-    """Per prompt: tokens and calls over the full, non-final blocks of that method's cells (any dataset)."""
-    part = records[(records["method"] == method) & (records["K"] == K) & (records["L"] == L)]
+    """Per prompt: tokens and calls over the full blocks of that method's cells (any dataset; the rule's default
+    option variant, :func:`default_variant`)."""
+    part = default_variant(records, method)
+    part = part[(part["K"] == K) & (part["L"] == L)]
     rows = []
     for _, record in part.iterrows():
-        accepted, lengths = list(record.get("accepted_lengths") or []), list(record.get("block_lengths") or [])
-        full = [tau + 1 for tau, length in zip(accepted[:-1], lengths[:-1]) if length == L]
+        full = full_block_tokens(record.get("accepted_lengths") or [], record.get("block_lengths") or [], L)
         if full:
             rows.append({"dataset": record["dataset"], "prompt_id": record["prompt_id"], "tokens": sum(full),
                          "blocks": len(full)})
@@ -354,7 +388,9 @@ def agreement_markdown(blocks, table, records, K, L, resamples=RESAMPLES) -> str
         replay = mean_of_ratios(replay_strata, resamples=resamples)
         overlap = (trajectory.has_interval and replay.has_interval
                    and trajectory.low <= replay.high and replay.low <= trajectory.high)
-        rows.append({"method": labels[method], "K": cell[1], "L": L, "datasets": len(datasets),
+        # a rule that carries state: the replay gives a first iteration, the trajectory a whole generation
+        label = labels[method] + (" (replay: 1st iter.)" if VERIFIERS[method].carries_state else "")
+        rows.append({"method": label, "K": cell[1], "L": L, "datasets": len(datasets),
                      "trajectory (full blocks)": _plain(trajectory), "replay": _plain(replay),
                      "agree": "yes (intervals overlap)" if overlap else "no"})
     if not rows:
@@ -375,8 +411,8 @@ def replay_sections(results_dirs: list[Path], out_dir: Path, audit_rows: list[di
         not d.empty for _, d in tables) else pd.DataFrame()
     if blocks.empty or table.empty:
         return None
-    K, L = main_cells(table)
-    verdicts = verdicts_section(blocks, table, audit_rows, cells)
+    K, L = main_cells(table, reference_setting(roots))
+    verdicts = verdicts_section(blocks, table, audit_rows, cells, main=(K, L))
     lines = [f"## Table 1 — {LABEL}", "",
              f"Every rule on the same draft blocks (K={K}, L={L}; single-draft rules K=1): each block is one target "
              "call of a lossless reference trajectory, drafted whole, and each value is the rule's expected tokens on "
@@ -395,11 +431,15 @@ def replay_sections(results_dirs: list[Path], out_dir: Path, audit_rows: list[di
             lines += [f"### Tokens per call vs {axis} (replay)", "", f"![replay vs {axis}]({_relative(path, out_dir)})",
                       ""]
     lines += ["### Replay against the trajectory cells", "",
-              "Trajectory: the timed and batched cells' block efficiency over their full blocks (the cell's L drafted, "
-              "the prompt's last block left out: it is cut by max_new_tokens, EOS or a stop string). Replay: the same "
-              "method's value on the replayed blocks of the same datasets. They agree when the intervals overlap.", "",
+              "Trajectory: the cells' block efficiency over their full blocks (the cell's L drafted; the engine drafts "
+              "shorter blocks only where max_new_tokens would cut them, and a block's accepted length is recorded "
+              "before max_new_tokens or EOS cut the text, so every full block counts, the last included). Replay: "
+              "the same method's value on the replayed blocks of the same datasets. They agree when the intervals "
+              "overlap. Their blocks start at different places (each trajectory's own block starts; the replay's are "
+              "the reference's), so they estimate close but not identical quantities.", "",
               agreement_markdown(blocks, table, records, K, L), ""]
     return verdicts, "\n".join(lines)
 
 
-__all__ = ["agreement_markdown", "replay_sections", "verdict_rows", "verdicts_section"]
+__all__ = ["agreement_markdown", "default_variant", "full_block_tokens", "main_cells", "replay_sections",
+           "verdict_rows", "verdicts_section"]

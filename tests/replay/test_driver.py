@@ -86,9 +86,10 @@ def test_bad_input_is_one_message_and_exit_2_before_loading(tmp_path, capsys, ar
 @pytest.mark.slow
 def test_sd_replay_agrees_with_sd_trajectories(tmp_path):
     """SD's replay value (K=1, L=4, on the blocks of an sbv K=2 L=4 trajectory) against SD's own trajectories
-    (block efficiency of their full blocks: the last, truncated block left out). Blocks are treated as
+    (block efficiency of their full blocks, :func:`full_block_tokens`). Blocks are treated as
     independent for this check's standard errors; the threshold is 4 combined SEs. Negative control: the
     replay at L=1 is far (> 4 SE) from the L=3 trajectories, so the check has power."""
+    from spectr_repro.analysis.replay_report import full_block_tokens
     from spectr_repro.data import encode_prompt, load_examples
     from spectr_repro.engine.loop import generate
     from spectr_repro.models import load_pair
@@ -105,9 +106,7 @@ def test_sd_replay_agrees_with_sd_trajectories(tmp_path):
         for seed in range(3):
             out = generate(pair.target, pair.draft, ids, method="sd", K=1, L=4, temperature=0.7, max_new_tokens=48,
                            seed=1000 * index + seed, vocab_size=pair.vocab_size)
-            full = [t + 1 for t, b in zip(out.stats["accepted_lengths"][:-1], out.stats["block_lengths"][:-1])
-                    if b == 4]
-            trajectory += full
+            trajectory += full_block_tokens(out.stats["accepted_lengths"], out.stats["block_lengths"], 4)
 
     def mean_se(values):
         values = torch.tensor(values, dtype=torch.float64)
