@@ -370,32 +370,40 @@ def _plain(interval: Interval) -> str:
 
 
 def agreement_markdown(blocks, table, records, K, L, resamples=RESAMPLES) -> str:
+    """Per (model pair, temperature) the replay has: each method's trajectory and replay values, like with like
+    (the cells of another temperature, such as the T ablation's, or another pair stay out)."""
     if records is None or records.empty or "accepted_lengths" not in records:
         return "(no trajectory cells to compare with)"
     labels = method_labels()
+    groups = blocks.groupby(["model_pair", "temperature"], sort=True)
     rows = []
-    for method in [m for m in VERIFIERS if m in set(table["method"])]:
-        cell = _cell(method, K, L)
-        full = trajectory_full_blocks(records, *cell)
-        if full.empty:
-            continue
-        datasets = sorted(set(full["dataset"]) & set(blocks["dataset"]))
-        if not datasets:
-            continue
-        strata = [tuple(full.loc[full["dataset"] == d, c] for c in ("tokens", "blocks")) for d in datasets]
-        trajectory = mean_of_ratios(strata, resamples=resamples)
-        replay_strata = [s for d in datasets for s in _strata(blocks, cell, None, d)]
-        replay = mean_of_ratios(replay_strata, resamples=resamples)
-        overlap = (trajectory.has_interval and replay.has_interval
-                   and trajectory.low <= replay.high and replay.low <= trajectory.high)
-        # a rule that carries state: the replay gives a first iteration, the trajectory a whole generation
-        label = labels[method] + (" (replay: 1st iter.)" if VERIFIERS[method].carries_state else "")
-        rows.append({"method": label, "K": cell[1], "L": L, "datasets": len(datasets),
-                     "trajectory (full blocks)": _plain(trajectory), "replay": _plain(replay),
-                     "agree": "yes (intervals overlap)" if overlap else "no"})
+    for (pair, temperature), group in groups:
+        mine = records[(records["model_pair"] == pair) & (records["temperature"].astype(float) == float(temperature))]
+        for method in [m for m in VERIFIERS if m in set(table["method"])]:
+            cell = _cell(method, K, L)
+            full = trajectory_full_blocks(mine, *cell)
+            if full.empty:
+                continue
+            datasets = sorted(set(full["dataset"]) & set(group["dataset"]))
+            if not datasets:
+                continue
+            strata = [tuple(full.loc[full["dataset"] == d, c] for c in ("tokens", "blocks")) for d in datasets]
+            trajectory = mean_of_ratios(strata, resamples=resamples)
+            replay_strata = [s for d in datasets for s in _strata(group, cell, None, d)]
+            replay = mean_of_ratios(replay_strata, resamples=resamples)
+            overlap = (trajectory.has_interval and replay.has_interval
+                       and trajectory.low <= replay.high and replay.low <= trajectory.high)
+            # a rule that carries state: the replay gives a first iteration, the trajectory a whole generation
+            label = labels[method] + (" (replay: 1st iter.)" if VERIFIERS[method].carries_state else "")
+            rows.append({"model pair": pair, "T": f"{temperature:g}", "method": label, "K": cell[1], "L": L,
+                         "datasets": len(datasets), "trajectory (full blocks)": _plain(trajectory),
+                         "replay": _plain(replay), "agree": "yes (intervals overlap)" if overlap else "no"})
     if not rows:
         return f"(no trajectory cell at K={K}, L={L} shares a dataset with the replay)"
-    return pd.DataFrame(rows).to_markdown(index=False)
+    frame = pd.DataFrame(rows)
+    if frame["model pair"].nunique() == 1:
+        frame = frame.drop(columns="model pair")
+    return frame.to_markdown(index=False)
 
 
 def replay_sections(results_dirs: list[Path], out_dir: Path, audit_rows: list[dict] | None = None,

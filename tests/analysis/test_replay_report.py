@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 import pandas as pd
@@ -151,3 +152,29 @@ def test_the_trajectory_side_is_the_rule_as_the_replay_runs_it():
     assert default_variant(frame, "spectr_gbv")["value"].tolist() == [2]
     assert default_variant(frame, "sbv")["value"].tolist() == [3]
     assert default_variant(frame, "spectr").empty
+
+
+def test_agreement_compares_cells_of_the_replay_temperature_only():
+    """cpu_quick's T ablation has sbv cells at K=3 L=6 on HumanEval at T=0.1 and 0.7: they stay out of the T=0.4
+    replay's agreement row (they made it n=14 prompts instead of 10 until 2026-12-02). Negative control: the
+    same cells at T=0.4 do enter it."""
+    from spectr_repro.analysis.replay_report import agreement_markdown
+
+    blocks = pd.DataFrame({"model_pair": "p", "dataset": "humaneval", "temperature": 0.4,
+                           "prompt_id": ["a", "a", "b", "b"], "iteration": [0, 1, 0, 1], "reference_tokens": 5,
+                           "method": "sbv", "K": 3, "L": 6, "tokens": [5.0, 6.0, 4.0, 5.5], "estimator": "exact",
+                           "draws": 0})
+    table = pd.DataFrame({"method": ["sbv"], "K": [3], "L": [6]})
+
+    def records(temperatures):
+        return pd.DataFrame({"method": "sbv", "K": 3, "L": 6, "dataset": "humaneval", "model_pair": "p",
+                             "prompt_id": [f"x{i}" for i in range(len(temperatures))], "temperature": temperatures,
+                             "accepted_lengths": [[6, 3]] * len(temperatures),
+                             "block_lengths": [[6, 6]] * len(temperatures)})
+
+    def prompts(text):  # (trajectory, replay) prompt counts of the SBV row
+        row = next(line for line in text.splitlines() if "| SBV" in line)
+        return re.findall(r"n=(\d+)", row)
+
+    assert prompts(agreement_markdown(blocks, table, records([0.4, 0.4, 0.1, 0.7]), 3, 6, resamples=200)) == ["2", "2"]
+    assert prompts(agreement_markdown(blocks, table, records([0.4] * 4), 3, 6, resamples=200)) == ["4", "2"]
