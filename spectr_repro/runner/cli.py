@@ -140,7 +140,8 @@ def _run_plans(cfgs: list, plans: list[CellPlan]) -> int:
         return 1
     except (KeyboardInterrupt, Terminated) as stop:
         name = "SIGTERM" if isinstance(stop, Terminated) else "SIGINT (Ctrl-C)"
-        print("\n" + stopped_message(name, plans, finished, session.interrupted, folder), file=sys.stderr)
+        print("\n" + stopped_message(name, plans, finished, session.interrupted, folder,
+                                      session.written_cells(plans)), file=sys.stderr)
         return 143 if isinstance(stop, Terminated) else 130
     finally:
         if previous is not None:
@@ -163,12 +164,19 @@ def _main_thread() -> bool:
     return threading.current_thread() is threading.main_thread()
 
 
-def stopped_message(signal_name: str, plans, finished: Sequence[CellOutcome], interrupted, folder) -> str:
-    """What was kept and what was dropped when a run is stopped by a signal."""
-    ran = sum(o.status == "ran" for o in finished)
+def stopped_message(signal_name: str, plans, finished: Sequence[CellOutcome], interrupted, folder,
+                    written: set[str] = frozenset()) -> str:
+    """What was kept and what was dropped when a run is stopped by a signal. ``written``: cells this run left
+    finished on disk (:meth:`Session.written_cells`): a signal can land after a cell's summary is written and
+    before its outcome is recorded, and the files, not the outcomes, say what is kept."""
+    others = {o.plan.cell_id for o in finished if o.status != "ran"}
+    ran_ids = {o.plan.cell_id for o in finished if o.status == "ran"} | (set(written) - others)
+    ran = len(ran_ids)
     earlier = sum(o.status in ("finished earlier", "finished elsewhere") for o in finished)
     left = len([p for p in plans if not p.skip_note]) - ran - earlier - sum(
         o.status == "claimed elsewhere" for o in finished)
+    if interrupted is not None and interrupted.cell_id in ran_ids:
+        interrupted = None  # its summary was written before the signal: kept, not dropped
     dropped = (f"the cell being computed ({interrupted.cell_id}) was dropped and starts over"
                if interrupted is not None else "no cell was being computed")
     return (f"stopped by {signal_name}: kept {ran} cell(s) computed in this run and {earlier} finished before, "

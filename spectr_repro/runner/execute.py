@@ -292,6 +292,12 @@ class Session:
         self._ran.add(plan.cell_id)
         return CellOutcome(plan, "ran", summary)
 
+    def written_cells(self, plans: Sequence[CellPlan]) -> set[str]:
+        """Cells this session found unfinished that are finished on disk now (read from the files: a signal can
+        land between a cell's summary being written and its outcome being returned)."""
+        return {plan.cell_id for plan in plans
+                if plan.cell_id in self._unfinished and store.cell_state(plan.directory).finished}
+
     def _state(self, plan: CellPlan) -> store.CellState:
         return self._state_of(plan.cfg, plan.cell_id)
 

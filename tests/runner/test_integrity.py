@@ -142,6 +142,24 @@ def test_wandb_folder_is_checked_when_logging_is_on(tmp_path, computed, capsys):
     assert "wandb" in capsys.readouterr().err and computed == []
 
 
+def test_a_signal_after_a_summary_is_written_counts_that_cell_as_kept():
+    """The race behind a CI failure of the test below (2026-12-02): SIGTERM landed after the second cell's
+    summary.json was written and before its outcome was recorded, and the message said "kept 1" with 2 cells on
+    disk. The files decide: a cell written to disk is kept (and not "dropped"), whatever the outcomes say.
+    Control: without the written cell the message counts the recorded outcome only."""
+    from types import SimpleNamespace
+
+    from spectr_repro.runner.cli import stopped_message
+
+    plans = [SimpleNamespace(cell_id=name, skip_note=None) for name in ("ar", "sd", "bv")]
+    finished = [execute.CellOutcome(plans[0], "ran")]
+    message = stopped_message("SIGTERM", plans, finished, plans[1], "out", written={"ar", "sd"})
+    assert "kept 2 cell(s) computed in this run" in message and "no cell was being computed" in message
+    assert "the 1 cell(s) left" in message
+    control = stopped_message("SIGTERM", plans, finished, plans[1], "out", written={"ar"})
+    assert "kept 1 cell(s)" in control and "(sd) was dropped" in control and "the 2 cell(s) left" in control
+
+
 def test_sigterm_says_what_was_kept(tmp_path, isolated_runner_registry):
     out = tmp_path / "results"
     argv = ["model_pair=tiny_random", "dataset=humaneval", "method=sd,bv,gbv,spectr,rbv,sbv", "K=1", "L=2",
