@@ -136,6 +136,7 @@ def verdict_rows(blocks: pd.DataFrame, table: pd.DataFrame, audit_rows: list[dic
     rows = []
     K, L = main or main_cells(table)
     methods = set(table["method"])
+    temps = sorted(set(blocks["temperature"]))
 
     # 1. Lossless (the release): the exact audit on toys.
     release = [r for r in (audit_rows or []) if r.get("rule") == "spectr_gbv" and not r.get("options")]
@@ -174,8 +175,7 @@ def verdict_rows(blocks: pd.DataFrame, table: pd.DataFrame, audit_rows: list[dic
     steps = [difference_interval(blocks, ("spectr_gbv", K, b), ("spectr_gbv", K, a), resamples=resamples)
              for a, b in zip(Ls, Ls[1:])]
     verdict, note = _monotone_verdict(steps)
-    temps = sorted(set(blocks["temperature"]))
-    speed = _speedup_series(cells, K, temps[0] if len(temps) == 1 else None) if cells is not None else ""
+    speed = _speedup_series(cells, K, temps[0] if len(temps) == 1 else None)
     rows.append({"claim": "block efficiency rises with L; speed-up rises then falls",
                  "paper": "L ablation (L = 12 ... 24)",
                  "measured": ("; ".join(f"L {a}→{b} {_text(s)}" for (a, b), s in zip(zip(Ls, Ls[1:]), steps)) or "-")
@@ -184,7 +184,6 @@ def verdict_rows(blocks: pd.DataFrame, table: pd.DataFrame, audit_rows: list[dic
                  "note": f"SpecTr-GBV at K={K}. {note}; the speed-up part is read off the timed cells, not judged"})
 
     # 5. Stable over temperature.
-    temps = sorted(set(blocks["temperature"]))
     if len(temps) > 1:
         values = [cell_interval(blocks[blocks["temperature"] == t], ("spectr_gbv", K, L), resamples=resamples)
                   for t in temps]
@@ -234,7 +233,9 @@ def _speedup_series(cells: pd.DataFrame, K: int, temperature: float | None = Non
     if cells is None or cells.empty or "speedup" not in cells:
         return ""
     part = default_variant(cells, "spectr_gbv")
-    part = part[(part["K"] == K) & ((part["temperature"] == temperature) if temperature is not None else True)]
+    part = part[part["K"] == K]
+    if temperature is not None:
+        part = part[part["temperature"] == temperature]
     if part["L"].nunique() < 2:
         return ""
     shared = set.intersection(*(set(group["dataset"]) for _, group in part.groupby("L")))
