@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from spectr_repro.data import DATASETS
 from spectr_repro.records import (
     CellSummary,
     PromptRecord,
@@ -37,7 +38,7 @@ from spectr_repro.verify import method_labels, method_names, single_draft_method
 
 # Canonical orders (rows and columns of every table and legend); methods come from the one registry.
 METHOD_ORDER = list(method_names())
-DATASET_ORDER = ["humaneval", "gsm8k", "mgsm", "lm1b", "alpaca"]
+DATASET_ORDER = list(DATASETS)  # the data registry's order
 METHOD_LABELS = method_labels()
 # Methods that draft a single sequence (K = 1 always); their values do not depend on K.
 SINGLE_DRAFT_METHODS = single_draft_methods()

@@ -110,7 +110,7 @@ def run_shapes(base, cells, quick: bool = False) -> dict[str, Any]:
     """K, L, prefill chunks and prompt batch sizes of the cells of the base config's pair (the base config's
     alone without a grid). ``quick``: only the smallest and largest L and prefill chunk (the costs between
     are interpolated, see ``check.calibration``)."""
-    from spectr_repro.runner.plan import PROMPT_TOKENS
+    from spectr_repro.data import typical_prompt_tokens
 
     Ks, Ls, chunks, batches = {1, int(base.K)}, {int(base.L)}, set(), {1}
     for cfg in cells:
@@ -120,7 +120,7 @@ def run_shapes(base, cells, quick: bool = False) -> dict[str, Any]:
             Ks.add(int(cfg.K))
             Ls.add(int(cfg.L))
         batches.add(int(cfg.hardware.get("batch_prompts") or 1))
-        prompt = PROMPT_TOKENS.get(cfg.choices.dataset, 100)
+        prompt = typical_prompt_tokens(cfg.choices.dataset)
         chunk = int(cfg.hardware.get("prefill_chunk") or prompt)
         chunks.update([min(chunk, prompt)] + ([prompt % chunk] if prompt > chunk and prompt % chunk else []))
     chunks.add(32)  # the runner's warm-up prompt
@@ -389,13 +389,13 @@ def timing_item(checker: Checker, base, loaded: LoadedPair, calibration, quick: 
 
 def prediction_item(checker: Checker, base, calibration, replay_summary: str) -> dict | None:
     from spectr_repro.check.predict import best_configuration, describe_best, predict_tokens_per_s, read_replay_summary
-    from spectr_repro.runner.plan import PROMPT_TOKENS
+    from spectr_repro.data import typical_prompt_tokens
 
     def predict():
         table = read_replay_summary(replay_summary, _replay_filters(base, replay_summary))
         predictions = predict_tokens_per_s(table, calibration.target, calibration.draft,
                                            float(calibration.extra.get("overhead_s_per_call", 0.0)),
-                                           PROMPT_TOKENS.get(base.choices.dataset, 100), int(base.max_new_tokens))
+                                           typical_prompt_tokens(base.choices.dataset), int(base.max_new_tokens))
         best = best_configuration(predictions)
         return None, describe_best(best), {"best": best, "predictions": predictions.to_dict("records")}
 

@@ -28,9 +28,13 @@ from spectr_repro.data.lm1b import LM1B
 from spectr_repro.data.mgsm import LANGUAGES as MGSM_LANGUAGES
 from spectr_repro.data.mgsm import MGSM
 
+# The one dataset registry: its order is the order of every table and figure; the plan, the analysis and the
+# quality scorer read their per-dataset facts (typical prompt length, quality metric) from the specs.
 DATASETS: dict[str, DatasetSpec] = {
     spec.name: spec for spec in (HumanEval(), GSM8K(), MGSM(), LM1B(), Alpaca())
 }
+DATASET_ORDER: tuple[str, ...] = tuple(DATASETS)
+QUALITY_DATASETS: tuple[str, ...] = tuple(name for name, spec in DATASETS.items() if spec.quality_metric)
 # How a dataset config orders its records before num_prompts are taken (see load_examples).
 PROMPT_ORDERS = ("seeded", "file")
 
@@ -96,6 +100,11 @@ def _prompt_indices(num_records: int, num_prompts: int | None, seed: int, prompt
     return select_indices(num_records, num_prompts + skip, seed)[skip:]
 
 
+def typical_prompt_tokens(name: str) -> int:
+    """The prompt length the plan assumes for dataset ``name`` (100 for a name not registered)."""
+    return DATASETS[name].typical_prompt_tokens if name in DATASETS else DatasetSpec.typical_prompt_tokens
+
+
 def encode_prompt(tokenizer, example: Example):
     """Token ids [1, T] of ``example.prompt``: special tokens added for base prompts only (the chat template
     already wrote them)."""
@@ -105,8 +114,10 @@ def encode_prompt(tokenizer, example: Example):
 
 __all__ = [
     "DATASETS",
+    "DATASET_ORDER",
     "DATA_ENV_VAR",
     "PROMPT_STYLES",
+    "QUALITY_DATASETS",
     "DatasetSpec",
     "Example",
     "MGSM_LANGUAGES",
@@ -116,4 +127,5 @@ __all__ = [
     "get_dataset",
     "load_examples",
     "normalize_number",
+    "typical_prompt_tokens",
 ]

@@ -19,6 +19,7 @@ PROMPT_NO_INPUT = (
 
 class Alpaca(DatasetSpec):
     name = "alpaca"
+    typical_prompt_tokens = 90
     description = (
         "Alpaca instructions with optional input (local: alpaca_data.json, else the 5,000-record head)"
     )

@@ -79,6 +79,11 @@ class DatasetSpec:
     base_stop_strings: ClassVar[tuple[str, ...]] = ()
     chat_stop_strings: ClassVar[tuple[str, ...]] = ()
     option_defaults: ClassVar[dict[str, Any]] = {}
+    # What the plan assumes of a prompt's length before any is tokenized (Qwen tokenizer, the records' median
+    # rounded; the plan's time estimates only): per-dataset, so a new dataset brings its own.
+    typical_prompt_tokens: ClassVar[int] = 100
+    # The metric `python -m spectr_repro quality` scores ("pass@1", "exact match"), or None: not scored.
+    quality_metric: ClassVar[str | None] = None
 
     # ---- sources -------------------------------------------------------------------------------------
     def local_files(self, data_dir: Path, **options) -> list[Path]:

@@ -11,6 +11,8 @@ MATH_INSTRUCTION = "Please reason step by step, and put your final answer within
 
 class GSM8K(DatasetSpec):
     name = "gsm8k"
+    typical_prompt_tokens = 120
+    quality_metric = "exact match"
     description = "GSM8K test: grade-school math word problems, numeric answers"
     hub = HubSource("openai/gsm8k", "main", "test", "main", ("{config}/test-*.parquet",))
     base_stop_strings = ("Question:", "\n\n\n")

@@ -15,6 +15,8 @@ CODE_STOPS = ("\nclass", "\ndef", "\n#", "\nif", "\nprint")
 
 class HumanEval(DatasetSpec):
     name = "humaneval"
+    typical_prompt_tokens = 180
+    quality_metric = "pass@1"
     description = "HumanEval: complete a Python function from its signature and docstring"
     hub = HubSource("openai/openai_humaneval", "openai_humaneval", "test", "main", ("{config}/test-*.parquet",))
     base_stop_strings = CODE_STOPS

@@ -7,6 +7,7 @@ from spectr_repro.data.base import DatasetSpec, HubSource, read_text_lines
 
 class LM1B(DatasetSpec):
     name = "lm1b"
+    typical_prompt_tokens = 40
     description = "LM1B held-out sentences: the prompt is the first half of the words, the reference the rest"
     # The hub's lm1b ships a loading script: read the hub's parquet conversion (any config folder: one config).
     hub = HubSource("lm1b", None, "test", "refs/convert/parquet", ("*/test/*.parquet",))

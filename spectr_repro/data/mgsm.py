@@ -15,6 +15,8 @@ _ANSWER = re.compile(NUMBER)  # the whole answer column: "18", "2,125"; "5,60" (
 
 class MGSM(DatasetSpec):
     name = "mgsm"
+    typical_prompt_tokens = 120
+    quality_metric = "exact match"
     description = "MGSM: multilingual grade-school math (language option: one code, a comma list or 'all')"
     # juletxara/mgsm shipped a loading script: read the hub's parquet conversion, one folder per language.
     hub = HubSource("juletxara/mgsm", "en", "test", "refs/convert/parquet", ("{config}/test/*.parquet",))

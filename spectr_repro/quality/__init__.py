@@ -35,6 +35,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from spectr_repro.data import DATASETS, QUALITY_DATASETS
 from spectr_repro.quality.sandbox import (
     MODE_DESCRIPTIONS,
     OUTPUT_LIMIT_BYTES,
@@ -57,7 +58,6 @@ def wilson_interval(successes: int, n: int, level: float = 0.95) -> tuple[float,
     return (float(interval.low), float(interval.high))
 
 
-QUALITY_DATASETS = ("humaneval", "gsm8k", "mgsm")
 # Per-prompt outcomes (analysis.report pairs each method with AR on the same prompts: McNemar).
 PROMPTS_FILE = "quality_prompts.csv"
 PROMPT_SETTING = ("experiment", "model_pair", "dataset", "temperature", "method", "K", "L", "seed", "max_new_tokens")
@@ -220,7 +220,7 @@ def quality_tables(
                 "lossless": True
                 if method == "ar"
                 else (VERIFIERS[method].lossless if method in VERIFIERS else None),
-                "metric": "pass@1" if summary["dataset"] == "humaneval" else "exact match",
+                "metric": DATASETS[summary["dataset"]].quality_metric,
                 "n": n,
                 "correct": k,
                 "accuracy": k / n if n else math.nan,

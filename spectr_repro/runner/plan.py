@@ -34,11 +34,11 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from spectr_repro.data import typical_prompt_tokens
 from spectr_repro.runner import claims, store
 from spectr_repro.runner.execute import CellPlan
 
 # Typical prompt lengths in tokens (prompt text plus chat template), for the prefill part of the estimate.
-PROMPT_TOKENS = {"humaneval": 180, "gsm8k": 120, "mgsm": 120, "lm1b": 40, "alpaca": 90}
 GB = 1e9
 
 
@@ -140,7 +140,7 @@ def cell_seconds(cfg: DictConfig, pair: dict, block_efficiency: float, calibrati
         return None
     estimate = OmegaConf.to_container(cfg.hardware.estimate, resolve=True)
     target, width = _params(pair, "target"), _width(cfg, pair)
-    prompt = PROMPT_TOKENS.get(cfg.choices.dataset, 100)
+    prompt = typical_prompt_tokens(cfg.choices.dataset)
     tokens = cfg.max_new_tokens
     if cfg.method.name == "ar":
         per_prompt = forward_seconds(estimate, target, width, prompt) + tokens * forward_seconds(
@@ -159,7 +159,7 @@ def speculative_prompt_seconds(cfg: DictConfig, pair: dict, K: int, L: int, iter
         return None
     estimate = OmegaConf.to_container(cfg.hardware.estimate, resolve=True)
     target, draft, width = _params(pair, "target"), _params(pair, "draft"), _width(cfg, pair)
-    prompt = PROMPT_TOKENS.get(cfg.choices.dataset, 100)
+    prompt = typical_prompt_tokens(cfg.choices.dataset)
     prefill = forward_seconds(estimate, target, width, prompt) + forward_seconds(estimate, draft, width, prompt)
     target_call = forward_seconds(estimate, target, width, K * (L + 1))
     draft_step = forward_seconds(estimate, draft, width, K)
@@ -208,7 +208,7 @@ def calibrated_prompt_seconds(cfg: DictConfig, calibration, K: int, L: int, iter
 
 def _prefill_pieces(cfg: DictConfig) -> list[int]:
     """The prompt's prefill chunks (tokens each; ``hardware.prefill_chunk``, else the whole prompt)."""
-    prompt = PROMPT_TOKENS.get(cfg.choices.dataset, 100)
+    prompt = typical_prompt_tokens(cfg.choices.dataset)
     chunk = int(cfg.hardware.get("prefill_chunk") or prompt)
     return [chunk] * (prompt // chunk) + ([prompt % chunk] if prompt % chunk else [])
 
@@ -447,6 +447,6 @@ def _replay_lines(plan: Plan) -> list[str]:
     return lines
 
 
-__all__ = ["PROMPT_TOKENS", "Plan", "PairPlan", "build_plan", "calibrated_cell_seconds", "calibration_dtype",
+__all__ = ["Plan", "PairPlan", "build_plan", "calibrated_cell_seconds", "calibration_dtype",
            "calibrated_prompt_seconds", "calibration_for", "cell_seconds", "expected_block_efficiency",
            "format_plan", "forward_seconds", "pair_config_of", "speculative_prompt_seconds"]
