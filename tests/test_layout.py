@@ -1,9 +1,17 @@
-"""The test tree itself: pytest's default import mode (rootdir-relative "rootdir/basename") refuses two test
-modules with one basename in folders without ``__init__.py``, and CI then fails at collection."""
+"""The repository's layout: the test tree (pytest's default import mode, rootdir-relative "rootdir/basename",
+refuses two test modules with one basename in folders without ``__init__.py``, and CI then fails at collection),
+and the top-level ``conf/`` the specification promises beside ``spectr_repro/``: a link to the package's configs,
+so that there is one copy and the wheel ships it."""
+import os
+import subprocess
 from collections import Counter
 from pathlib import Path
 
+from spectr_repro.conf import CONF_ENV_VAR, PACKAGED_CONF
+from spectr_repro.runner.config import Composer, conf_dir
+
 TESTS = Path(__file__).parent
+REPO = TESTS.parent
 
 
 def test_test_module_basenames_are_unique_outside_packages():
@@ -12,3 +20,25 @@ def test_test_module_basenames_are_unique_outside_packages():
     clashes = {name: sorted(str(p.relative_to(TESTS)) for p in loose if p.name == name)
                for name, n in counts.items() if n > 1}
     assert not clashes, f"rename one of each: {clashes}"
+
+
+def test_top_level_conf_is_a_relative_link_to_the_package_configs():
+    link = REPO / "conf"
+    assert link.is_symlink(), "conf/ must be a link to spectr_repro/conf, not a second copy"
+    target = os.readlink(link)
+    assert not os.path.isabs(target), f"conf -> {target}: an absolute link breaks in another clone"
+    assert link.resolve() == PACKAGED_CONF
+    # Committed as a link (mode 120000), so a clone gets the link and not a copy of the files.
+    entry = subprocess.run(["git", "ls-files", "-s", "conf"], cwd=REPO, capture_output=True, text=True, check=True)
+    assert entry.stdout.split()[:1] == ["120000"], entry.stdout
+
+
+def test_hydra_composes_the_same_config_through_the_top_level_conf(monkeypatch):
+    overrides = ["experiment=cpu_quick", "dataset=gsm8k"]
+    with Composer() as composer:
+        packaged = composer.compose(overrides)
+    monkeypatch.setenv(CONF_ENV_VAR, str(REPO / "conf"))
+    assert conf_dir() == REPO / "conf"
+    with Composer() as composer:
+        through_link = composer.compose(overrides)
+    assert through_link == packaged and through_link.grid
