@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import pytest
 
+from spectr_repro.data import DATASETS
 from spectr_repro.runner.config import (
     GROUPS,
     Composer,
     UsageError,
     expand,
+    grid_axes,
     group_options,
     parse_arguments,
 )
@@ -50,6 +52,26 @@ def test_every_group_option_composes(composer):
                 # a sweep's experiment names its grid; a replay-only one (replay_qwen) its replay's datasets
                 assert cfg.experiment == option and (cfg.grid or cfg.replay.datasets), "experiments name their work"
 
+
+
+def test_the_dataset_configs_are_the_dataset_registry():
+    # A dataset is its spec, its registry line and its config (docs/development.md, "Add a dataset"): a config
+    # without a registered spec, or a spec without a config, is caught here.
+    assert set(group_options("dataset")) == set(DATASETS)
+
+
+def test_every_experiment_names_only_existing_datasets_methods_and_pairs(composer):
+    # Every yaml in conf/experiment/ is checked (docs/development.md, "Add an experiment"): a grid value is a plain
+    # string until its cell is composed, so a misspelt dataset would otherwise surface mid-sweep.
+    known = {group: set(group_options(group)) for group in ("dataset", "method", "model_pair")}
+    for experiment in group_options("experiment"):
+        cfg = composer.compose([f"experiment={experiment}"])
+        named = {(key, value) for subgrid in grid_axes(cfg.grid, frozenset()) for key, values in subgrid
+                 for value in values}
+        named |= {("dataset", name) for name in cfg.replay.datasets or ()}
+        for group, options in known.items():
+            unknown = {value for key, value in named if key == group} - options
+            assert not unknown, f"experiment {experiment} names unknown {group} option(s) {sorted(unknown)}"
 
 def test_slurm_launcher_composes(composer):
     cfg = composer.compose(["hydra/launcher=slurm", "experiment=paper_main"], with_hydra=True)
