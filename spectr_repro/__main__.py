@@ -1,4 +1,5 @@
-"""``python -m spectr_repro {run,sweep,report,theory,audit,quality,bench} [args]`` (also the ``spectr-repro`` script).
+"""``python -m spectr_repro <command> [args]`` (also the ``spectr-repro`` script), where <command> is one of
+run, sweep, plan, replay, report, theory, audit, bias, quality, bench, check (``COMMANDS`` below).
 
 Each subcommand lives in its own module and takes the remaining argv; they are imported lazily so
 that e.g. ``report`` works on a laptop without loading the runner.
