@@ -1,4 +1,4 @@
-"""The runner's command line: ``run`` (one cell), ``sweep`` (a grid), ``plan`` (its cost, loading nothing).
+"""The runner's command line: ``run`` (one cell), ``sweep`` (a grid); ``plan`` is :mod:`spectr_repro.plan`.
 
     python -m spectr_repro run method=spectr_gbv K=3 L=8 dataset=gsm8k model_pair=tiny_random
     python -m spectr_repro sweep K=1,3,5,7 method=spectr,spectr_gbv
