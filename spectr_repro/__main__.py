@@ -16,7 +16,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "run": ("spectr_repro.runner.cli", "main_run", "run one cell (method, K, L, T, dataset, model pair)"),
     "sweep": ("spectr_repro.runner.cli", "main_sweep",
               "run a grid: comma lists (K=1,3,5,7) and/or an experiment's grid (experiment=paper_main)"),
-    "plan": ("spectr_repro.runner.cli", "main_plan",
+    "plan": ("spectr_repro.plan", "main",
              "what a sweep would cost (cells, tokens, downloads vs disk, time), loading nothing"),
     "replay": ("spectr_repro.replay.driver", "main",
                "every rule, K and L on the same draft blocks of a lossless trajectory (block efficiency)"),
@@ -27,7 +27,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
              "the law of each rule's first emitted token vs the target's, on real models (test with power)"),
     "quality": ("spectr_repro.quality", "main", "pass@1 / accuracy of each method next to AR (runs model code)"),
     "bench": ("spectr_repro.bench.cli", "main", "speed benchmarks: our loops vs transformers' (--quick: minutes)"),
-    "check": ("spectr_repro.check", "main", "does it work here, and what does a run cost: correctness, timing, "
+    "check": ("spectr_repro.check.cli", "main", "does it work here, and what does a run cost: correctness, timing, "
               "calibration of `plan` (minutes)"),
 }
 
@@ -51,6 +51,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(usage())
         return 0 if argv else 2
     command, rest = argv[0], argv[1:]
+    if command == "sweep" and "--plan" in rest:  # `sweep ... --plan` is `plan ...`
+        command = "plan"
     if command not in COMMANDS:
         import difflib
 

@@ -52,3 +52,15 @@ def test_every_command_names_a_module_and_function_that_exist(command):
 
     module_name, function_name, _ = cli.COMMANDS[command]
     assert callable(getattr(importlib.import_module(module_name), function_name))
+
+
+def test_sweep_dash_dash_plan_is_the_plan_command(monkeypatch):
+    """`sweep ... --plan` prints the plan (cells and replays): it goes to the `plan` command, not to the runner."""
+    import types
+
+    calls = []
+    module_name, function_name, _ = cli.COMMANDS["plan"]
+    fake = types.SimpleNamespace(**{function_name: lambda argv: calls.append(argv) or 0})
+    monkeypatch.setattr(cli.importlib, "import_module", lambda name: fake if name == module_name else None)
+    assert cli.main(["sweep", "K=1,3", "--plan"]) == 0
+    assert calls == [["K=1,3", "--plan"]]

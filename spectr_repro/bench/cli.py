@@ -40,14 +40,15 @@ def compose_preset(name: str, device: str):
 
 def predicted_pick(replay_summary: str, hardware, preset, pair, prompts, calibrate=None) -> dict:
     """ours_best predicted from a replay summary and the pair's costs measured here, in this process, just before
-    the rounds (``check.calibration.measure_forward_costs`` at the shapes the replay's K and L call): a cost
+    the rounds (``cost.measure.measure_forward_costs`` at the shapes the replay's K and L call): a cost
     file written earlier by ``check`` can be off by the machine's drift since (measured: 120 ms, then 207 ms,
     for one decode forward on the shared 2-core VM); its per-call overhead is used where there is one.
     ``calibrate``: (pair, shapes) -> (target costs, draft costs), for tests."""
     import pandas as pd
 
-    from spectr_repro.check.calibration import find_calibration, measure_forward_costs, plan_shapes, today
-    from spectr_repro.check.predict import best_configuration, predict_tokens_per_s, read_replay_summary
+    from spectr_repro.cost.calibration import find_calibration, today
+    from spectr_repro.cost.measure import measure_forward_costs, plan_shapes
+    from spectr_repro.cost.predict import best_configuration, predict_tokens_per_s, read_replay_summary
     from spectr_repro.errors import UsageError
 
     try:

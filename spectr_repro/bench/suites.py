@@ -96,7 +96,7 @@ def bench_best_vs_best(pair, prompts, temperature, max_new_tokens, equal_L, cand
     exactly ``equal_L`` drafted tokens, our sd at ``equal_L`` and our best configuration.
 
     ``pick``: our best configuration as predicted from a replay and this machine's calibration
-    (``spectr_repro.check.predict.best_configuration``: method, K, L, tokens_per_s) instead of the one-run
+    (``spectr_repro.cost.predict.best_configuration``: method, K, L, tokens_per_s) instead of the one-run
     sweep over ``candidates``; the result then says how far the measured rate is from the predicted one."""
     if pick is not None:
         if not VERIFIERS[pick["method"]].lossless:

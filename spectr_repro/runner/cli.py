@@ -1,4 +1,4 @@
-"""The runner's command line: ``run`` (one cell), ``sweep`` (a grid), ``plan`` (its cost, loading nothing).
+"""The runner's command line: ``run`` (one cell), ``sweep`` (a grid); ``plan`` is :mod:`spectr_repro.plan`.
 
     python -m spectr_repro run method=spectr_gbv K=3 L=8 dataset=gsm8k model_pair=tiny_random
     python -m spectr_repro sweep K=1,3,5,7 method=spectr,spectr_gbv
@@ -61,11 +61,6 @@ def main_sweep(argv: Sequence[str] | None = None) -> int:
     return _main("sweep", list(sys.argv[1:] if argv is None else argv))
 
 
-def main_plan(argv: Sequence[str] | None = None) -> int:
-    """What ``sweep`` would do with the same arguments (``experiment=a,b`` plans several): no model loads."""
-    return _main("sweep", [*(sys.argv[1:] if argv is None else argv), "--plan"])
-
-
 class Terminated(BaseException):
     """SIGTERM (e.g. SLURM's end of job, `kill`): unwinds like Ctrl-C so claims are released."""
 
@@ -80,10 +75,6 @@ def _main(command: str, argv: list[str]) -> int:
         return 0
     try:
         argv, show_config = _take_cfg_flag(argv)
-        plan_only = "--plan" in argv
-        argv = [a for a in argv if a != "--plan"]
-        if plan_only:
-            return _plan(argv)
         args = parse_arguments(argv)
         if command == "sweep" and args.launcher_overrides:
             return _hydra_multirun(args)
@@ -229,38 +220,6 @@ def _check_folders(cfgs, plans) -> None:
     for cfg, directories in by_output.values():
         existing = [d for d in directories if d.exists()]
         check_writable(cfg.output_dir, run_folders(cfg, existing))
-
-
-def _plan(argv: list[str]) -> int:
-    """Print the plan of the cells ``sweep`` would run with ``argv`` (several experiments allowed)."""
-    from spectr_repro.runner.plan import build_plan, format_plan
-    from spectr_repro.runner.replay_plan import plan_replays, replay_only
-
-    experiments = [None]
-    rest = []
-    for argument in argv:
-        key, _, value = argument.lstrip("+").partition("=")
-        if key == "experiment" and value.strip():  # one or several (experiment=a,b)
-            experiments = [v.strip() for v in value.split(",") if v.strip()]
-        else:
-            rest.append(argument)
-    plans, commands = [], []
-    for experiment in experiments:
-        arguments = [f"experiment={experiment}", *rest] if experiment else rest
-        if replay_only(experiment):  # its replay alone (plan_replays below), no sweep cells
-            commands.append((arguments, experiment))
-            continue
-        args = parse_arguments(arguments)
-        with Composer() as composer:
-            cfgs = expand(composer, args, use_grid=True)
-        for cfg in cfgs:
-            validate(cfg)
-        plans.extend(plan_cells(cfgs))
-        commands.append((arguments, cfgs[0].choices.experiment if cfgs else experiment))
-    plan = build_plan(plans)
-    plan.replays = plan_replays(commands, plan.measured_block_efficiency)  # the experiments' replay: blocks
-    print(format_plan(plan))
-    return 0
 
 
 def _take_cfg_flag(argv: list[str]) -> tuple[list[str], bool]:
@@ -451,5 +410,5 @@ def hydra_task(cfg) -> float | None:
 
 
 __all__ = ["UsageError", "check_prompt_counts", "check_something_to_run", "help_text",
-           "hydra_task", "main_plan", "main_run", "main_sweep", "print_configs",
+           "hydra_task", "main_run", "main_sweep", "print_configs",
            "stopped_message", "summary_table", "sweep_task"]

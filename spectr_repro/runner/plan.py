@@ -4,42 +4,34 @@ For the composed cells it prints, per model pair: cells (finished, damaged, bein
 compute), generations (prompts x cells) and new tokens (prompts x max_new_tokens, an upper bound:
 stop strings end earlier), the weights still to download against the free disk, and an estimated time.
 
-The time comes from a per-forward cost model of the selected hardware (``hardware.estimate`` in
-conf/hardware/*.yaml):
+The time comes from the cost model (``spectr_repro.cost``): this machine's calibration of the pair when
+``check`` wrote one, else the roofline of the selected hardware (``hardware.estimate`` in
+conf/hardware/*.yaml), summed over what the engine runs per prompt, with tokens / block efficiency
+iterations (the block efficiency is the paper's for that pair and method when it gives one, else one
+measured in the folder, else (L+1)/2). When the folder already holds finished AR cells of a pair and
+hardware, their measured seconds per token rescale that pair's estimates (the "calibration" line says which
+one was used).
 
-    seconds per forward = overhead + weight bytes / bandwidth + tokens x 2 x params / compute
-
-summed over what the engine runs per prompt: the prompt through target and draft, then for AR one
-target forward per token; for a speculative method, per iteration one target call over K x (L+1) tokens
-and L draft forwards over K rows, with tokens / block efficiency iterations (the block efficiency is the
-paper's for that pair and method when it gives one, else one measured in the folder, else (L+1)/2).
-When the folder already holds finished AR cells of a pair and hardware, their measured seconds per
-token rescale that pair's estimates (the "calibration" line says which one was used).
-
-An experiment with a ``replay:`` block also gets its shared-block replay's cost, apart, and the total
-(``spectr_repro.runner.replay_plan``).
+An experiment with a ``replay:`` block also gets its shared-block replay's cost, apart, and the total: the
+``plan`` command (``spectr_repro.plan``) adds them (``spectr_repro.replay.plan``).
 
 Nothing here loads a model or a dataset; reading the HF cache and the results folder is all it does.
 """
 
 from __future__ import annotations
 
-import functools
-import math
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from spectr_repro.data import typical_prompt_tokens
+from spectr_repro.cost import calibration_for, cell_seconds, expected_block_efficiency
+from spectr_repro.cost.model import GB
 from spectr_repro.runner import claims, store
+from spectr_repro.runner.batched import split_prompts
 from spectr_repro.runner.execute import CellPlan
-
-# Typical prompt lengths in tokens (prompt text plus chat template), for the prefill part of the estimate.
-GB = 1e9
 
 
 @dataclass
@@ -75,7 +67,6 @@ class Plan:
     cache_dir: Path
     batched_cells: int = 0  # cells to compute with hardware.batch_prompts > 1 (their estimate is batch 1's)
     measured_block_efficiency: dict[tuple, float] = field(default_factory=dict)  # (pair, method, K, L): cells'
-    replays: list = field(default_factory=list)  # runner.replay_plan.ReplayPlan of experiments with a replay: block
 
     @property
     def seconds(self) -> float:
@@ -86,131 +77,6 @@ class Plan:
         from spectr_repro.models import DISK_MARGIN_BYTES
 
         return self.download_bytes == 0 or self.download_bytes + DISK_MARGIN_BYTES <= self.free_bytes
-
-
-# --------------------------------------------------------------------------------------------------
-# Cost model
-
-
-def forward_seconds(estimate: dict[str, Any], params: float, bytes_per_param: int, tokens: int) -> float:
-    """One forward of a model with ``params`` parameters over ``tokens`` tokens (see module docstring)."""
-    memory = params * bytes_per_param / (float(estimate["bandwidth_gbs"]) * GB)
-    compute = tokens * 2 * params / (float(estimate["compute_tflops"]) * 1e12)
-    return float(estimate["overhead_ms"]) / 1e3 + memory + compute
-
-
-def expected_block_efficiency(cfg: DictConfig, measured: dict[tuple, float]) -> tuple[float, str]:
-    """Block efficiency to expect for the cell: the paper's, else measured here, else (L+1)/2."""
-    method, pair, dataset = cfg.method.name, cfg.choices.model_pair, cfg.choices.dataset
-    if method == "ar":
-        return 1.0, "ar"
-    paper = _paper_block_efficiency()
-    for key in ((pair, dataset, method), (pair, "average", method)):
-        if key in paper:
-            return min(paper[key], cfg.L + 1.0), "paper"
-    key = (pair, method, cfg.K, cfg.L)
-    if key in measured:
-        return measured[key], "measured"
-    return (cfg.L + 1) / 2, "(L+1)/2"
-
-
-@functools.cache
-def _paper_block_efficiency() -> dict[tuple[str, str, str], float]:
-    from spectr_repro.paper import load_paper_numbers
-
-    table = load_paper_numbers()
-    table = table[table["metric"] == "block_efficiency"]
-    return {(r.model_pair, r.dataset, r.method): float(r.value) for r in table.itertuples() if r.model_pair}
-
-
-def _params(pair: dict, role: str) -> float:
-    """Parameters of the pair's ``role`` model: ``params_b`` of its config; the tiny pair's are ~1e5."""
-    if pair.get("source") == "tiny":
-        return 1e5
-    return float((pair.get(role) or {}).get("params_b") or 1.0) * 1e9
-
-
-def cell_seconds(cfg: DictConfig, pair: dict, block_efficiency: float, calibration=None) -> float | None:
-    """Estimated seconds of one cell on ``cfg.hardware`` from the cost model (warm-up included); None when
-    the hardware config has no ``estimate``. With a ``calibration`` (``spectr_repro.check.calibration``:
-    seconds per forward measured here by ``check``) its costs replace the assumed cost model."""
-    if calibration is not None:
-        return calibrated_cell_seconds(cfg, calibration, block_efficiency)
-    if cfg.hardware.get("estimate") is None:
-        return None
-    estimate = OmegaConf.to_container(cfg.hardware.estimate, resolve=True)
-    target, width = _params(pair, "target"), _width(cfg, pair)
-    prompt = typical_prompt_tokens(cfg.choices.dataset)
-    tokens = cfg.max_new_tokens
-    if cfg.method.name == "ar":
-        per_prompt = forward_seconds(estimate, target, width, prompt) + tokens * forward_seconds(
-            estimate, target, width, 1)
-    else:
-        per_prompt = speculative_prompt_seconds(cfg, pair, cfg.K, cfg.L, math.ceil(tokens / block_efficiency))
-    warmup = forward_seconds(estimate, target, width, 32) + 8 * forward_seconds(estimate, target, width, 1)
-    return cfg.num_prompts * per_prompt + warmup
-
-
-def speculative_prompt_seconds(cfg: DictConfig, pair: dict, K: int, L: int, iterations: int) -> float | None:
-    """One prompt decoded alone at K drafts of L tokens, from the cost model (None without ``estimate``): the
-    prompt through target and draft, then per iteration one target call over K x (L+1) tokens and L draft
-    forwards over K rows."""
-    if cfg.hardware.get("estimate") is None:
-        return None
-    estimate = OmegaConf.to_container(cfg.hardware.estimate, resolve=True)
-    target, draft, width = _params(pair, "target"), _params(pair, "draft"), _width(cfg, pair)
-    prompt = typical_prompt_tokens(cfg.choices.dataset)
-    prefill = forward_seconds(estimate, target, width, prompt) + forward_seconds(estimate, draft, width, prompt)
-    target_call = forward_seconds(estimate, target, width, K * (L + 1))
-    draft_step = forward_seconds(estimate, draft, width, K)
-    return prefill + iterations * (target_call + L * draft_step)
-
-
-def _width(cfg: DictConfig, pair: dict) -> int:
-    dtype = str(cfg.hardware.get("dtype") or pair.get("dtype") or "float32")
-    return 4 if dtype == "float32" else 2
-
-
-def calibrated_cell_seconds(cfg: DictConfig, calibration, block_efficiency: float) -> float:
-    """Seconds of one cell from measured forward costs: per prompt the prefill (in ``hardware.prefill_chunk``
-    chunks) and the decoding calls; with ``hardware.batch_prompts`` = B > 1 the untimed prompts decode B at
-    a time (B*K rows per call), the first ``timed_prompts`` alone, as ``runner.batched`` runs them."""
-    from spectr_repro.runner.batched import split_prompts
-
-    target = calibration.target
-    tokens = cfg.max_new_tokens
-    split = split_prompts(cfg.hardware, cfg.num_prompts)
-
-    def prompts_seconds(batch: int) -> float:
-        """``batch`` prompts decoded together (1: alone)."""
-        if cfg.method.name == "ar":
-            prefill = sum(target.seconds(1, n) for n in _prefill_pieces(cfg)) * batch
-            return prefill + tokens * target.seconds(batch, 1)  # the per-call overhead is measured on sd-like loops
-        return calibrated_prompt_seconds(cfg, calibration, cfg.K, cfg.L, math.ceil(tokens / block_efficiency),
-                                         batch)
-
-    seconds = len(split.timed) * prompts_seconds(1) + sum(prompts_seconds(len(b)) for b in split.batches)
-    warmup = target.seconds(1, 32) + 8 * target.seconds(1, 1)
-    return seconds + warmup
-
-
-def calibrated_prompt_seconds(cfg: DictConfig, calibration, K: int, L: int, iterations: int, batch: int = 1
-                              ) -> float:
-    """``batch`` prompts decoded together at K drafts of L tokens, from measured forward costs: each prompt
-    through target and draft (in ``hardware.prefill_chunk`` chunks), then ``iterations`` calls."""
-    from spectr_repro.check.predict import seconds_per_call
-
-    target, draft = calibration.target, calibration.draft
-    overhead = float(calibration.extra.get("overhead_s_per_call", 0.0))
-    prefill = sum(target.seconds(1, n) + draft.seconds(1, n) for n in _prefill_pieces(cfg)) * batch
-    return prefill + iterations * seconds_per_call(target, draft, K, L, overhead, batch=batch)
-
-
-def _prefill_pieces(cfg: DictConfig) -> list[int]:
-    """The prompt's prefill chunks (tokens each; ``hardware.prefill_chunk``, else the whole prompt)."""
-    prompt = typical_prompt_tokens(cfg.choices.dataset)
-    chunk = int(cfg.hardware.get("prefill_chunk") or prompt)
-    return [chunk] * (prompt // chunk) + ([prompt % chunk] if prompt % chunk else [])
 
 
 # --------------------------------------------------------------------------------------------------
@@ -259,7 +125,7 @@ def build_plan(plans: Sequence[CellPlan]) -> Plan:
             continue
         be, _ = expected_block_efficiency(cfg, measured_be)
         calibrated = calibration_for(cfg)
-        seconds = cell_seconds(cfg, pair_cfg, be, calibrated)
+        seconds = cell_seconds(cfg, pair_cfg, be, calibrated, _batches(cfg) if calibrated else ())
         if seconds is None:
             entry.calibration = f"no cost model (hardware {cfg.choices.hardware} has no `estimate`)"
         factor = ar_speed.get(key)
@@ -288,16 +154,9 @@ def pair_config_of(cfg: DictConfig) -> dict:
                               | {"name": cfg.model_pair.get("name") or cfg.choices.model_pair})
 
 
-def calibration_dtype(cfg: DictConfig) -> str:
-    """The dtype a cell's target runs in: ``hardware.dtype``, else the pair's own (float32 by default)."""
-    return str(cfg.hardware.get("dtype") or cfg.model_pair.get("dtype") or "float32")
-
-
-def calibration_for(cfg: DictConfig):
-    """This machine's calibration of the cell's hardware, pair and dtype (``check`` writes it), or None."""
-    from spectr_repro.check.calibration import find_calibration
-
-    return find_calibration(str(cfg.choices.hardware), str(cfg.choices.model_pair), calibration_dtype(cfg))
+def _batches(cfg: DictConfig) -> list[int]:
+    """The sizes of the groups in which the cell's untimed prompts are decoded (``hardware.batch_prompts``)."""
+    return [len(batch) for batch in split_prompts(cfg.hardware, cfg.num_prompts).batches]
 
 
 def _weights(pair_cfg: dict) -> tuple[list[tuple[str, str, int]], str]:
@@ -350,7 +209,7 @@ def _measured(plans: Sequence[CellPlan]) -> tuple[dict[tuple, float], dict[tuple
             # the cost model of this very cell, at the tokens it really produced
             with_tokens = OmegaConf.merge(cfg, {"max_new_tokens": max(1, round(summary["tokens"] /
                                                                                 max(1, summary["num_prompts"])))})
-            modelled = cell_seconds(with_tokens, pair, 1.0, calibrated)
+            modelled = cell_seconds(with_tokens, pair, 1.0, calibrated, _batches(with_tokens) if calibrated else ())
             if not modelled:
                 continue
             ratios.setdefault((summary["model_pair"], summary["hardware"]), []).append(
@@ -363,7 +222,7 @@ def _measured(plans: Sequence[CellPlan]) -> tuple[dict[tuple, float], dict[tuple
 # Text
 
 
-def _duration(seconds: float) -> str:
+def format_duration(seconds: float) -> str:
     if seconds < 90:
         return f"{seconds:.0f} s"
     if seconds < 5400:
@@ -375,10 +234,6 @@ def _duration(seconds: float) -> str:
 
 def format_plan(plan: Plan) -> str:
     import pandas as pd
-
-    if not plan.pairs and plan.replays:  # replay experiments only (e.g. replay_qwen): no cells to price
-        return "\n".join(["Plan: replay only (the experiment has no grid: `sweep` has no cells to run here)",
-                          "(nothing is loaded to make this plan)", "", *_replay_lines(plan)])
 
     rows = [{
         "model pair": p.name,
@@ -392,7 +247,7 @@ def format_plan(plan: Plan) -> str:
         "to compute": p.to_compute,
         "prompts": f"{p.generations:,}",
         "new tokens (max)": f"{p.new_tokens:,}",
-        "est. time": _duration(p.seconds),
+        "est. time": format_duration(p.seconds),
     } for p in plan.pairs]
     lines = [f"Plan: experiment(s) {', '.join(plan.experiments)} -> {', '.join(str(f) for f in plan.folders)}",
              "(nothing is loaded to make this plan)", ""]
@@ -412,7 +267,7 @@ def format_plan(plan: Plan) -> str:
     verdict = "enough" if plan.disk_ok else "NOT ENOUGH: free space or set HF_HOME/HF_HUB_CACHE to a larger disk"
     lines.append(f"  to download: {plan.download_bytes / GB:.1f} GB; free in {plan.cache_dir}: "
                  f"{plan.free_bytes / GB:.1f} GB ({verdict})")
-    lines.append(f"Estimated time: {_duration(plan.seconds)} at batch size 1 ({plan.hardware_note}).")
+    lines.append(f"Estimated time: {format_duration(plan.seconds)} at batch size 1 ({plan.hardware_note}).")
     calibrated = any("calibrated on" in pair.calibration for pair in plan.pairs)
     if plan.batched_cells and calibrated:
         lines.append(f"  {plan.batched_cells} cells decode their untimed prompts in batches (hardware.batch_prompts): "
@@ -423,30 +278,14 @@ def format_plan(plan: Plan) -> str:
                      "in batches of 8 on the 2-core CPU, sbv K=3 L=6).")
     for pair in plan.pairs:
         if pair.to_compute:
-            lines.append(f"  {pair.name}: {_duration(pair.seconds)}; calibration: {pair.calibration}")
+            lines.append(f"  {pair.name}: {format_duration(pair.seconds)}; calibration: {pair.calibration}")
     if calibrated:
         lines.append("  Calibrated: seconds per forward measured on this machine by `python -m spectr_repro check` "
                      "at the shapes of the run, in place of the cost model below.")
     lines.append("  Cost model: overhead + weight bytes / bandwidth + tokens x 2 x params / compute per forward "
                  "(hardware.estimate); block efficiency from the paper where it gives one, else measured "
                  "here, else (L+1)/2; new tokens at their maximum (stop strings end earlier).")
-    return "\n".join(lines + _replay_lines(plan))
+    return "\n".join(lines)
 
 
-def _replay_lines(plan: Plan) -> list[str]:
-    """The replays' own lines and the total of cells and replays (a replay the command refuses is left out)."""
-    if not plan.replays:
-        return []
-    from spectr_repro.runner.replay_plan import format_replay
-
-    lines = [line for replay in plan.replays for line in format_replay(replay)]
-    if any(not replay.error for replay in plan.replays):
-        replay_seconds = sum(replay.seconds for replay in plan.replays)
-        lines.append(f"Total: timed cells {_duration(plan.seconds)} + replay {_duration(replay_seconds)} = "
-                     f"{_duration(plan.seconds + replay_seconds)}")
-    return lines
-
-
-__all__ = ["Plan", "PairPlan", "build_plan", "calibrated_cell_seconds", "calibration_dtype",
-           "calibrated_prompt_seconds", "calibration_for", "cell_seconds", "expected_block_efficiency",
-           "format_plan", "forward_seconds", "pair_config_of", "speculative_prompt_seconds"]
+__all__ = ["Plan", "PairPlan", "build_plan", "format_duration", "format_plan", "pair_config_of"]

@@ -15,14 +15,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from spectr_repro.files import atomic_write_text
 from spectr_repro.records import (
     SchemaError,
     iter_records,
@@ -115,11 +114,6 @@ def cell_state(directory: Path) -> CellState:
     return CellState("finished", None, summary, records)
 
 
-def is_finished(directory: Path) -> bool:
-    """True when the cell's summary parses and agrees with its records (see :func:`cell_state`)."""
-    return cell_state(directory).finished
-
-
 def _one_line(error: BaseException) -> str:
     return " ".join(str(error).split())
 
@@ -140,34 +134,6 @@ def read_records(directory: Path) -> list[dict[str, Any]]:
         return list(iter_records(handle, str(path)))
 
 
-def current_umask() -> int:
-    """The process's umask (os.umask can only be read by setting it, so it is set back at once)."""
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask
-
-
-def atomic_write_text(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` through a temporary file and ``os.replace`` (readers never see half a file).
-
-    The file gets the mode a plain ``open(path, "w")`` would give (0666 less the umask): mkstemp creates
-    its temporary file 0600, which ``os.replace`` would keep, so the rest of a team sharing a results
-    folder could not read the cells.
-    """
-    path.parent.mkdir(parents=True, exist_ok=True)
-    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        os.chmod(temporary, 0o666 & ~current_umask())
-        with os.fdopen(handle, "w") as out:
-            out.write(text)
-            out.flush()
-            os.fsync(out.fileno())
-        os.replace(temporary, path)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise
-
-
 def records_text(records: list[dict[str, Any]]) -> str:
     """records.jsonl exactly as written (the summary stores its sha256)."""
     return "".join(json.dumps(r) + "\n" for r in records)
@@ -184,5 +150,4 @@ def write_cell(directory: Path, records: list[dict[str, Any]], summary: dict[str
 
 
 __all__ = ["CellState", "atomic_write_text", "cell_dir", "cell_id", "cell_identity", "cell_state", "experiment_dir",
-           "is_finished",
            "read_records", "read_summary", "records_digest", "records_text", "write_cell"]

@@ -160,8 +160,8 @@ def test_predicted_pick_reads_the_replay_rows_of_the_bench_dataset(tmp_path, mon
 
     from omegaconf import OmegaConf
 
-    from spectr_repro.check import calibration
-    from spectr_repro.check.calibration import ForwardCosts
+    from spectr_repro.cost import calibration
+    from spectr_repro.cost.calibration import ForwardCosts
     from spectr_repro.errors import UsageError
 
     costs = ForwardCosts(((1, 1, "last", 0.01), (8, 8, "all", 0.05)))

@@ -7,15 +7,14 @@ import json
 import pytest
 from omegaconf import OmegaConf
 
-from spectr_repro.check.calibration import (
+from spectr_repro.cost.calibration import (
     Calibration,
     ForwardCosts,
     find_calibration,
-    measure_forward_costs,
-    plan_shapes,
     read_calibrations,
     write_calibration,
 )
+from spectr_repro.cost.measure import measure_forward_costs, plan_shapes
 
 
 def _calibration(pair: str, scale: float = 1.0, dtype: str = "bfloat16") -> Calibration:
@@ -88,8 +87,9 @@ def test_plan_uses_the_calibration_and_says_so(cpu_quick_cells):
 def test_calibrated_batched_cells_decode_their_untimed_prompts_together():
     """8 prompts, the first 2 timed alone and 6 in one batch: the batch's calls cost more than one prompt's, and
     less than six prompts' alone."""
+    from spectr_repro.cost.model import calibrated_cell_seconds
+    from spectr_repro.runner.batched import split_prompts
     from spectr_repro.runner.config import Composer
-    from spectr_repro.runner.plan import calibrated_cell_seconds
 
     calibration = _calibration("qwen25coder_1.5b_0.5b")
     cell = ["experiment=cpu_quick", "method=sbv", "num_prompts=8"]
@@ -98,6 +98,8 @@ def test_calibrated_batched_cells_decode_their_untimed_prompts_together():
         batched = composer.compose([*cell, "hardware.batch_prompts=8", "hardware.timed_prompts=2"])
     per_prompt = (calibrated_cell_seconds(alone, calibration, 3.0)
                   - calibrated_cell_seconds(OmegaConf.merge(alone, {"num_prompts": 7}), calibration, 3.0))
-    seconds = calibrated_cell_seconds(batched, calibration, 3.0)
+    groups = [len(batch) for batch in split_prompts(batched.hardware, 8).batches]  # as the plan passes them
+    assert groups == [6]
+    seconds = calibrated_cell_seconds(batched, calibration, 3.0, groups)
     two_alone = calibrated_cell_seconds(OmegaConf.merge(alone, {"num_prompts": 2}), calibration, 3.0)
     assert two_alone + per_prompt < seconds < two_alone + 6 * per_prompt

@@ -7,13 +7,13 @@ import json
 import pytest
 
 from spectr_repro.check import main
-from spectr_repro.check.calibration import read_calibrations
+from spectr_repro.cost.calibration import read_calibrations
 
 TINY = ["model_pair=tiny_random", "check.quick=true", "method=sd", "K=1", "L=3", "logger=disabled"]
 
 
 def test_tiny_pair_passes_writes_its_json_and_calibrates_the_plan(tmp_path, calibration_file, capsys):
-    from spectr_repro.runner.cli import main_plan
+    from spectr_repro.plan import main as main_plan
     from spectr_repro.verify import VERIFIERS
 
     assert main([*TINY, f"check.output={tmp_path / 'check'}"]) == 0
@@ -64,10 +64,9 @@ def test_bad_input_exits_2(argv, message, tmp_path, capsys):
 
 def test_a_pair_that_does_not_fit_is_said_before_anything_is_built(tmp_path, monkeypatch, capsys):
     """The 33B pair with random weights against 16 GiB free: memory fails, nothing is built, exit 1."""
-    import spectr_repro.check as check
-    from spectr_repro.check import architectures
+    from spectr_repro.check import architectures, environment
 
-    monkeypatch.setattr(check, "free_memory", lambda device: (16 * 2**30, 32 * 2**30))
+    monkeypatch.setattr(environment, "free_memory", lambda device: (16 * 2**30, 32 * 2**30))
     monkeypatch.setattr(architectures, "build_random_model", lambda *a, **k: pytest.fail("a model was built"))
     code = main(["model_pair=deepseek_33b_1.3b", "check.random_weights=true", "check.quick=true",
                  f"check.output={tmp_path / 'check'}"])

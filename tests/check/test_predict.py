@@ -5,13 +5,9 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from spectr_repro.check.calibration import ForwardCosts
-from spectr_repro.check.predict import (
-    best_configuration,
-    predict_tokens_per_s,
-    read_replay_summary,
-    seconds_per_call,
-)
+from spectr_repro.cost.calibration import ForwardCosts
+from spectr_repro.cost.model import seconds_per_call
+from spectr_repro.cost.predict import best_configuration, predict_tokens_per_s, read_replay_summary
 from spectr_repro.verify import VERIFIERS
 
 

@@ -34,7 +34,7 @@ def two_tiny_conf(tmp_path, monkeypatch):
 def no_calibration(tmp_path, monkeypatch):
     """`plan` reads this machine's calibration file (written by `check`): the tests see none unless they
     write one themselves."""
-    from spectr_repro.check.calibration import CALIBRATION_ENV_VAR
+    from spectr_repro.cost.calibration import CALIBRATION_ENV_VAR
 
     path = tmp_path / "calibration.json"
     monkeypatch.setenv(CALIBRATION_ENV_VAR, str(path))

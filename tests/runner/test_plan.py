@@ -5,7 +5,9 @@ from __future__ import annotations
 import pytest
 
 from spectr_repro import models
-from spectr_repro.runner.cli import main_plan, main_sweep
+from spectr_repro.__main__ import main as command_line
+from spectr_repro.plan import main as main_plan
+from spectr_repro.runner.cli import main_sweep
 
 
 def _line(text: str, start: str) -> str:
@@ -49,7 +51,7 @@ def test_cpu_quick_plan_and_sweep_dash_dash_plan_agree(offline, capsys):
     assert "2-core CPU" in plan and "to download: 0.0 GB" in plan
     # cpu_quick's cells are for speed-ups: every prompt alone and timed (block efficiency comes from its replay)
     assert "decode their untimed prompts in batches" not in plan
-    assert main_sweep([*argv, "--plan"]) == 0
+    assert command_line(["sweep", *argv, "--plan"]) == 0
     assert capsys.readouterr().out == plan
 
 

@@ -8,9 +8,10 @@ import re
 
 import pytest
 
+from spectr_repro.cost import speculative_prompt_seconds
+from spectr_repro.plan import main as main_plan
 from spectr_repro.replay.driver import group_folder, group_meta, parse, prompt_directory, write_prompt
-from spectr_repro.runner.cli import main_plan
-from spectr_repro.runner.plan import _duration, pair_config_of, speculative_prompt_seconds
+from spectr_repro.runner.plan import format_duration, pair_config_of
 from spectr_repro.runner.store import atomic_write_text
 
 
@@ -94,10 +95,11 @@ def test_finished_replay_prompts_are_counted_and_measure_the_estimate(offline, c
     rules = 99 * 20.0
     model = sum((settings.num_prompts - (c.choices.dataset == "humaneval")) * speculative_prompt_seconds(
         c, pair_config_of(c), 7, 6, per_prompt) for c, _ in groups)
-    assert f"est. {_duration(model + rules)} (model calls {_duration(model)} + rules {_duration(rules)};" in line
+    assert (f"est. {format_duration(model + rules)} (model calls {format_duration(model)} + rules "
+            f"{format_duration(rules)};") in line
     # the model calls shrink (9 prompts left, 99 blocks instead of 10 and 100); the rules are now counted
     fresh_model = sum(2 * speculative_prompt_seconds(c, pair_config_of(c), 7, 6, 10) for c, _ in groups)
-    assert f"(model calls {_duration(fresh_model)} + rules 0 s;" in _replay_line(fresh)
+    assert f"(model calls {format_duration(fresh_model)} + rules 0 s;" in _replay_line(fresh)
     assert model < fresh_model
 
     # force=true replays every prompt again: none counted finished
@@ -153,8 +155,8 @@ def test_paper_main_plan_prints_its_replay_and_the_total(offline, capsys):
 
 
 def test_the_calibration_prices_the_replay_calls(offline, capsys, no_calibration):
-    from spectr_repro.check.calibration import Calibration, ForwardCosts, plan_shapes, write_calibration
-    from spectr_repro.runner.plan import calibration_dtype
+    from spectr_repro.cost import Calibration, ForwardCosts, calibration_dtype, write_calibration
+    from spectr_repro.cost.measure import plan_shapes
 
     argv = ["experiment=cpu_quick", *PINNED, "dataset=humaneval", f"output_dir={offline / 'results'}"]
     ((cfg, _),) = parse(argv)
@@ -166,7 +168,7 @@ def test_the_calibration_prices_the_replay_calls(offline, capsys, no_calibration
         return Calibration("cpu", "qwen25coder_1.5b_0.5b", calibration_dtype(cfg), "Test CPU", "2026-12-01",
                            False, costs["target"], costs["draft"], extra={"overhead_s_per_call": 0.01 * scale})
 
-    from spectr_repro.runner.replay_plan import plan_replays
+    from spectr_repro.replay.plan import plan_replays
 
     write_calibration(calibration(1.0))
     (once,) = plan_replays([(argv, "cpu_quick")], {})

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from spectr_repro.runner.cli import main_plan
+from spectr_repro.plan import main as main_plan
 from spectr_repro.runner.config import Composer, expand, parse_arguments
 from tests.runner.test_plan import _line  # the offline fixture comes from tests/runner/conftest.py
 

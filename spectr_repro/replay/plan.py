@@ -24,21 +24,27 @@ from __future__ import annotations
 import json
 import math
 import statistics
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
+from spectr_repro.cost import calibration_for, expected_block_efficiency, model_calls_source, prompt_seconds
+from spectr_repro.cost.model import rule_seconds_per_block
 from spectr_repro.errors import UsageError
-from spectr_repro.runner.config import conf_dir
-from spectr_repro.runner.plan import (
-    calibrated_prompt_seconds,
-    calibration_for,
-    expected_block_efficiency,
-    pair_config_of,
-    speculative_prompt_seconds,
+from spectr_repro.replay.driver import (
+    changed_settings,
+    group_folder,
+    group_meta,
+    parse,
+    prompt_directory,
+    prompt_finished,
+    replay_root,
 )
+from spectr_repro.runner.config import conf_dir
+from spectr_repro.runner.plan import format_duration, pair_config_of
 
 
 @dataclass
@@ -111,8 +117,6 @@ def plan_replays(commands: Sequence[tuple[Sequence[str], str | None]], measured:
                  ) -> list[ReplayPlan]:
     """The replay plan of each (arguments, experiment name) of the plan whose experiment declares a replay,
     one per (pair, hardware) of its groups. ``measured``: block efficiency of finished cells (``Plan``'s)."""
-    from spectr_repro.replay.driver import parse
-
     plans = []
     for argv, experiment in commands:
         if not declares_replay(experiment, argv):
@@ -132,30 +136,19 @@ def plan_replays(commands: Sequence[tuple[Sequence[str], str | None]], measured:
 
 def _plan_pair(command: str, groups: list, measured: dict[tuple, float]) -> ReplayPlan:
     """The replay groups of one pair and hardware (one experiment's folder)."""
-    from spectr_repro.replay.driver import changed_settings, group_folder, group_meta, replay_root
-
     cfg, settings = groups[0]
     plan = ReplayPlan(command, pair=cfg.choices.model_pair, hardware=cfg.choices.hardware, K_max=settings.K_max,
                       L_max=settings.L_max, reference=f"{settings.reference} K={settings.reference_K} "
                       f"L={settings.reference_L}", folder=replay_root(cfg))
-    calibration, estimate = calibration_for(cfg), cfg.hardware.get("estimate")
-    if calibration is not None:
-        plan.model_note = calibration.note
-    elif estimate is not None:
-        plan.model_note = f"cost model, {estimate.get('device', 'hardware.estimate')}"
-    else:
-        plan.model_note = f"no cost model (hardware {cfg.choices.hardware} has no `estimate`): not estimated"
+    calibration = calibration_for(cfg)
+    plan.model_note = model_calls_source(cfg, calibration)
     folders, blocks = [], []
     for cfg, settings in groups:
         folder = group_folder(cfg, settings)
         changed = [] if cfg.force else changed_settings(folder, group_meta(cfg, settings))
         folders.append((folder, changed))
         blocks.append([] if changed else _finished_blocks(folder))
-    rule_seconds = [b["rule_seconds"] for group in blocks for b in group if "rule_seconds" in b]
-    if rule_seconds:
-        plan.rule_seconds_per_block = statistics.fmean(rule_seconds)
-        plan.rules_note = (f"rules {plan.rule_seconds_per_block:.3g} s per block, mean of {len(rule_seconds)} "
-                           f"finished replay block(s) here")
+    plan.rule_seconds_per_block, plan.rules_note = rule_seconds_per_block(b for group in blocks for b in group)
     pooled = [b["reference_tokens"] for group in blocks for b in group if "reference_tokens" in b]
     for (cfg, settings), (folder, changed), own in zip(groups, folders, blocks):
         group = ReplayGroup(str(cfg.choices.dataset), float(cfg.temperature), settings.num_prompts)
@@ -167,12 +160,9 @@ def _plan_pair(command: str, groups: list, measured: dict[tuple, float]) -> Repl
             cfg, settings, own, pooled, measured)
         group.iterations = math.ceil(int(cfg.max_new_tokens) / group.block_efficiency)
         group.blocks = group.to_replay * group.iterations
-        if calibration is not None:
-            per_prompt = calibrated_prompt_seconds(cfg, calibration, settings.K_max, settings.L_max, group.iterations)
-        else:
-            per_prompt = speculative_prompt_seconds(cfg, pair_config_of(cfg), settings.K_max, settings.L_max,
-                                                    group.iterations) or 0.0
-        group.model_seconds = group.to_replay * per_prompt
+        per_prompt = prompt_seconds(cfg, pair_config_of(cfg) if calibration is None else None, calibration,
+                                    settings.K_max, settings.L_max, group.iterations)
+        group.model_seconds = group.to_replay * (per_prompt or 0.0)
         plan.groups.append(group)
     return plan
 
@@ -195,15 +185,11 @@ def _reference_block_efficiency(cfg: DictConfig, settings, own: list[dict], pool
 
 def _finished_prompts(folder: Path, num_prompts: int) -> int:
     """Prompts 0 .. num_prompts-1 of the group already replayed (``done.json`` written)."""
-    from spectr_repro.replay.driver import prompt_directory, prompt_finished
-
     return sum(prompt_finished(prompt_directory(folder, index)) for index in range(num_prompts))
 
 
 def _finished_blocks(folder: Path) -> list[dict]:
     """The block lines of every finished prompt of the group's folder (those beyond num_prompts too)."""
-    from spectr_repro.replay.driver import prompt_finished
-
     lines = []
     for directory in sorted((folder / "prompts").glob("*")):
         if prompt_finished(directory):
@@ -216,8 +202,6 @@ def _finished_blocks(folder: Path) -> list[dict]:
 
 
 def format_replay(plan: ReplayPlan) -> list[str]:
-    from spectr_repro.runner.plan import _duration
-
     if plan.error:
         return [f"Replay (shared blocks, `{plan.command}`): not planned, the replay refuses these arguments: "
                 f"{plan.error}"]
@@ -225,15 +209,16 @@ def format_replay(plan: ReplayPlan) -> list[str]:
     temperatures = len(dict.fromkeys(g.temperature for g in plan.groups))
     prompts = "/".join(str(p) for p in dict.fromkeys(g.prompts for g in plan.groups))
     values = [g.block_efficiency for g in plan.groups if g.to_replay]
-    sources = ", ".join(f"{s} ({n} group{'s' * (n > 1)})" for s, n in _counts(
+    sources = ", ".join(f"{s} ({n} group{'s' * (n > 1)})" for s, n in Counter(
         g.block_efficiency_source for g in plan.groups if g.to_replay).items())
     efficiency = (f"{min(values):.2f}" if min(values) == max(values) else f"{min(values):.2f}-{max(values):.2f}"
                   ) if values else "-"
-    rules = _duration(plan.rule_seconds) if plan.rule_seconds_per_block is not None else "0 s"
+    rules = format_duration(plan.rule_seconds) if plan.rule_seconds_per_block is not None else "0 s"
     lines = [f"Replay (shared blocks, `{plan.command}`): {datasets} dataset{'s' * (datasets > 1)} x "
              f"{temperatures} temperature{'s' * (temperatures > 1)} x {prompts} prompts, blocks of K_max x L_max = "
-             f"{plan.K_max} x {plan.L_max}, est. {_duration(plan.seconds)} (model calls "
-             f"{_duration(plan.model_seconds)} + rules {rules}; model calls: {plan.model_note}; {plan.rules_note})"]
+             f"{plan.K_max} x {plan.L_max}, est. {format_duration(plan.seconds)} (model calls "
+             f"{format_duration(plan.model_seconds)} + rules {rules}; model calls: {plan.model_note}; "
+             f"{plan.rules_note})"]
     total = sum(g.prompts for g in plan.groups)
     finished = sum(g.finished for g in plan.groups)
     lines.append(f"  {plan.pair} on {plan.hardware}: {total:,} prompts, {finished:,} finished, {total - finished:,} "
@@ -243,11 +228,17 @@ def format_replay(plan: ReplayPlan) -> list[str]:
     return lines
 
 
-def _counts(items) -> dict[str, int]:
-    counts: dict[str, int] = {}
-    for item in items:
-        counts[item] = counts.get(item, 0) + 1
-    return counts
+def replay_lines(replays: Sequence[ReplayPlan], cells_seconds: float) -> list[str]:
+    """The replays' own lines and the total of cells and replays (a replay the command refuses is left out)."""
+    if not replays:
+        return []
+    lines = [line for replay in replays for line in format_replay(replay)]
+    if any(not replay.error for replay in replays):
+        replay_seconds = sum(replay.seconds for replay in replays)
+        lines.append(f"Total: timed cells {format_duration(cells_seconds)} + replay {format_duration(replay_seconds)} "
+                     f"= {format_duration(cells_seconds + replay_seconds)}")
+    return lines
 
 
-__all__ = ["ReplayGroup", "ReplayPlan", "declares_replay", "format_replay", "plan_replays", "replay_only"]
+__all__ = ["ReplayGroup", "ReplayPlan", "declares_replay", "format_replay", "plan_replays", "replay_lines",
+           "replay_only"]

@@ -2,11 +2,8 @@
 
 A replay (``python -m spectr_repro replay``, ``replay_summary.csv``) measures, for every (rule, K, L), the
 tokens each target call yields (block efficiency, with a confidence interval). The calibration measures
-what a call costs here. Their ratio is the decoding speed:
+what a call costs here (``spectr_repro.cost.model.seconds_per_call``). Their ratio is the decoding speed:
 
-    seconds per call = target(K rows x (L+1)) [+ target(1 x 1) at K > 1: the last emitted token, fed once]
-                       + draft(1 x 2) (the pending tokens, fed once) + (L-1) x draft(K rows x 1)
-                       + overhead per call (sampling, verification, cache bookkeeping; measured by ``check``)
     tokens per second = tokens per call / seconds per call
 
 and, when a prompt length and a completion length are given, the prompt's prefill through both models is
@@ -25,7 +22,8 @@ from typing import Any
 
 import pandas as pd
 
-from spectr_repro.check.calibration import ForwardCosts
+from spectr_repro.cost.calibration import ForwardCosts
+from spectr_repro.cost.model import calls_to_emit, seconds_per_call
 from spectr_repro.verify import VERIFIERS
 
 REPLAY_COLUMNS = ("method", "K", "L", "blocks", "prompts", "tokens_per_call", "ci_low", "ci_high")
@@ -56,24 +54,6 @@ def read_replay_summary(path: str | Path, filters: Mapping[str, Any] | None = No
     if table.empty:
         raise ValueError(f"replay summary {path}: no rows left" + (f" after {dict(filters)}" if filters else ""))
     return table.reset_index(drop=True)
-
-
-def seconds_per_call(target: ForwardCosts, draft: ForwardCosts, K: int, L: int, overhead_s: float = 0.0,
-                     batch: int = 1) -> float:
-    """Seconds of one speculative iteration at K drafts of L tokens (see the module docstring); ``batch``
-    prompts decoded together (``engine.generate_batch``) call the same forwards with ``batch`` x the rows."""
-    shared_target = target.seconds(batch, 1) if K > 1 else 0.0
-    return (target.seconds(batch * K, L + 1, "all") + shared_target + draft.seconds(batch, 2)
-            + (L - 1) * draft.seconds(batch * K, 1) + overhead_s)
-
-
-def calls_to_emit(new_tokens: int, tokens_per_call: float) -> float:
-    """Expected target calls to emit ``new_tokens`` at ``tokens_per_call`` a call: the last call is cut at the
-    length, so it yields only part of a block. By renewal theory the calls to pass N tokens number
-    N/mu + E[X^2]/(2 mu^2) >= N/mu + 1/2 (X: a call's tokens, mu = E[X]); the replay gives mu only, so this is
-    the +1/2 of a block of constant length, a lower bound (measured 2026-12-02, gbv K=1 L=6, 48 tokens: 9 calls a
-    generation against 48/5.65 = 8.5)."""
-    return new_tokens / tokens_per_call + 0.5
 
 
 def predict_tokens_per_s(summary: pd.DataFrame, target: ForwardCosts, draft: ForwardCosts,
@@ -121,5 +101,4 @@ def describe_best(best: Mapping[str, Any]) -> str:
             f"from {best['tokens_per_call']:.2f} tokens per call at {1e3 * best['seconds_per_call']:.0f} ms per call)")
 
 
-__all__ = ["REPLAY_COLUMNS", "best_configuration", "calls_to_emit", "describe_best", "predict_tokens_per_s",
-           "read_replay_summary", "seconds_per_call"]
+__all__ = ["REPLAY_COLUMNS", "best_configuration", "describe_best", "predict_tokens_per_s", "read_replay_summary"]

@@ -3,8 +3,8 @@
 ``python -m spectr_repro check`` times one forward of each model at the shapes a run uses (K rows x
 (L+1) tokens for a target call, K rows x 1 token for a draft step, one row of a prompt chunk for a
 prefill, and the same at B x K rows for batches of prompts), each on top of a cached context as in
-decoding. ``plan`` (and the best-configuration prediction) then take these seconds in place of the
-assumed cost model of ``hardware.estimate``.
+decoding (``spectr_repro.cost.measure``). ``plan`` (and the best-configuration prediction) then take these
+seconds in place of the assumed cost model of ``hardware.estimate`` (``spectr_repro.cost.model``).
 
 The file is per machine: ``<cache root>/calibration/<hostname>.json`` (``$SPECTR_REPRO_CACHE`` or
 ``~/.cache/spectr_repro``; ``$SPECTR_REPRO_CALIBRATION`` names another file). It holds one entry per
@@ -28,10 +28,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import torch
+from omegaconf import DictConfig
+
+from spectr_repro.files import atomic_write_text
 
 CALIBRATION_ENV_VAR = "SPECTR_REPRO_CALIBRATION"
-CONTEXT_TOKENS = 64  # cached tokens below each timed forward (a prompt's worth, as in decoding)
 
 
 def calibration_path() -> Path:
@@ -148,8 +149,6 @@ def find_calibration(hardware: str, model_pair: str, dtype: str, path: Path | No
 
 def write_calibration(calibration: Calibration, path: Path | None = None) -> Path:
     """Add or replace ``calibration``'s entry in the file (atomically, with the user's umask)."""
-    from spectr_repro.runner.store import atomic_write_text
-
     path = path or calibration_path()
     entries = {key: value.to_json() for key, value in read_calibrations(path).items()}
     entries[entry_key(calibration.hardware, calibration.model_pair, calibration.dtype)] = calibration.to_json()
@@ -162,79 +161,15 @@ def today() -> str:
     return _dt.date.today().isoformat()
 
 
-# --------------------------------------------------------------------------------------------------
-# Measuring
+def calibration_dtype(cfg: DictConfig) -> str:
+    """The dtype a cell's target runs in: ``hardware.dtype``, else the pair's own (float32 by default)."""
+    return str(cfg.hardware.get("dtype") or cfg.model_pair.get("dtype") or "float32")
 
 
-def plan_shapes(Ks: Sequence[int], Ls: Sequence[int], prefill_chunks: Sequence[int],
-                batch_sizes: Sequence[int] = (1,)) -> dict[str, list[tuple[int, int, str]]]:
-    """The (rows, tokens, logits) shapes a run of these K, L, prefill chunks and prompt batch sizes calls, per
-    role (see ``engine.loop``): with B prompts at once, the target scores B*K rows x (L+1) tokens (every
-    position's logits) after feeding the last emitted token of each prompt (B x 1); the draft feeds the 1-2
-    pending tokens (B x 2) and then steps B*K rows x 1 token; both read each prompt in chunks (1 x chunk,
-    the last position's logits only)."""
-    target, draft = set(), set()
-    for chunk in prefill_chunks:
-        target.add((1, int(chunk), "last"))
-        draft.add((1, int(chunk), "last"))
-    for batch in batch_sizes:
-        target.add((int(batch), 1, "last"))
-        draft.add((int(batch), 2, "last"))
-        for K in Ks:
-            rows = int(batch) * int(K)
-            draft.add((rows, 1, "last"))
-            for L in Ls:
-                target.add((rows, int(L) + 1, "all"))
-    return {"target": sorted(target), "draft": sorted(draft)}
+def calibration_for(cfg: DictConfig) -> Calibration | None:
+    """This machine's calibration of the cell's hardware, pair and dtype (``check`` writes it), or None."""
+    return find_calibration(str(cfg.choices.hardware), str(cfg.choices.model_pair), calibration_dtype(cfg))
 
 
-def measure_forward_costs(model: torch.nn.Module, shapes: Sequence[tuple[int, int, str]], repeats: int = 2,
-                          context_tokens: int = CONTEXT_TOKENS, vocab_size: int | None = None) -> ForwardCosts:
-    """Median seconds of one cached forward of ``model`` at each (rows, tokens, logits) shape.
-
-    A context of ``context_tokens`` is cached once; before each timed forward the cache is cut back to it
-    and repeated over the rows, as the engine repeats the committed prefix over K drafts. The forward is
-    the engine's (``engine.forward.forward_logits``, the head on the last position or on all). Two untimed
-    forwards first (threads, allocator), one per shape (kernel selection), then ``repeats`` rounds that time
-    every shape once each, in turn, each forward between two synchronisations (the one timing helper,
-    ``SectionTimer``). Rounds rather than one shape's repeats back to back: on a machine whose speed drifts
-    (a shared VM measured 120 ms, then 207 ms, for the same decode forward 50 minutes apart) every shape
-    sees the same drift, so the costs stay consistent with each other.
-    """
-    from transformers import DynamicCache
-
-    from spectr_repro.engine.cache import crop_to, keep_row, repeat_rows
-    from spectr_repro.engine.forward import forward_logits, head_size
-    from spectr_repro.engine.timing import SectionTimer
-
-    device = next(model.parameters()).device
-    vocab = int(vocab_size or head_size(model))
-    generator = torch.Generator().manual_seed(0)
-    with torch.inference_mode():
-        cache = DynamicCache()
-        context = torch.randint(0, vocab, (1, context_tokens), generator=generator).to(device)
-        forward_logits(model, context, cache, vocab, keep_last=1)
-        for _ in range(2):
-            forward_logits(model, context[:, :1], cache, vocab, keep_last=1)
-            crop_to(cache, context_tokens)
-        inputs = [torch.randint(0, vocab, (rows, tokens), generator=generator).to(device)
-                  for rows, tokens, _ in shapes]
-        times: list[list[float]] = [[] for _ in shapes]
-        for attempt in range(repeats + 1):  # attempt 0 warms every shape up (kernel selection)
-            for index, ((rows, tokens, logits), ids) in enumerate(zip(shapes, inputs)):
-                repeat_rows(cache, rows)
-                timer = SectionTimer(device)
-                with timer("forward"):
-                    forward_logits(model, ids, cache, vocab, keep_last=tokens if logits == "all" else 1)
-                crop_to(cache, context_tokens)
-                keep_row(cache, 0, rows, device)
-                if attempt:
-                    times[index].append(timer.seconds["forward"])
-        points = [(int(rows), int(tokens), str(logits), float(statistics.median(seconds)))
-                  for (rows, tokens, logits), seconds in zip(shapes, times)]
-    return ForwardCosts(tuple(points))
-
-
-__all__ = ["CALIBRATION_ENV_VAR", "Calibration", "ForwardCosts", "calibration_path", "entry_key",
-           "find_calibration", "measure_forward_costs", "plan_shapes", "read_calibrations", "today",
-           "write_calibration"]
+__all__ = ["CALIBRATION_ENV_VAR", "Calibration", "ForwardCosts", "calibration_dtype", "calibration_for",
+           "calibration_path", "entry_key", "find_calibration", "read_calibrations", "today", "write_calibration"]

@@ -1,0 +1,118 @@
+"""One ``check`` run: compose the command line, run the items in order, collect the result (``check.json``)."""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import asdict
+from typing import Any
+
+import torch
+
+from spectr_repro.check.checker import Checker
+from spectr_repro.check.correctness import correctness_items, correctness_models, load_models
+from spectr_repro.check.costs import calibration_item, prediction_item, timing_item
+from spectr_repro.check.environment import environment_items, memory_item
+
+
+def compose(argv: Sequence[str]):
+    """(base config, every cell config) of the command line, through the runner's Hydra machinery."""
+    from spectr_repro.runner.config import Composer, UsageError, expand, parse_arguments, validate
+
+    args = parse_arguments(argv)
+    if args.sweeps:
+        raise UsageError("check takes one value per key (an experiment gives it a grid's shapes)")
+    if args.launcher_overrides:
+        raise UsageError("hydra/launcher overrides apply to `sweep` only")
+    with Composer() as composer:
+        cells = expand(composer, args, use_grid=True)  # first: it refuses unknown nested keys by name
+        base = composer.compose(args.fixed)
+    for cfg in [base, *cells]:
+        validate(cfg)
+    device = str(base.hardware.device)
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise UsageError(f"hardware device {device!r} but no CUDA device is visible to torch; use hardware=cpu")
+    return base, cells
+
+
+def run_shapes(base, cells, quick: bool = False) -> dict[str, Any]:
+    """K, L, prefill chunks and prompt batch sizes of the cells of the base config's pair (the base config's
+    alone without a grid). ``quick``: only the smallest and largest L and prefill chunk (the costs between
+    are interpolated, see ``cost.calibration``)."""
+    from spectr_repro.data import typical_prompt_tokens
+
+    Ks, Ls, chunks, batches = {1, int(base.K)}, {int(base.L)}, set(), {1}
+    for cfg in cells:
+        if cfg.choices.model_pair != base.choices.model_pair:
+            continue
+        if cfg.method.name != "ar":
+            Ks.add(int(cfg.K))
+            Ls.add(int(cfg.L))
+        batches.add(int(cfg.hardware.get("batch_prompts") or 1))
+        prompt = typical_prompt_tokens(cfg.choices.dataset)
+        chunk = int(cfg.hardware.get("prefill_chunk") or prompt)
+        chunks.update([min(chunk, prompt)] + ([prompt % chunk] if prompt > chunk and prompt % chunk else []))
+    chunks.add(32)  # the runner's warm-up prompt
+    if quick:
+        Ls, chunks = {min(Ls), max(Ls)}, {min(chunks), max(chunks)}
+    return {"Ks": sorted(Ks), "Ls": sorted(Ls), "prefill_chunks": sorted(chunks), "batch_sizes": sorted(batches)}
+
+
+def run_check(argv: Sequence[str]) -> tuple[int, dict[str, Any]]:
+    from omegaconf import OmegaConf
+
+    from spectr_repro import models
+    from spectr_repro.cost import write_calibration
+
+    started = time.perf_counter()
+    base, cells = compose(argv)
+    settings = base.check
+    quick, random_weights = bool(settings.quick), bool(settings.random_weights)
+    pair_cfg = models.pair_config(OmegaConf.to_container(base.model_pair, resolve=True)
+                                  | {"name": base.model_pair.get("name") or base.choices.model_pair})
+    shapes = run_shapes(base, cells, quick)
+    checker = Checker()
+    print(f"check: model pair {base.choices.model_pair} on hardware={base.choices.hardware}"
+          f"{' (random weights)' if random_weights else ''}{' (quick)' if quick else ''}", file=sys.stderr)
+    env = environment_items(checker, base)
+    try:
+        fits = memory_item(checker, base, pair_cfg, shapes, env["memory_free_bytes"])
+    except ValueError as error:  # no config of the pair's architecture here: say so, load as usual
+        fits = None
+        checker.add("memory", "fits without offload", "skip", str(error))
+    result: dict[str, Any] = {"model_pair": base.choices.model_pair, "hardware": base.choices.hardware,
+                              "random_weights": random_weights, "quick": quick, "shapes": shapes,
+                              "output": str(settings.output), "environment": env}
+    loaded = None
+    if fits is False:
+        checker.add("models", "load", "skip", "the pair does not fit: nothing loaded, no calibration")
+    else:
+        start = time.perf_counter()
+        try:
+            loaded = load_models(base, pair_cfg, random_weights)
+            checker.add("models", "load", "pass", loaded.what, required=True, seconds=time.perf_counter() - start)
+        except (ValueError, OSError, ImportError) as error:
+            checker.add("models", "load", "fail", " ".join(str(error).split())[:400], required=True,
+                        seconds=time.perf_counter() - start)
+    if loaded is not None:
+        target, draft = correctness_models(loaded, pair_cfg)
+        correctness_items(checker, target, draft, loaded.vocab_size, quick)
+        del target, draft
+        calibration = calibration_item(checker, base, pair_cfg, loaded, shapes, quick, env["device_name"])
+        overhead = timing_item(checker, base, loaded, calibration, quick)
+        if calibration is not None:
+            if overhead is not None:
+                calibration.extra["overhead_s_per_call"] = overhead
+            path = write_calibration(calibration)
+            checker.add("calibration", "written", "info", f"{calibration.note} -> {path}")
+            result["calibration"] = {"path": str(path), **calibration.to_json()}
+            if settings.get("replay_summary"):
+                result["prediction"] = prediction_item(checker, base, calibration, str(settings.replay_summary))
+    result["items"] = [asdict(item) for item in checker.items]
+    result["passed"] = checker.passed and loaded is not None
+    result["wall_time_s"] = time.perf_counter() - started
+    return (0 if result["passed"] else 1), result
+
+
+__all__ = ["compose", "run_check", "run_shapes"]
