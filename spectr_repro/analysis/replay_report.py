@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from spectr_repro.analysis.figures import dodge, method_dash, method_marker
 from spectr_repro.analysis.format import AVERAGE, interval_text
 from spectr_repro.analysis.load import base_method
 from spectr_repro.analysis.replay import LABEL
@@ -273,7 +274,9 @@ def replayed_differences_markdown(diffs: pd.DataFrame, K: int, L: int) -> str:
 
 
 def ablation_figure(table: pd.DataFrame, axis: str, fixed: dict, path: Path) -> Path | None:
-    """Tokens per call against K (or L) for each method, the other axis fixed; legend outside the axes."""
+    """Tokens per call against K (or L) for each method, the other axis fixed; each method with its own marker
+    (single-draft lines: their own dash) and a small x offset, so that rules with the same values (SBV and SBV-F)
+    both show; legend outside the axes."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -284,7 +287,8 @@ def ablation_figure(table: pd.DataFrame, axis: str, fixed: dict, path: Path) -> 
     labels = method_labels()
     fig, ax = plt.subplots(figsize=(7.5, 4.2))
     drawn = 0
-    for method in [m for m in VERIFIERS if m in set(part["method"])]:
+    methods = [m for m in VERIFIERS if m in set(part["method"])]
+    for index, method in enumerate(methods):
         rows = part[(part["method"] == method) & (part[other] == (1 if VERIFIERS[method].single_draft and other == "K"
                                                                  else fixed[other]))].sort_values(axis)
         if len(rows) < (1 if VERIFIERS[method].single_draft and axis == "K" else 2):
@@ -292,10 +296,11 @@ def ablation_figure(table: pd.DataFrame, axis: str, fixed: dict, path: Path) -> 
         x, y = rows[axis].to_numpy(float), rows["tokens_per_call"].to_numpy(float)
         err = np.vstack([y - rows["ci_low"].to_numpy(float), rows["ci_high"].to_numpy(float) - y])
         if VERIFIERS[method].single_draft and axis == "K":  # one value: a dashed reference line
-            ax.axhline(y[0], linestyle="--", linewidth=1, label=f"{labels[method]} (K=1)",
+            ax.axhline(y[0], linestyle=method_dash(method), linewidth=1, label=f"{labels[method]} (K=1)",
                        color=f"C{list(VERIFIERS).index(method)}")
         else:
-            ax.errorbar(x, y, yerr=np.nan_to_num(err), marker="o", capsize=3, label=labels[method],
+            ax.errorbar(x + dodge(index, len(methods), part[axis]), y, yerr=np.nan_to_num(err),
+                        marker=method_marker(method), capsize=3, label=labels[method],
                         color=f"C{list(VERIFIERS).index(method)}")
         drawn += 1
     if not drawn:
