@@ -289,7 +289,8 @@ def wilson_interval(successes: int, n: int, level: float = LEVEL) -> tuple[float
     if n == 0:
         return (math.nan, math.nan)
     low, high = proportion_confint(int(successes), int(n), alpha=1 - level, method="wilson")
-    return (float(low), float(high))
+    # At k = 0 (k = n) the Wilson bound is exactly 0 (1); statsmodels' arithmetic leaves 1 - 1e-16 there.
+    return (0.0 if successes == 0 else float(low), 1.0 if successes == n else float(high))
 
 
 
