@@ -11,6 +11,7 @@ from spectr_repro.analysis.report import ReportContext, main
 from spectr_repro.analysis.report import quality as quality_module
 from spectr_repro.analysis.report.context import find_audit
 from spectr_repro.analysis.report.quality import quality_section
+from spectr_repro.analysis.stats import RESAMPLES
 
 
 @pytest.fixture
@@ -72,6 +73,7 @@ def test_report_has_every_section_and_its_files_exist(results_copy, capsys):
         assert heading in report
     assert "synthetic CPU" in report and "2.13.0+cpu" in report and "abc1234" in report
     assert "max_new_tokens: 64" in report
+    assert f"intervals over prompts ({RESAMPLES} resamples)" in report  # the ablations' text: the constant's count
     assert "(paper 8.59, Δ" in report  # the 33B pair is set beside the paper
     assert "**SpecTr-GBV** (claimed lossless: True): K=2 carry_over=False: NOT lossless" in report
     assert "threshold: exact TV < 1e-9" in report
