@@ -14,6 +14,11 @@ speed-up panel.
 Each ablation holds the other two axes at the pair's main setting (see ``tables.main_setting``);
 single-draft methods (sd, bv, gbv) have no K axis and are drawn as dashed horizontal lines in the
 K figure.
+
+Every rule stays visible where values coincide (two rules with the same law, such as SBV and SBV-F on a
+replay): each method has its own marker (and single-draft lines their own dash), and the methods of a panel
+are spread a little along x (:func:`dodge`, a quarter of the spacing between x values at most). Legends sit
+outside the axes, right of the panels, never over the data.
 """
 
 from __future__ import annotations
@@ -51,6 +56,9 @@ AXES = {"K": "number of drafts K", "L": "draft length L", "temperature": "temper
 AXIS_FILE_NAMES = {"K": "K", "L": "L", "temperature": "T"}
 BOOTSTRAP_RESAMPLES = RESAMPLES
 BOOTSTRAP_LEVEL = LEVEL
+MARKERS = ["o", "s", "^", "D", "v", "P", "X", "*", "h", "<", ">", "p"]
+DASHES = ["--", "-.", ":", (0, (5, 1, 1, 1, 1, 1))]
+DODGE_SHARE = 0.25  # the methods of a panel spread over this share of the smallest spacing between x values
 
 
 def method_color(method: str) -> tuple:
@@ -62,6 +70,42 @@ def method_color(method: str) -> tuple:
         return colormaps["tab20"](zlib.crc32(method.encode()) % 20)
     index = METHOD_ORDER.index(base) if base in METHOD_ORDER else len(METHOD_ORDER)
     return colormaps["tab10"](index % 10)
+
+
+def _method_index(method: str) -> int:
+    base = base_method(method)
+    index = METHOD_ORDER.index(base) if base in METHOD_ORDER else len(METHOD_ORDER)
+    return index if base == method else index + zlib.crc32(method.encode())  # a variant: a marker of its own
+
+
+def method_marker(method: str) -> str:
+    """A fixed marker per method across every figure, so that coinciding points stay distinguishable."""
+    return MARKERS[_method_index(method) % len(MARKERS)]
+
+
+def method_dash(method: str) -> str | tuple:
+    """A fixed dash pattern per method for horizontal reference lines (single-draft methods in a K figure)."""
+    return DASHES[_method_index(method) % len(DASHES)]
+
+
+def dodge(index: int, count: int, x_values) -> float:
+    """The x offset of the ``index``-th of ``count`` methods drawn in one panel: spread symmetrically over
+    ``DODGE_SHARE`` of the smallest spacing between the distinct ``x_values`` (1 when there is one)."""
+    if count < 2:
+        return 0.0
+    distinct = np.unique(np.asarray(list(x_values), dtype=float))
+    spacing = float(np.diff(distinct).min()) if len(distinct) > 1 else 1.0
+    return (index - (count - 1) / 2) * DODGE_SHARE * spacing / (count - 1)
+
+
+def legend_outside(figure: Figure, axes) -> None:
+    """One legend for the figure, right of the panels (off the data); duplicates across panels shown once."""
+    entries: dict[str, object] = {}
+    for ax in np.ravel(axes):
+        for handle, label in zip(*ax.get_legend_handles_labels()):
+            entries.setdefault(label, handle)
+    if entries:
+        figure.legend(list(entries.values()), list(entries), loc="outside right upper", fontsize=8, frameon=False)
 
 
 def ratio_interval(
@@ -165,24 +209,25 @@ def plot_ablation(data: pd.DataFrame, axis: str, title: str = "") -> Figure | No
         for col, (metric, metric_title) in enumerate(METRICS.items()):
             ax = grid[row][col]
             subset = data[(data["dataset"] == dataset) & (data["metric"] == metric)]
-            for method in order_methods(subset["method"]):
+            methods = order_methods(subset["method"])
+            for index, method in enumerate(methods):
                 line = subset[subset["method"] == method].sort_values("value")
                 label = method_label(method)
                 if axis == "K" and base_method(method) in SINGLE_DRAFT_METHODS and len(line) == 1:
                     ax.axhline(
                         line["mean"].iloc[0],
                         color=method_color(method),
-                        linestyle="--",
+                        linestyle=method_dash(method),
                         linewidth=1.2,
                         label=f"{label} (K={int(line['value'].iloc[0])})",
                     )
                     continue
                 errors = np.vstack([line["err_low"].to_numpy(), line["err_high"].to_numpy()])
                 ax.errorbar(
-                    line["value"],
+                    line["value"].to_numpy(float) + dodge(index, len(methods), subset["value"]),
                     line["mean"],
                     yerr=None if np.isnan(errors).all() else errors,
-                    marker="o",
+                    marker=method_marker(method),
                     markersize=4,
                     capsize=3,
                     color=method_color(method),
@@ -196,7 +241,7 @@ def plot_ablation(data: pd.DataFrame, axis: str, title: str = "") -> Figure | No
             ax.grid(alpha=0.3)
             if axis in ("K", "L"):
                 ax.xaxis.get_major_locator().set_params(integer=True)
-    grid[0][-1].legend(fontsize=8, loc="best")
+    legend_outside(figure, grid)
     if title:
         figure.suptitle(title, fontsize=11)
     return figure
@@ -237,12 +282,13 @@ def plot_acceptance(data: pd.DataFrame, title: str = "") -> Figure | None:
     for index, dataset in enumerate(datasets):
         ax = grid[index // cols][index % cols]
         subset = data[data["dataset"] == dataset]
-        for method in order_methods(subset["method"]):
+        methods = order_methods(subset["method"])
+        for index, method in enumerate(methods):
             line = subset[subset["method"] == method].sort_values("position")
             ax.plot(
-                line["position"],
+                line["position"].to_numpy(float) + dodge(index, len(methods), subset["position"]),
                 line["acceptance"],
-                marker="o",
+                marker=method_marker(method),
                 markersize=3,
                 color=method_color(method),
                 label=method_label(method),
@@ -255,7 +301,7 @@ def plot_acceptance(data: pd.DataFrame, title: str = "") -> Figure | None:
         ax.xaxis.get_major_locator().set_params(integer=True)
     for index in range(len(datasets), rows * cols):
         grid[index // cols][index % cols].set_visible(False)
-    grid[0][0].legend(fontsize=8, loc="lower left")
+    legend_outside(figure, grid)
     if title:
         figure.suptitle(title, fontsize=11)
     return figure

@@ -118,12 +118,6 @@ def _read_jsonl(path: Path) -> list[dict]:
         return list(iter_records(handle, str(path)))
 
 
-def summary_paths(results_dir: str | Path) -> list[Path]:
-    """Every ``cells/<cell_id>/summary.json`` below ``results_dir``, sorted."""
-    root = Path(results_dir)
-    return sorted(p for p in root.rglob("summary.json") if p.parent.parent.name == "cells")
-
-
 def cell_folders(results_dir: str | Path) -> list[Path]:
     """Every ``cells/<cell_id>/`` folder below ``results_dir`` (with or without a summary), sorted."""
     root = Path(results_dir)
@@ -304,3 +298,58 @@ def integrity_markdown(results_dirs: list[Path], cells: pd.DataFrame) -> str | N
             lines.append(f"| {cell.cell_id} | {cell.speedup:.2f}× | {reasons} |")
         lines.append("")
     return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------------------------------
+# Files beside the cells: quality scores and the audit
+# --------------------------------------------------------------------------------------------------
+
+QUALITY_FILE = "quality.csv"  # one row per scored cell, written by `python -m spectr_repro quality`
+# One row per scored prompt per cell (columns stats.QUALITY_OUTCOME_COLUMNS, + seed, max_new_tokens, K, L when
+# known), written by the same command beside quality.csv: what the report pairs with AR.
+QUALITY_OUTCOMES_FILE = "quality_prompts.csv"
+
+
+@dataclass
+class QualityFiles:
+    """The quality command's files of some results folders: ``scores`` (quality.csv of every folder that has
+    one, concatenated; None if none has), ``outcomes`` (the per-prompt files, likewise) and ``unscored`` (the
+    folders without quality.csv)."""
+
+    scores: pd.DataFrame | None
+    outcomes: pd.DataFrame | None
+    unscored: list[Path]
+
+
+def _read_csvs(paths: list[Path]) -> pd.DataFrame | None:
+    return pd.concat([pd.read_csv(path) for path in paths], ignore_index=True) if paths else None
+
+
+def load_quality(results_dirs: list[Path]) -> QualityFiles:
+    """quality.csv and the per-prompt outcomes of ``results_dirs``; reads only, scores nothing."""
+    scored = [folder / QUALITY_FILE for folder in results_dirs if (folder / QUALITY_FILE).is_file()]
+    outcomes = [folder / QUALITY_OUTCOMES_FILE for folder in results_dirs if (folder / QUALITY_OUTCOMES_FILE).is_file()]
+    unscored = [folder for folder in results_dirs if not (folder / QUALITY_FILE).is_file()]
+    return QualityFiles(_read_csvs(scored), _read_csvs(outcomes), unscored)
+
+
+@dataclass
+class Audit:
+    """``audit.json`` as `python -m spectr_repro audit` writes it (spectr_repro.theory.cli): ``rows`` (one per
+    rule, K and option variant), ``peers`` (the peer implementations' rows) and ``settings`` (its scalar
+    entries: quick, seconds, thresholds)."""
+
+    path: Path
+    rows: list[dict]
+    peers: list[dict]
+    settings: dict
+
+
+def load_audit(path: Path) -> Audit:
+    """The audit file at ``path``; ValueError when it is not the object the audit command writes."""
+    data = json.loads(path.read_text(encoding="utf-8"))
+    if not isinstance(data, dict) or not isinstance(data.get("rows"), list):
+        raise ValueError(f"{path}: not an audit (expected the object `python -m spectr_repro audit` writes, "
+                         "with a list of rows)")
+    settings = {key: value for key, value in data.items() if not isinstance(value, list | dict)}
+    return Audit(path, data["rows"], data.get("peers") or [], settings)

@@ -17,16 +17,15 @@ from pathlib import Path
 
 import pandas as pd
 
+from spectr_repro.analysis.format import AVERAGE, COMPARATORS, interval_text
 from spectr_repro.analysis.stats import RESAMPLES, mean_of_ratios, paired_comparison
 from spectr_repro.verify import VERIFIERS, method_labels
 
-AVERAGE = "average"
 GROUP_KEYS = ["model_pair", "temperature"]
 CELL_KEYS = ["method", "K", "L"]
 SUMMARY_FILE = "replay_summary.csv"
 DIFFERENCES_FILE = "replay_differences.csv"
 LABEL = "tokens per target call on shared blocks"
-COMPARATORS = ("spectr_gbv", "sd")
 
 
 def load_blocks(root: str | Path) -> pd.DataFrame:
@@ -176,12 +175,6 @@ def read_summaries(root: str | Path) -> tuple[pd.DataFrame, pd.DataFrame] | None
     return table, diffs
 
 
-def _interval(value, low, high) -> str:
-    if pd.isna(low) or pd.isna(high):
-        return f"{value:.2f}"
-    return f"{value:.2f} [{low:.2f}, {high:.2f}]"
-
-
 def summary_markdown(table: pd.DataFrame, dataset: str | None = None) -> str:
     """Methods as rows, (K, L) as columns, at one dataset (default: the average, else the only one)."""
     if table.empty:
@@ -190,7 +183,8 @@ def summary_markdown(table: pd.DataFrame, dataset: str | None = None) -> str:
     dataset = dataset or (AVERAGE if AVERAGE in datasets else datasets[0])
     part = table[table["dataset"] == dataset].copy()
     labels = method_labels()
-    part["cell"] = [_interval(v, lo, hi) for v, lo, hi in zip(part["tokens_per_call"], part["ci_low"], part["ci_high"])]
+    part["cell"] = [interval_text(v, lo, hi)
+                    for v, lo, hi in zip(part["tokens_per_call"], part["ci_low"], part["ci_high"])]
     part["method"] = [labels.get(m, m) + (" (1st iter.)" if flag else "") for m, flag in
                       zip(part["method"], part["first_iteration"])]
     part["setting"] = [f"K={K} L={L}" for K, L in zip(part["K"], part["L"])]

@@ -1,5 +1,6 @@
-"""REPORT.md sections built from a shared-block replay: the verdicts table, the replayed Table 1, the K and L
-ablations, and the agreement of replay and trajectory block efficiency. Files in, markdown and figures out.
+"""What REPORT.md's replay sections show (``analysis.report.replay``) and README.md's table reuse: the verdicts on
+the paper's claims, the replayed Table 1 and differences, the K and L figures, and the agreement of replay and
+trajectory block efficiency. Tables in, markdown and figures out.
 
 Like with like: a replay value is a block's expected tokens for one target call, never truncated (every
 block is drafted whole). The trajectory figure set beside it is the block efficiency of the cells' *full*
@@ -16,23 +17,14 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from spectr_repro.analysis.figures import dodge, method_dash, method_marker
+from spectr_repro.analysis.format import AVERAGE, interval_text
 from spectr_repro.analysis.load import base_method
-from spectr_repro.analysis.replay import AVERAGE, LABEL, load_blocks, read_summaries, reference_setting
+from spectr_repro.analysis.replay import LABEL
 from spectr_repro.analysis.stats import RESAMPLES, Interval, mean_of_ratios, paired_comparison
 from spectr_repro.verify import VERIFIERS, method_labels
 
-Z = 1.959963984540054  # two-sided 95 %
 EQUAL_WITHIN = 1e-4  # tokens per call: an equality claim holds when the paired interval lies inside +-this
-
-
-def find_replays(results_dirs: list[Path]) -> list[Path]:
-    return [folder / "replay" for folder in results_dirs if (folder / "replay" / "replay_summary.csv").is_file()]
-
-
-def _relative(path: Path, start: Path) -> str:
-    import os
-
-    return os.path.relpath(path, start)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -76,12 +68,10 @@ def prompts_to_decide(interval: Interval) -> int | None:
     return int(math.ceil(interval.n * (half / abs(interval.estimate)) ** 2))
 
 
-def _text(interval: Interval | None, digits: int = 2) -> str:
+def _text(interval: Interval | None) -> str:
     if interval is None:
         return "not replayed"
-    if not interval.has_interval:
-        return f"{interval.estimate:+.{digits}f} (n={interval.n})"
-    return f"{interval.estimate:+.{digits}f} [{interval.low:+.{digits}f}, {interval.high:+.{digits}f}] (n={interval.n})"
+    return f"{interval_text(interval.estimate, interval.low, interval.high, signed=True)} (n={interval.n})"
 
 
 # --------------------------------------------------------------------------------------------------
@@ -244,18 +234,6 @@ def _speedup_series(cells: pd.DataFrame, K: int, temperature: float | None = Non
         f" ({', '.join(sorted(shared))})" if shared else "")
 
 
-def verdicts_section(blocks, table, audit_rows, cells=None, resamples=RESAMPLES, main=None) -> str:
-    rows = verdict_rows(blocks, table, audit_rows, cells, resamples, main)
-    frame = pd.DataFrame(rows)[["claim", "paper", "measured", "verdict", "note"]]
-    return "\n".join([
-        "## Verdicts: the paper's claims against this run", "",
-        f"Block-efficiency claims are judged on the shared-block replay ({LABEL}, 95 % intervals over prompts, "
-        "paired on the same blocks; average over the replayed datasets). *holds* = every difference excludes 0 in "
-        "the claimed direction; *does not hold* = one excludes 0 against it; *undecided* otherwise, with the number "
-        "of prompts that would decide it where the effect size allows.", "",
-        frame.to_markdown(index=False), ""])
-
-
 # --------------------------------------------------------------------------------------------------
 # Tables and figures
 
@@ -271,8 +249,7 @@ def table1_markdown(table: pd.DataFrame, K: int, L: int) -> str:
         row = {"method": labels[method] + (" (1st iter.)" if VERIFIERS[method].carries_state else ""),
                "K": cell[1]}
         for _, r in part.iterrows():
-            row[r["dataset"]] = (f"{r['tokens_per_call']:.2f}" if pd.isna(r["ci_low"])
-                                 else f"{r['tokens_per_call']:.2f} [{r['ci_low']:.2f}, {r['ci_high']:.2f}]")
+            row[r["dataset"]] = interval_text(r["tokens_per_call"], r["ci_low"], r["ci_high"])
         rows.append(row)
     frame = pd.DataFrame(rows)
     datasets = [c for c in frame.columns if c not in ("method", "K", AVERAGE)]
@@ -280,7 +257,7 @@ def table1_markdown(table: pd.DataFrame, K: int, L: int) -> str:
     return frame.fillna("-").to_markdown(index=False)
 
 
-def differences_markdown(diffs: pd.DataFrame, K: int, L: int) -> str:
+def replayed_differences_markdown(diffs: pd.DataFrame, K: int, L: int) -> str:
     if diffs.empty:
         return "(no comparator replayed)"
     part = diffs[((diffs["K"] == K) | (diffs["K"] == 1)) & (diffs["L"] == L)
@@ -288,7 +265,7 @@ def differences_markdown(diffs: pd.DataFrame, K: int, L: int) -> str:
     labels = method_labels()
     part = part[[not (VERIFIERS[m].single_draft is False and k != K) for m, k in zip(part["method"], part["K"])]]
     part["vs"] = [f"{labels[c]} (K={k})" for c, k in zip(part["comparator"], part["comparator_K"])]
-    part["Δ"] = [f"{d:+.3f} [{lo:+.3f}, {hi:+.3f}]" if pd.notna(lo) else f"{d:+.3f}"
+    part["Δ"] = [interval_text(d, lo, hi, digits=3, signed=True)
                  for d, lo, hi in zip(part["difference"], part["ci_low"], part["ci_high"])]
     part["method"] = [f"{labels[m]} (K={k})" for m, k in zip(part["method"], part["K"])]
     wide = part.pivot_table(index=["method", "vs"], columns="dataset", values="Δ", aggfunc="first", sort=False)
@@ -297,7 +274,9 @@ def differences_markdown(diffs: pd.DataFrame, K: int, L: int) -> str:
 
 
 def ablation_figure(table: pd.DataFrame, axis: str, fixed: dict, path: Path) -> Path | None:
-    """Tokens per call against K (or L) for each method, the other axis fixed; legend outside the axes."""
+    """Tokens per call against K (or L) for each method, the other axis fixed; each method with its own marker
+    (single-draft lines: their own dash) and a small x offset, so that rules with the same values (SBV and SBV-F)
+    both show; legend outside the axes."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -308,7 +287,8 @@ def ablation_figure(table: pd.DataFrame, axis: str, fixed: dict, path: Path) -> 
     labels = method_labels()
     fig, ax = plt.subplots(figsize=(7.5, 4.2))
     drawn = 0
-    for method in [m for m in VERIFIERS if m in set(part["method"])]:
+    methods = [m for m in VERIFIERS if m in set(part["method"])]
+    for index, method in enumerate(methods):
         rows = part[(part["method"] == method) & (part[other] == (1 if VERIFIERS[method].single_draft and other == "K"
                                                                  else fixed[other]))].sort_values(axis)
         if len(rows) < (1 if VERIFIERS[method].single_draft and axis == "K" else 2):
@@ -316,10 +296,11 @@ def ablation_figure(table: pd.DataFrame, axis: str, fixed: dict, path: Path) -> 
         x, y = rows[axis].to_numpy(float), rows["tokens_per_call"].to_numpy(float)
         err = np.vstack([y - rows["ci_low"].to_numpy(float), rows["ci_high"].to_numpy(float) - y])
         if VERIFIERS[method].single_draft and axis == "K":  # one value: a dashed reference line
-            ax.axhline(y[0], linestyle="--", linewidth=1, label=f"{labels[method]} (K=1)",
+            ax.axhline(y[0], linestyle=method_dash(method), linewidth=1, label=f"{labels[method]} (K=1)",
                        color=f"C{list(VERIFIERS).index(method)}")
         else:
-            ax.errorbar(x, y, yerr=np.nan_to_num(err), marker="o", capsize=3, label=labels[method],
+            ax.errorbar(x + dodge(index, len(methods), part[axis]), y, yerr=np.nan_to_num(err),
+                        marker=method_marker(method), capsize=3, label=labels[method],
                         color=f"C{list(VERIFIERS).index(method)}")
         drawn += 1
     if not drawn:
@@ -367,7 +348,7 @@ def trajectory_full_blocks(records: pd.DataFrame, method: str, K: int, L: int) -
 
 
 def _plain(interval: Interval) -> str:
-    return f"{interval.estimate:.2f} [{interval.low:.2f}, {interval.high:.2f}] n={interval.n}"
+    return f"{interval_text(interval.estimate, interval.low, interval.high)} n={interval.n}"
 
 
 def agreement_markdown(blocks, table, records, K, L, resamples=RESAMPLES) -> str:
@@ -407,48 +388,5 @@ def agreement_markdown(blocks, table, records, K, L, resamples=RESAMPLES) -> str
     return frame.to_markdown(index=False)
 
 
-def replay_sections(results_dirs: list[Path], out_dir: Path, audit_rows: list[dict] | None = None,
-                    cells: pd.DataFrame | None = None, records: pd.DataFrame | None = None) -> tuple[str, str] | None:
-    """(verdicts section, replay sections) for REPORT.md, or None when no folder holds a replay."""
-    roots = find_replays(results_dirs)
-    if not roots:
-        return None
-    blocks = pd.concat([load_blocks(root) for root in roots], ignore_index=True)
-    tables = [read_summaries(root) for root in roots]
-    table = pd.concat([t for t, _ in tables], ignore_index=True)
-    diffs = pd.concat([d for _, d in tables if not d.empty], ignore_index=True) if any(
-        not d.empty for _, d in tables) else pd.DataFrame()
-    if blocks.empty or table.empty:
-        return None
-    K, L = main_cells(table, reference_setting(roots))
-    verdicts = verdicts_section(blocks, table, audit_rows, cells, main=(K, L))
-    lines = [f"## Table 1 — {LABEL}", "",
-             f"Every rule on the same draft blocks (K={K}, L={L}; single-draft rules K=1): each block is one target "
-             "call of a lossless reference trajectory, drafted whole, and each value is the rule's expected tokens on "
-             "it (exact where the rule has a closed form, else the mean of its sampler's draws). 95 % intervals "
-             "resample prompts. GBV carries state: its value is a first iteration's. Files: "
-             + ", ".join(f"`{_relative(r / 'replay_summary.csv', out_dir)}`" for r in roots), ""]
-    for (pair, temperature), part in table.groupby(["model_pair", "temperature"], sort=False):
-        lines += [f"### {pair}, T={temperature:g}", "", table1_markdown(part, K, L), ""]
-    lines += ["### Which replayed differences are real", "",
-              "Each method against the release (SpecTr-GBV at the same K, L) and SD (K=1, same L), paired on the "
-              "same blocks.", "", differences_markdown(diffs, K, L), ""]
-    figures = out_dir / "figures"
-    for axis, fixed in (("K", {"L": L}), ("L", {"K": K})):
-        path = ablation_figure(table, axis, fixed, figures / f"replay_ablation_{axis}.png")
-        if path is not None:
-            lines += [f"### Tokens per call vs {axis} (replay)", "", f"![replay vs {axis}]({_relative(path, out_dir)})",
-                      ""]
-    lines += ["### Replay against the trajectory cells", "",
-              "Trajectory: the cells' block efficiency over their full blocks (the cell's L drafted; the engine drafts "
-              "shorter blocks only where max_new_tokens would cut them, and a block's accepted length is recorded "
-              "before max_new_tokens or EOS cut the text, so every full block counts, the last included). Replay: "
-              "the same method's value on the replayed blocks of the same datasets. They agree when the intervals "
-              "overlap. Their blocks start at different places (each trajectory's own block starts; the replay's are "
-              "the reference's), so they estimate close but not identical quantities.", "",
-              agreement_markdown(blocks, table, records, K, L), ""]
-    return verdicts, "\n".join(lines)
-
-
-__all__ = ["agreement_markdown", "default_variant", "full_block_tokens", "main_cells", "replay_sections",
-           "verdict_rows", "verdicts_section"]
+__all__ = ["ablation_figure", "agreement_markdown", "default_variant", "full_block_tokens", "main_cells",
+           "replayed_differences_markdown", "table1_markdown", "verdict_rows"]

@@ -23,7 +23,7 @@ statistic here is a function of per-stratum column sums, and its 95 % interval c
 
 Quality (pass@1, exact match). Outcomes are paired by prompt: McNemar's exact test (a two-sided
 binomial test on the discordant pairs, ``scipy.stats.binomtest``) and Wilson score intervals
-(``binomtest(...).proportion_ci(method="wilson")``) for each accuracy.
+(``statsmodels.stats.proportion.proportion_confint(..., method="wilson")``) for each accuracy.
 
 Which speed-ups are measurements at all: ``speedup_exclusion`` (one line per summary flag).
 """
@@ -38,8 +38,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 from scipy.stats import DegenerateDataWarning, binomtest, bootstrap
-
-from spectr_repro.quality import wilson_interval  # noqa: F401 (quality scores and owns it; re-exported)
+from statsmodels.stats.proportion import proportion_confint
 
 LEVEL = 0.95
 RESAMPLES = 9999
@@ -283,6 +282,16 @@ def align_prompts(a: pd.DataFrame, b: pd.DataFrame, keys: Sequence[str], columns
 # --------------------------------------------------------------------------------------------------
 # Quality: paired binary outcomes
 # --------------------------------------------------------------------------------------------------
+
+
+def wilson_interval(successes: int, n: int, level: float = LEVEL) -> tuple[float, float]:
+    """Wilson score interval of a proportion (statsmodels); NaN bounds when n = 0."""
+    if n == 0:
+        return (math.nan, math.nan)
+    low, high = proportion_confint(int(successes), int(n), alpha=1 - level, method="wilson")
+    # At k = 0 (k = n) the Wilson bound is exactly 0 (1); statsmodels' arithmetic leaves 1 - 1e-16 there.
+    return (0.0 if successes == 0 else float(low), 1.0 if successes == n else float(high))
+
 
 
 @dataclass(frozen=True)

@@ -26,6 +26,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from spectr_repro.analysis.format import AVERAGE, COMPARATORS, interval_text, methods_by_datasets, missing
 from spectr_repro.analysis.load import (
     DATASET_ORDER,
     SINGLE_DRAFT_METHODS,
@@ -47,14 +48,11 @@ from spectr_repro.paper import paper_table
 
 METRICS = {"block_efficiency": "Block efficiency", "speedup": "Speed-up vs AR"}
 PAPER_MAIN = {"K": 3, "L": 12, "temperature": 0.4}
-AVERAGE = "average"
 # Per-prompt record columns whose ratio of sums is each metric: (numerator, denominator).
 RATIO_COLUMNS = {
     "block_efficiency": ("new_tokens", "target_calls"),
     "speedup": ("ar_wall_time_s", "wall_time_s"),
 }
-# The methods every other method is compared with, prompt by prompt.
-COMPARATORS = ("spectr_gbv", "sd")
 # How a comparison is made per metric, and the value meaning "no difference".
 COMPARISON_KIND = {"block_efficiency": ("difference", 0.0), "speedup": ("ratio", 1.0)}
 COMPARISON_TITLES = {"block_efficiency": "Δ block efficiency", "speedup": "Speed-up ratio"}
@@ -147,10 +145,8 @@ def table1(cells: pd.DataFrame, model_pair: str, metric: str, setting: Setting |
     pair_cells, setting = pair_cells_and_setting(cells, model_pair, setting)
     selected = cells_at(pair_cells, setting)
     values = selected.assign(_value=metric_values(selected, metric))
-    wide = values.groupby(["method", "dataset"])["_value"].mean().unstack("dataset")
-    wide = wide.reindex(index=order_methods(wide.index), columns=ordered(wide.columns, DATASET_ORDER))
+    wide = methods_by_datasets(values, "_value", aggfunc="mean", labels=False, columns_name="dataset")
     wide[AVERAGE] = wide.mean(axis=1).where(wide.notna().all(axis=1))
-    wide.index.name, wide.columns.name = "method", "dataset"
     return wide
 
 
@@ -268,49 +264,26 @@ def compare_with_paper(
     return ours_long.sort_values(["_m", "_d"]).drop(columns=["_m", "_d"]).reset_index(drop=True)
 
 
-def _fmt(value: float, metric: str) -> str:
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return ""
-    return f"{value:.2f}×" if metric == "speedup" else f"{value:.2f}"
-
-
-def _missing(value) -> bool:
-    return value is None or (isinstance(value, float) and math.isnan(value))
-
-
-def _interval_text(low: float, high: float) -> str:
-    return "" if _missing(low) or _missing(high) else f" [{low:.2f}, {high:.2f}]"
+def _unit(metric: str) -> str:
+    return "×" if metric == "speedup" else ""
 
 
 def _cell_text(
     ours: float,
     paper: float,
     metric: str,
-    latex: bool = False,
     low: float = math.nan,
     high: float = math.nan,
     note: str = "",
 ) -> str:
-    text = note if note and _missing(ours) else _fmt(ours, metric) + _interval_text(low, high)
+    text = note if note and missing(ours) else interval_text(ours, low, high, unit=_unit(metric))
     if not math.isnan(paper):
         diff = "" if math.isnan(ours) else f", Δ {ours - paper:+.2f}"
-        text = f"{text} (paper {_fmt(paper, metric)}{diff})".strip()
-    if latex:
-        text = text.replace("×", r"$\times$").replace("Δ", r"$\Delta$")
+        text = f"{text} (paper {interval_text(paper, None, None, unit=_unit(metric))}{diff})".strip()
     return text
 
 
-def _latex_escape(text: str) -> str:
-    return (
-        str(text)
-        .replace("\\", r"\textbackslash{}")
-        .replace("_", r"\_")
-        .replace("%", r"\%")
-        .replace("&", r"\&")
-    )
-
-
-def display_table(comparison: pd.DataFrame, latex: bool = False) -> pd.DataFrame:
+def display_table(comparison: pd.DataFrame) -> pd.DataFrame:
     """Wide table of strings, "ours [low, high] (paper X, Δ d)"; rows method labels, columns datasets.
 
     The interval appears where ``comparison`` has one (``compare_with_paper(..., intervals=)``); an
@@ -319,23 +292,29 @@ def display_table(comparison: pd.DataFrame, latex: bool = False) -> pd.DataFrame
     if comparison.empty:
         return pd.DataFrame()
     metric = comparison["metric"].iloc[0]
-    missing = pd.Series(math.nan, index=comparison.index)
-    low, high = comparison.get("ours_low", missing), comparison.get("ours_high", missing)
+    absent = pd.Series(math.nan, index=comparison.index)
+    low, high = comparison.get("ours_low", absent), comparison.get("ours_high", absent)
     notes = comparison.get("note", pd.Series("", index=comparison.index)).fillna("")
     comparison = comparison.assign(
         text=[
-            _cell_text(o, p, metric, latex, lo, hi, note)
+            _cell_text(o, p, metric, lo, hi, note)
             for o, p, lo, hi, note in zip(comparison["ours"], comparison["paper"], low, high, notes)
         ]
     )
-    wide = comparison.pivot(index="method", columns="dataset", values="text").fillna("")
-    wide = wide.reindex(
-        index=order_methods(wide.index), columns=ordered(wide.columns, DATASET_ORDER + [AVERAGE])
-    )
-    wide.index = [method_label(m) for m in wide.index]
-    wide.index.name = "method"
-    wide.columns.name = None
-    return wide
+    return methods_by_datasets(comparison, "text").fillna("")
+
+
+def _latex_math(text: str) -> str:
+    """× and Δ as LaTeX math (applied after pandas has escaped the text)."""
+    return text.replace("×", r"$\times$").replace("Δ", r"$\Delta$")
+
+
+def latex_table(comparison: pd.DataFrame, caption: str, label: str) -> str:
+    """``display_table`` as a LaTeX table: pandas escapes the labels and entries ("GBV[carry_over=False]",
+    "n/c (...)"), then × and Δ become math."""
+    wide = display_table(comparison).rename_axis(None)
+    return wide.to_latex(escape=True, formatters={column: _latex_math for column in wide.columns},
+                         caption=caption, label=label)
 
 
 @dataclass
@@ -379,15 +358,12 @@ def build_table1(
             + display_table(comparison).to_markdown(disable_numparse=True)
             + "\n"
         )
-        latex_table = display_table(comparison, latex=True)
-        latex_table.index = [_latex_escape(name) for name in latex_table.index]  # "GBV[carry_over=False]"
-        latex_table.columns = [_latex_escape(name) for name in latex_table.columns]
-        latex = latex_table.to_latex(
+        latex_parts.append(latex_table(
+            comparison,
             caption=f"{title}, {model_pair.replace('_', ' ')}, {setting}; paper values in parentheses"
             + ("; 95\\% bootstrap intervals over prompts in brackets." if records is not None else "."),
             label=f"tab:{metric}-{model_pair}".replace(".", "-"),
-        )
-        latex_parts.append(latex)
+        ))
     comparison = pd.concat(comparisons, ignore_index=True)
     comparison.insert(2, "K", setting.K)
     comparison.insert(3, "L", setting.L)
@@ -542,12 +518,9 @@ def method_differences(
 
 
 def _difference_text(row, metric: str) -> str:
-    if _missing(row.estimate):
+    if missing(row.estimate):
         return row.note
-    if metric == "speedup":
-        text = f"{row.estimate:.2f}×" + ("" if _missing(row.low) else f" [{row.low:.2f}, {row.high:.2f}]")
-    else:
-        text = f"{row.estimate:+.2f}" + ("" if _missing(row.low) else f" [{row.low:+.2f}, {row.high:+.2f}]")
+    text = interval_text(row.estimate, row.low, row.high, signed=metric != "speedup", unit=_unit(metric))
     if row.real is True:
         text = f"**{text}**"
     return text + (" ‡" if row.note else "")
@@ -585,12 +558,7 @@ def differences_markdown(differences: pd.DataFrame) -> str:
             if subset.empty:
                 continue
             subset = subset.assign(text=[_difference_text(row, metric) for row in subset.itertuples()])
-            wide = subset.pivot(index="method", columns="dataset", values="text").fillna("")
-            wide = wide.reindex(
-                index=order_methods(wide.index), columns=ordered(wide.columns, DATASET_ORDER + [AVERAGE])
-            )
-            wide.index = [method_label(m) for m in wide.index]
-            wide.index.name, wide.columns.name = "method", None
+            wide = methods_by_datasets(subset, "text").fillna("")
             lines += [
                 f"**{COMPARISON_TITLES[metric]} vs {method_label(comparator)}**",
                 "",
@@ -622,14 +590,9 @@ def throughput_ratios(cells: pd.DataFrame, model_pair: str, setting: Setting) ->
     at = at[speedup_exclusions(at).isna()]
     ar = at[at["method"] == "ar"].set_index(["dataset", "temperature"])["tokens_per_s"]
     ar = ar[~ar.index.duplicated()]
-    rows = {}
-    for cell in at[at["method"] != "ar"].itertuples():
-        base = ar.get((cell.dataset, cell.temperature))
-        if base is not None and base > 0:
-            rows.setdefault(cell.method, {})[cell.dataset] = cell.tokens_per_s / base
-    frame = pd.DataFrame.from_dict(rows, orient="index")
-    if frame.empty:
-        return frame
-    frame = frame.reindex(index=order_methods(frame.index), columns=ordered(frame.columns, DATASET_ORDER))
-    frame.index = [method_label(m) for m in frame.index]
-    return frame
+    rows = [{"method": cell.method, "dataset": cell.dataset, "ratio": cell.tokens_per_s / base}
+            for cell in at[at["method"] != "ar"].itertuples()
+            if (base := ar.get((cell.dataset, cell.temperature))) is not None and base > 0]
+    if not rows:
+        return pd.DataFrame()
+    return methods_by_datasets(pd.DataFrame(rows), "ratio", aggfunc="last", index_name=None)

@@ -2,7 +2,15 @@ import numpy as np
 import pytest
 from matplotlib.image import imread
 
-from spectr_repro.analysis.figures import ablation_data, acceptance_data, make_figures, ratio_interval
+from spectr_repro.analysis.figures import (
+    ablation_data,
+    acceptance_data,
+    dodge,
+    make_figures,
+    plot_ablation,
+    plot_acceptance,
+    ratio_interval,
+)
 from spectr_repro.analysis.load import load_results
 
 QWEN = "qwen25coder_1.5b_0.5b"
@@ -81,3 +89,37 @@ def test_make_figures_writes_png_and_svg(results, tmp_path):
         assert svg.read_text().lstrip().startswith("<?xml") and "<svg" in svg.read_text()
     # a pair with only the main table has nothing to sweep: only the acceptance figure
     assert set(make_figures(results.cells, results.records, DEEPSEEK, tmp_path / "ds")) == {"acceptance"}
+
+
+def _legend_outside_every_axes(figure):
+    """The figure's legends, each checked to lie clear of every panel (drawn, in display coordinates)."""
+    figure.canvas.draw()
+    legends = list(figure.legends) + [ax.get_legend() for ax in figure.axes if ax.get_legend() is not None]
+    for legend in legends:
+        box = legend.get_window_extent()
+        assert not any(box.overlaps(ax.get_window_extent()) for ax in figure.axes if ax.get_visible())
+    return legends
+
+
+def test_legends_sit_off_the_data_and_coinciding_methods_stay_apart(results):
+    """The L ablation draws seven methods at L=6, some with equal speed-ups: each has its own marker and x offset
+    (so no line hides another), and the one legend lies right of the panels (until 2026-12-03 it sat in the
+    speed-up panel). Negative control: a legend placed in the axes, as before, is caught."""
+    data = ablation_data(results.cells, results.records, QWEN, "L")
+    figure = plot_ablation(data, "L")
+    assert len(_legend_outside_every_axes(figure)) == 1
+    lines = [container.lines[0] for container in figure.axes[1].containers]  # the errorbars' data lines
+    assert len({line.get_marker() for line in lines}) == len(lines) >= 7
+    x_at_six = [x for line in lines for x in line.get_xdata() if abs(x - 6) < 0.5]
+    assert len(set(np.round(x_at_six, 6))) == len(x_at_six)  # every method's point at L=6 on its own x
+    assert len(_legend_outside_every_axes(plot_acceptance(acceptance_data(results.cells, QWEN)))) == 1
+    figure.axes[1].legend(loc="best")
+    with pytest.raises(AssertionError):
+        _legend_outside_every_axes(figure)
+
+
+def test_dodge_spreads_methods_over_a_quarter_of_the_spacing():
+    assert dodge(0, 1, [1, 3, 5]) == 0.0
+    offsets = [dodge(i, 3, [1, 3, 5]) for i in range(3)]
+    assert offsets == pytest.approx([-0.25, 0.0, 0.25])  # a quarter of the spacing 2, centred
+    assert dodge(1, 2, [0.1, 0.4, 0.7]) == pytest.approx(0.0375)

@@ -6,7 +6,12 @@ import pandas as pd
 import pytest
 
 from spectr_repro.__main__ import main as cli_main
-from spectr_repro.analysis.report import audit_rows, find_audit, main
+from spectr_repro.analysis.load import QUALITY_OUTCOMES_FILE, load_audit, load_quality
+from spectr_repro.analysis.report import ReportContext, main
+from spectr_repro.analysis.report import quality as quality_module
+from spectr_repro.analysis.report.context import find_audit
+from spectr_repro.analysis.report.quality import quality_section
+from spectr_repro.analysis.stats import RESAMPLES
 
 
 @pytest.fixture
@@ -68,6 +73,7 @@ def test_report_has_every_section_and_its_files_exist(results_copy, capsys):
         assert heading in report
     assert "synthetic CPU" in report and "2.13.0+cpu" in report and "abc1234" in report
     assert "max_new_tokens: 64" in report
+    assert f"intervals over prompts ({RESAMPLES} resamples)" in report  # the ablations' text: the constant's count
     assert "(paper 8.59, Δ" in report  # the 33B pair is set beside the paper
     assert "**SpecTr-GBV** (claimed lossless: True): K=2 carry_over=False: NOT lossless" in report
     assert "threshold: exact TV < 1e-9" in report
@@ -81,7 +87,9 @@ def test_report_has_every_section_and_its_files_exist(results_copy, capsys):
     assert (results_copy / "tables" / "table1_qwen25coder_1.5b_0.5b.tex").is_file()
 
 
-def test_audit_is_found_next_to_the_results_and_read_in_either_shape(tmp_path, monkeypatch):
+def test_audit_is_found_next_to_the_results_and_read_in_the_shape_its_writer_writes(tmp_path, monkeypatch):
+    """`python -m spectr_repro audit` (theory.cli) writes one object: rows, peers and scalar settings; any other
+    shape is refused (a bare list or row is no audit file)."""
     monkeypatch.chdir(tmp_path)  # no ./results/audit either
     folder = tmp_path / "results" / "cpu_quick"
     folder.mkdir(parents=True)
@@ -90,8 +98,14 @@ def test_audit_is_found_next_to_the_results_and_read_in_either_shape(tmp_path, m
     (tmp_path / "results" / "audit" / "audit.json").write_text("[]")
     assert find_audit([folder]) == tmp_path / "results" / "audit" / "audit.json"
     row = {"rule": "sd", "K": 1, "verdict": "lossless"}
-    assert audit_rows([row]) == audit_rows({"rows": [row]}) == audit_rows(row) == [row]
-    assert audit_rows({"note": "nothing"}) == []
+    path = tmp_path / "audit.json"
+    path.write_text(json.dumps({"quick": True, "rows": [row], "peers": [{"peer": "x"}]}))
+    audit = load_audit(path)
+    assert audit.rows == [row] and audit.peers == [{"peer": "x"}] and audit.settings == {"quick": True}
+    for other in ([row], row, {"note": "nothing"}):
+        path.write_text(json.dumps(other))
+        with pytest.raises(ValueError, match="not an audit"):
+            load_audit(path)
 
 
 def test_bad_input_exits_non_zero_and_writes_nothing(tmp_path, capsys):
@@ -112,10 +126,7 @@ def test_missing_audit_file_given_explicitly_is_an_error(results_copy, capsys):
 
 
 def test_quality_section_reads_saved_scores_and_never_scores(monkeypatch, tmp_path):
-    import pandas as pd
-
     import spectr_repro.quality as quality
-    from spectr_repro.analysis import report
 
     scored, unscored = tmp_path / "scored", tmp_path / "unscored"
     scored.mkdir()
@@ -126,21 +137,24 @@ def test_quality_section_reads_saved_scores_and_never_scores(monkeypatch, tmp_pa
     # The real scoring executes model-written code: the report must never reach it.
     monkeypatch.setattr(quality, "write_quality", lambda *args, **kwargs: pytest.fail("the report scored"))
     monkeypatch.setattr(quality, "quality_tables", lambda *args, **kwargs: pytest.fail("the report scored"))
-    monkeypatch.setattr(report, "quality_markdown", lambda df: (
-        "# Quality parity\n\n## Table\n\n"
-        + " ".join(f"{m}={a}" for m, a in zip(df["method"], df["accuracy"]))
-    ))
+    monkeypatch.setattr(quality_module, "scores_lines", lambda df: [
+        " ".join(f"{m}={a}" for m, a in zip(df["method"], df["accuracy"]))])
 
-    section = report.quality_section([scored, unscored])
+    def section_of(*folders):
+        return quality_section(ReportContext(list(folders), tmp_path / "REPORT.md", quality=load_quality(folders)))
+
+    section = section_of(scored, unscored)
     assert section.startswith("## Quality parity with AR") and "ar=0.5 sd=0.25" in section
-    assert "### Table" in section  # the module's headings demoted below the report's
+    assert not any(line.startswith("# ") for line in section.splitlines())  # no document heading inside
     assert "Not scored (no quality.csv)" in section and str(unscored) in section
-    section = report.quality_section([unscored])
+    section = section_of(unscored)
     assert "Not computed" in section and "python -m spectr_repro quality <results_dir>" in section
     assert not (unscored / "quality.csv").exists()
 
-    monkeypatch.setattr(report, "quality_markdown", lambda df: 1 / 0)
-    assert "Quality files could not be read: ZeroDivisionError" in report.quality_section([scored])
+    monkeypatch.setattr(quality_module, "scores_lines", lambda df: 1 / 0)
+    assert "Quality files could not be read: ZeroDivisionError" in section_of(scored)
+    context = ReportContext([scored], tmp_path / "REPORT.md", quality=ValueError("unreadable"))  # as loaded
+    assert "Quality files could not be read: ValueError: unreadable" in quality_section(context)
 
 
 def test_several_results_folders_are_merged_into_one_report(synthetic, tmp_path):
@@ -177,8 +191,6 @@ def test_report_has_intervals_and_the_differences_section(results_copy):
 
 
 def test_quality_section_adds_the_paired_test_from_per_prompt_outcomes(tmp_path):
-    from spectr_repro.analysis.report import QUALITY_OUTCOMES_FILE, quality_section
-
     rows = [
         {"model_pair": "p", "dataset": "gsm8k", "temperature": 0.4, "seed": 0, "method": method,
          "prompt_id": f"q{i}", "correct": int(correct)}
@@ -186,7 +198,8 @@ def test_quality_section_adds_the_paired_test_from_per_prompt_outcomes(tmp_path)
         for i, correct in enumerate(outcomes)
     ]
     pd.DataFrame(rows).to_csv(tmp_path / QUALITY_OUTCOMES_FILE, index=False)
-    section = quality_section([tmp_path])  # no quality.csv: the paired part alone, nothing executed
+    context = ReportContext([tmp_path], tmp_path / "REPORT.md", quality=load_quality([tmp_path]))
+    section = quality_section(context)  # no quality.csv: the paired part alone, nothing executed
     assert section.startswith("## Quality parity with AR") and "### Paired with AR on the same prompts" in section
     (sd,) = [line for line in section.splitlines() if "| sd " in line]
     (gbv,) = [line for line in section.splitlines() if "| spectr_gbv " in line]

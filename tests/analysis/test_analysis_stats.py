@@ -182,6 +182,21 @@ def test_wilson_interval_matches_the_closed_form(k, n):
     assert low <= k / n <= high
 
 
+def _scipy_wilson(k, n):
+    """The Wilson interval as spectr_repro computed it until 2026-12-03 (``quality.wilson_interval``, scipy's
+    binomtest), kept here to check the statsmodels interval that replaced it."""
+    from scipy.stats import binomtest
+
+    interval = binomtest(k, n).proportion_ci(confidence_level=0.95, method="wilson")
+    return interval.low, interval.high
+
+
+@pytest.mark.parametrize("k,n", [(0, 1), (1, 1), (0, 10), (3, 10), (10, 10), (57, 164), (499, 1000)])
+def test_wilson_interval_equals_the_scipy_interval_it_replaced(k, n):
+    assert wilson_interval(k, n) == pytest.approx(_scipy_wilson(k, n), abs=1e-12)
+    assert all(math.isnan(bound) for bound in wilson_interval(0, 0))
+
+
 def test_mcnemar_exact():
     outcomes = [True, False, True, True, False]
     same = mcnemar_exact(outcomes, outcomes)

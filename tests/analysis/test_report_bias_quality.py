@@ -8,8 +8,12 @@ import json
 import pandas as pd
 import pytest
 
-from spectr_repro.analysis import report
-from spectr_repro.analysis.report import bias_section, collapse_uninformative_quality, quality_section
+from spectr_repro.analysis.load import load_quality
+from spectr_repro.analysis.report import ReportContext
+from spectr_repro.analysis.report import quality as quality_module
+from spectr_repro.analysis.report.bias import bias_section
+from spectr_repro.analysis.report.context import load_bias
+from spectr_repro.analysis.report.quality import collapse_uninformative_quality, quality_section
 from spectr_repro.analysis.stats import wilson_interval
 from spectr_repro.bias import driver, estimators
 
@@ -38,9 +42,9 @@ def test_quality_section_shows_the_informative_rows_and_one_line_per_collapsed_s
     pd.DataFrame([quality_row("gsm8k", "ar", 0, 8), quality_row("gsm8k", "sbv", 0, 8),
                   quality_row("gsm8k", "ar", 20, 40, 512), quality_row("gsm8k", "sbv", 18, 40, 512)]
                  ).to_csv(tmp_path / "quality.csv", index=False)
-    monkeypatch.setattr(report, "quality_markdown", lambda df: "# Quality\n\n" + "\n".join(
-        f"row {r.method} {r.max_new_tokens}" for r in df.itertuples()))
-    section = quality_section([tmp_path])
+    monkeypatch.setattr(quality_module, "scores_lines", lambda df: [
+        f"row {r.method} {r.max_new_tokens}" for r in df.itertuples()])
+    section = quality_section(ReportContext([tmp_path], tmp_path / "REPORT.md", quality=load_quality([tmp_path])))
     assert "row sbv 512" in section and "row sbv 32" not in section
     assert "collapsed" in section and section.count("AR accuracy is 0") == 1
 
@@ -69,14 +73,15 @@ def write_bias_folder(root):
 
 def test_bias_section_has_one_line_per_method_and_setting_and_the_figure_of_the_worst_context(tmp_path):
     write_bias_folder(tmp_path)
-    section = bias_section([tmp_path], tmp_path)
+    section = bias_section(ReportContext([tmp_path], tmp_path / "REPORT.md", bias=load_bias([tmp_path])))
     table = [line for line in section.splitlines() if line.startswith("| qwen")]
     assert len(table) == 3  # spectr_gbv, sbv, the control: pooled rows only
     release = next(line for line in table if "spectr_gbv" in line)
     assert "bias detected" in release and "| 2 " in release  # two contexts, Fisher's p small
     assert "no bias detected" in next(line for line in table if "| sbv" in line)
     assert (tmp_path / "figures" / "bias_first_token.png").stat().st_size > 1000
-    assert bias_section([tmp_path / "nothing"], tmp_path) is None
+    assert load_bias([tmp_path / "nothing"]) is None
+    assert bias_section(ReportContext([tmp_path / "nothing"], tmp_path / "REPORT.md")) is None
 
 
 def test_a_bias_only_folder_beside_a_results_folder_adds_the_section_to_the_report(synthetic, tmp_path):

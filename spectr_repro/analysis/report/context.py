@@ -1,0 +1,163 @@
+"""The report's one loading step: every file REPORT.md draws on, read once into a :class:`ReportContext`.
+
+Cells and records (``analysis.load``), the shared-block replay (``analysis.replay``), the audit, the bias
+estimates, the quality scores and the theory summary. A folder that holds only `replay` or `bias` output (no
+``cells/``) feeds those parts beside folders with cells; given alone, the report is of those parts only.
+Every ValueError (bad input) is raised here, before anything is written.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pandas as pd
+
+from spectr_repro.analysis.load import (
+    Audit,
+    QualityFiles,
+    Results,
+    load_audit,
+    load_quality,
+    load_results,
+)
+from spectr_repro.analysis.replay import load_blocks, read_summaries, reference_setting
+from spectr_repro.analysis.replay_report import main_cells
+from spectr_repro.paper import load_paper_numbers
+
+BIAS_CSV = Path("bias") / "bias.csv"  # written by `python -m spectr_repro bias` (spectr_repro.bias.driver)
+REPLAY_SUMMARY = Path("replay") / "replay_summary.csv"  # written by `python -m spectr_repro replay`
+
+
+@dataclass
+class ReplayData:
+    """The shared-block replays of the folders: blocks, summary and differences tables, the main (K, L)."""
+
+    roots: list[Path]
+    blocks: pd.DataFrame
+    table: pd.DataFrame
+    differences: pd.DataFrame
+    K: int
+    L: int
+
+
+@dataclass
+class BiasData:
+    """``bias/bias.csv`` of every folder that has one (concatenated) and the files it came from."""
+
+    table: pd.DataFrame
+    csv_paths: list[Path]
+
+
+@dataclass
+class ReportContext:
+    """Everything a section renders from; a part that is None has no section. Folders of replay or bias output
+    alone have no ``results``, ``paper``, ``quality`` or ``theory``; ``quality`` is the exception raised reading
+    its files when they could not be read."""
+
+    folders: list[Path]
+    report_path: Path
+    results: Results | None = None
+    paper: pd.DataFrame | None = None
+    audit: Audit | None = None
+    replay: ReplayData | None = None
+    bias: BiasData | None = None
+    quality: QualityFiles | Exception | None = None
+    theory: Path | None = None
+    generated: str = field(default_factory=lambda: dt.datetime.now().isoformat(timespec="seconds"))
+
+    @property
+    def out_dir(self) -> Path:
+        return self.report_path.parent
+
+    @property
+    def command(self) -> str:
+        return "python -m spectr_repro report " + " ".join(str(f) for f in self.folders)
+
+
+def find_audit(results_dirs: list[Path]) -> Path | None:
+    """audit.json next to or above the results folders (results/audit/audit.json), or in ./results/audit."""
+    candidates = []
+    for folder in results_dirs:
+        candidates += [folder / "audit" / "audit.json", folder.parent / "audit" / "audit.json", folder / "audit.json"]
+    candidates.append(Path("results") / "audit" / "audit.json")
+    return next((c for c in candidates if c.is_file()), None)
+
+
+def find_theory(results_dirs: list[Path]) -> Path | None:
+    """THEORY.md beside the results folders (results/theory/THEORY.md), or in ./results/theory."""
+    candidates = [c for folder in results_dirs for c in (folder.parent / "theory" / "THEORY.md",
+                                                         Path("results") / "theory" / "THEORY.md")]
+    return next((c for c in candidates if c.is_file()), None)
+
+
+def _merge(results: list[Results]) -> Results:
+    cells = pd.concat([r.cells for r in results], ignore_index=True)
+    records = pd.concat(
+        [r.records for r in results if not r.records.empty] or [results[0].records], ignore_index=True
+    )
+    return Results(root=results[0].root, cells=cells, records=records)
+
+
+def load_replay(results_dirs: list[Path]) -> ReplayData | None:
+    """The replays under ``results_dirs`` (``<folder>/replay``); None when none has finished blocks."""
+    roots = [folder / "replay" for folder in results_dirs if (folder / REPLAY_SUMMARY).is_file()]
+    if not roots:
+        return None
+    blocks = pd.concat([load_blocks(root) for root in roots], ignore_index=True)
+    tables = [read_summaries(root) for root in roots]
+    table = pd.concat([t for t, _ in tables], ignore_index=True)
+    differences = [d for _, d in tables if not d.empty]
+    if blocks.empty or table.empty:
+        return None
+    K, L = main_cells(table, reference_setting(roots))
+    return ReplayData(roots, blocks, table, pd.concat(differences, ignore_index=True) if differences
+                      else pd.DataFrame(), K, L)
+
+
+def load_bias(results_dirs: list[Path]) -> BiasData | None:
+    paths = [folder / BIAS_CSV for folder in results_dirs if (folder / BIAS_CSV).is_file()]
+    return BiasData(pd.concat([pd.read_csv(path) for path in paths], ignore_index=True), paths) if paths else None
+
+
+def _quality(results_dirs: list[Path]) -> QualityFiles | Exception:
+    try:
+        return load_quality(results_dirs)
+    except Exception as error:  # an optional section must not lose the report's tables and figures
+        return error
+
+
+def load_context(
+    results_dirs: list[str | Path],
+    output: str | Path | None = None,
+    paper_csv: str | Path | None = None,
+    audit: str | Path | None = None,
+    allow_incomplete: bool = False,
+) -> ReportContext:
+    """Read every file the report needs. ValueError on bad input: damaged or unfinished cell folders (each
+    named) unless ``allow_incomplete``, a folder with neither cells nor replay nor bias output, an audit
+    file given but missing or not an audit."""
+    folders = [Path(d) for d in results_dirs]
+    without_cells = [f for f in folders if not (f / "cells").is_dir()
+                     and ((f / BIAS_CSV).is_file() or (f / "replay").is_dir())]
+    alone = bool(folders) and len(without_cells) == len(folders)  # bias or replay output alone
+    results = None
+    if not alone:
+        cell_folders = [f for f in folders if f not in without_cells] or folders
+        results = _merge([load_results(folder, strict=not allow_incomplete) for folder in cell_folders])
+    audit_path = Path(audit) if audit is not None else find_audit(folders)
+    if audit is not None and not audit_path.is_file():
+        raise ValueError(f"audit file {str(audit_path)!r} not found")
+    report_path = Path(output) if output is not None else folders[0] / "REPORT.md"
+    return ReportContext(
+        folders=folders,
+        report_path=report_path,
+        results=results,
+        paper=None if alone else load_paper_numbers(paper_csv),
+        audit=load_audit(audit_path) if audit_path is not None else None,
+        replay=load_replay(folders),
+        bias=load_bias(folders),
+        quality=None if alone else _quality(folders),
+        theory=None if alone else find_theory(folders),
+    )

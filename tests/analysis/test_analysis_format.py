@@ -1,0 +1,41 @@
+"""The analysis's shared formatting (spectr_repro.analysis.format): intervals as text, the methods-by-datasets
+pivot, and Table 1's LaTeX escaped by pandas."""
+
+import math
+
+import pandas as pd
+
+from spectr_repro.analysis.format import AVERAGE, bounds_text, interval_text, methods_by_datasets
+from spectr_repro.analysis.tables import latex_table
+
+
+def test_interval_text_shows_bounds_only_where_both_exist():
+    assert interval_text(1.234, 1.1, 1.4) == "1.23 [1.10, 1.40]"
+    assert interval_text(0.05, -0.01, 0.11, digits=3, signed=True) == "+0.050 [-0.010, +0.110]"
+    assert interval_text(2.5, 2.0, 3.0, unit="×") == "2.50× [2.00, 3.00]"  # the unit follows the estimate only
+    assert interval_text(2.5, math.nan, 3.0) == "2.50" and interval_text(2.5, None, None) == "2.50"
+    assert interval_text(2.5, -math.inf, 3.0) == "2.50"  # an infinite bound is no interval
+    assert interval_text(math.nan, 1.0, 2.0) == " [1.00, 2.00]"  # as Table 1 showed it: no estimate, the bounds
+    assert bounds_text(0.1, 0.25, digits=3) == "[0.100, 0.250]" and bounds_text(None, 1.0) == ""
+
+
+def test_methods_by_datasets_orders_rows_and_columns_and_labels_methods():
+    long = pd.DataFrame({"method": ["spectr_gbv", "sd", "sd", "gbv[carry_over=False]"],
+                         "dataset": [AVERAGE, "gsm8k", "humaneval", "humaneval"], "value": [1.0, 2.0, 3.0, 4.0]})
+    wide = methods_by_datasets(long, "value")
+    assert list(wide.index) == ["SD", "GBV[carry_over=False]", "SpecTr-GBV"]  # the registry's order, labels
+    assert list(wide.columns) == ["humaneval", "gsm8k", AVERAGE]  # the data registry's order, the average last
+    assert wide.loc["SD", "gsm8k"] == 2.0 and math.isnan(wide.loc["SpecTr-GBV", "humaneval"])
+    assert wide.index.name == "method" and wide.columns.name is None
+    raw = methods_by_datasets(long, "value", aggfunc="mean", labels=False, columns_name="dataset")
+    assert list(raw.index) == ["sd", "gbv[carry_over=False]", "spectr_gbv"] and raw.columns.name == "dataset"
+
+
+def test_latex_table_escapes_names_and_notes_and_writes_times_and_delta_as_math():
+    comparison = pd.DataFrame({"model_pair": "p", "metric": "speedup", "method": ["gbv[carry_over=False]", "sd"],
+                               "dataset": ["humaneval", "humaneval"], "ours": [1.5, math.nan],
+                               "paper": [1.25, math.nan], "note": ["", "n/c (50% & more_batched)"]})
+    tex = latex_table(comparison, caption="c", label="l")
+    assert r"GBV[carry\_over=False]" in tex and r"n/c (50\% \& more\_batched)" in tex
+    assert r"1.50$\times$ (paper 1.25$\times$, $\Delta$ +0.25)" in tex
+    assert "×" not in tex and "Δ" not in tex
