@@ -94,6 +94,20 @@ def test_intervals():
     assert all(math.isnan(x) for x in quality.wilson_interval(0, 0))
 
 
+GRID = [(k1, n1, k2, n2) for n1 in (1, 2, 3, 10, 37) for n2 in (1, 4, 37)
+        for k1 in sorted({0, 1, n1 // 2, n1 - 1, n1}) for k2 in sorted({0, 1, n2 // 2, n2})]
+
+
+@pytest.mark.parametrize("k1,n1,k2,n2", GRID)
+def test_intervals_agree_with_statsmodels(k1, n1, k2, n2):
+    """Before replacing them: the Wilson and Newcombe intervals equal statsmodels' on a grid (k = 0, k = n, n = 1)."""
+    from statsmodels.stats.proportion import confint_proportions_2indep, proportion_confint
+
+    assert quality.wilson_interval(k1, n1) == pytest.approx(proportion_confint(k1, n1, 0.05, "wilson"), abs=1e-12)
+    expected = confint_proportions_2indep(k1, n1, k2, n2, method="newcomb", compare="diff", alpha=0.05)
+    assert quality.difference_interval(k1, n1, k2, n2) == pytest.approx(expected, abs=1e-12)
+
+
 def _write_cell(root: Path, name: str, summary: dict, records: list[dict]) -> None:
     cell = root / "exp" / "cells" / name
     cell.mkdir(parents=True)
