@@ -17,7 +17,9 @@ def wilson_interval(successes: int, n: int, level: float = 0.95) -> tuple[float,
     if n == 0:
         return (math.nan, math.nan)
     low, high = proportion_confint(int(successes), int(n), alpha=1 - level, method="wilson")
-    return (float(low), float(high))
+    # At k = n the bound is exactly 1; statsmodels' rounding leaves 1 - 1e-16, which would put the accuracy 1.0
+    # outside its own interval (at k = 0 it already returns 0.0).
+    return (float(low), 1.0 if successes == n else float(high))
 
 
 def difference_interval(k1: int, n1: int, k2: int, n2: int) -> tuple[float, float]:
