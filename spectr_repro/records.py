@@ -4,18 +4,21 @@
     <output_dir>/<experiment>/cells/<cell_id>/config.yaml     the cell's resolved config
     <output_dir>/<experiment>/cells/<cell_id>/summary.json    one CellSummary (written last)
 
-The runner builds these dataclasses and writes them; the analysis reads them back through
-``summary_from_json`` / ``record_from_json`` (which name the file and the missing key when one is
-missing); W&B logs the same fields. A new field is added here, once. Plain dataclasses, no torch: a
-report can be rebuilt from a results folder on any laptop.
+The runner builds these dataclasses and writes them; the analysis and the quality scorer read a cell
+folder back through the one reader below (``cell_folders``, ``read_summary``, ``read_records``,
+``read_cells``), which checks each file with ``summary_from_json`` / ``record_from_json`` (naming the
+file and the missing key when one is missing); W&B logs the same fields. A new field is added here,
+once. Plain dataclasses, no torch: a report can be rebuilt from a results folder on any laptop.
 """
 
 from __future__ import annotations
 
+import json
 import math
 import statistics
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
 from typing import Any
 
 from spectr_repro.errors import SchemaError
@@ -260,8 +263,6 @@ def flatten_numbers(summary: Mapping[str, Any], prefix: str = "") -> dict[str, A
 
 def iter_records(lines: Iterable[str], where: str) -> Iterable[dict[str, Any]]:
     """Parse JSONL lines into checked records; a bad line is a SchemaError naming ``where`` and the line."""
-    import json
-
     for number, line in enumerate(lines, 1):
         if not line.strip():
             continue
@@ -272,8 +273,61 @@ def iter_records(lines: Iterable[str], where: str) -> Iterable[dict[str, Any]]:
         yield record_from_json(data, f"{where}:{number}")
 
 
+# ---- reading a results folder: the one reader of a cell folder (analysis.load and quality use it) ----------
+SUMMARY_FILE = "summary.json"
+RECORDS_FILE = "records.jsonl"
+
+
+def cell_folders(results_dir: str | Path) -> list[Path]:
+    """Every ``cells/<cell_id>/`` folder below ``results_dir`` (with or without a summary), sorted; ``results_dir``
+    may itself be a ``cells`` folder."""
+    root = Path(results_dir)
+    holders = [root] if root.name == "cells" else sorted(root.rglob("cells"))
+    return sorted(p for cells in holders if cells.is_dir() for p in cells.iterdir() if p.is_dir())
+
+
+def read_summary(path: Path) -> dict[str, Any]:
+    """A summary.json, checked (SchemaError naming ``path``: not JSON, or a required key missing; OSError)."""
+    try:
+        with open(path, encoding="utf-8") as handle:
+            data = json.load(handle)
+    except json.JSONDecodeError as err:
+        raise SchemaError(f"{path}: not valid JSON ({err})") from err
+    return summary_from_json(data, str(path))
+
+
+def read_records(path: Path) -> tuple[list[dict[str, Any]], str]:
+    """A records.jsonl's checked records and the text they were parsed from (its sha256 is the summary's
+    ``records_sha256``); SchemaError naming ``path`` and the line, OSError, UnicodeDecodeError."""
+    text = Path(path).read_text(encoding="utf-8")
+    return list(iter_records(text.splitlines(keepends=True), str(path))), text
+
+
+@dataclass(frozen=True)
+class CellFiles:
+    """What one cell folder holds: its checked summary and records (None: no records.jsonl)."""
+
+    folder: Path
+    summary: dict[str, Any]
+    records: list[dict[str, Any]] | None
+
+
+def read_cells(results_dir: str | Path) -> list[CellFiles]:
+    """Every cell folder below ``results_dir`` that has a summary.json, read as it stands (a damaged file raises;
+    whether a summary agrees with its records is ``summary_disagreements``'s question, asked by the analysis)."""
+    cells = []
+    for folder in cell_folders(results_dir):
+        if not (folder / SUMMARY_FILE).is_file():
+            continue
+        summary = read_summary(folder / SUMMARY_FILE)
+        records_path = folder / RECORDS_FILE
+        cells.append(CellFiles(folder, summary, read_records(records_path)[0] if records_path.is_file() else None))
+    return cells
+
+
 __all__ = [
-    "REQUIRED_SUMMARY_KEYS", "SCHEMA_VERSION", "CellSummary", "PromptRecord", "RecordTotals", "SchemaError",
-    "as_json", "field_names", "flatten_numbers", "is_timed", "iter_records", "pooled_metrics", "record_from_json",
+    "RECORDS_FILE", "REQUIRED_SUMMARY_KEYS", "SCHEMA_VERSION", "SUMMARY_FILE", "CellFiles", "CellSummary",
+    "PromptRecord", "RecordTotals", "SchemaError", "as_json", "cell_folders", "field_names", "flatten_numbers",
+    "is_timed", "iter_records", "pooled_metrics", "read_cells", "read_records", "read_summary", "record_from_json",
     "record_totals", "records_digest", "summary_disagreements", "summary_from_json", "table_columns",
 ]

@@ -86,12 +86,41 @@ def test_intervals():
     low, high = quality.wilson_interval(8, 10)
     assert low < 0.8 < high and 0 <= low and high <= 1
     assert quality.wilson_interval(0, 10)[0] == 0.0
-    assert quality.wilson_interval(10, 10)[1] == pytest.approx(1.0, abs=1e-12)
+    assert quality.wilson_interval(10, 10)[1] == 1.0  # exactly: the accuracy 1.0 lies inside its interval
     low, high = quality.difference_interval(50, 100, 50, 100)
     assert low < 0 < high and low == pytest.approx(-high)
     low, high = quality.difference_interval(90, 100, 10, 100)
     assert low > 0.6
     assert all(math.isnan(x) for x in quality.wilson_interval(0, 0))
+
+
+GRID = [(k1, n1, k2, n2) for n1 in (1, 2, 3, 10, 37) for n2 in (1, 4, 37)
+        for k1 in sorted({0, 1, n1 // 2, n1 - 1, n1}) for k2 in sorted({0, 1, n2 // 2, n2})]
+Z95 = 1.959963984540054
+
+
+def _wilson_formula(k, n, z=Z95):
+    centre, half = (k + z * z / 2) / (n + z * z), z * math.sqrt(k * (n - k) / n + z * z / 4) / (n + z * z)
+    return centre - half, centre + half
+
+
+def _newcombe_formula(k1, n1, k2, n2):
+    """Newcombe (1998) method 10: the hybrid score interval of p1 - p2 from the two Wilson intervals."""
+    (l1, u1), (l2, u2), p1, p2 = _wilson_formula(k1, n1), _wilson_formula(k2, n2), k1 / n1, k2 / n2
+    return (p1 - p2 - math.hypot(p1 - l1, u2 - p2), p1 - p2 + math.hypot(u1 - p1, p2 - l2))
+
+
+@pytest.mark.parametrize("k1,n1,k2,n2", GRID)
+def test_difference_interval_is_newcombes_hybrid_score_interval(k1, n1, k2, n2):
+    """statsmodels' interval, called as method - AR with alpha 0.05, is the textbook formula (k = 0, k = n, n = 1)."""
+    assert quality.difference_interval(k1, n1, k2, n2) == pytest.approx(_newcombe_formula(k1, n1, k2, n2), abs=1e-12)
+
+
+# quality.csv's columns, in order: the analysis reads the file (a change here is a change of its contract)
+QUALITY_CSV_COLUMNS = ["experiment", "dataset", "model_pair", "temperature", "max_new_tokens", "method", "K", "L",
+                       "lossless", "metric", "n", "correct", "accuracy", "ci_low", "ci_high", "sandbox",
+                       "sandbox_description", "ar_accuracy",
+                       "diff_low", "diff_high", "agrees_with_ar"]
 
 
 def _write_cell(root: Path, name: str, summary: dict, records: list[dict]) -> None:
@@ -119,19 +148,24 @@ def test_quality_table_on_synthetic_cells(tmp_path, monkeypatch, problems, sandb
     assert by["gsm8k", "ar"].accuracy == 1.0 and by["gsm8k", "bv"].agrees_with_ar
     assert by["gsm8k", "spectr_gbv"].accuracy == 0.0 and by["gsm8k", "spectr_gbv"].agrees_with_ar is False
     assert by["humaneval", "ar"].accuracy == 1.0 and by["humaneval", "ar"].metric == "pass@1"
-    text = (tmp_path / "out" / "QUALITY.md").read_text()
-    assert "executes model-written code" in text
     mode = quality.find_sandbox("auto").mode
-    assert set(df.loc[df.dataset == "humaneval", "sandbox"]) == {mode} and f"sandbox **{mode}**" in text
+    assert set(df.loc[df.dataset == "humaneval", "sandbox"]) == {mode}
+    assert list(pd.read_csv(tmp_path / "out" / quality.QUALITY_FILE).columns) == QUALITY_CSV_COLUMNS
     assert df.loc[df.dataset == "gsm8k", "sandbox"].isna().all()  # nothing executed for math
     # Per-prompt outcomes feed the report's paired test against AR: spectr_gbv lost all 20 prompts AR won.
     prompts = pd.read_csv(tmp_path / "out" / quality.PROMPTS_FILE)
     assert len(prompts) == 20 * 3 + len(he) and set(prompts.columns) == set(quality.PROMPT_COLUMNS)
-    from spectr_repro.analysis.report import QUALITY_OUTCOMES_FILE, paired_quality_lines
     from spectr_repro.analysis.stats import quality_parity
 
-    assert QUALITY_OUTCOMES_FILE == quality.PROMPTS_FILE
     parity = quality_parity(prompts).set_index("method")
     assert parity.loc["spectr_gbv", "only_baseline"] == 20 and parity.loc["spectr_gbv", "p_value"] < 1e-5
     assert parity.loc["bv", "only_baseline"] == 0 and parity.loc["bv", "p_value"] == 1.0
-    assert any("McNemar" in line for line in paired_quality_lines([tmp_path / "out"]))
+    # The report renders these files (analysis.load reads them; the analysis imports nothing of quality): it says
+    # that code was executed, in which sandbox and what that sandbox isolates, and pairs each rule with AR.
+    from spectr_repro.analysis.load import load_quality
+    from spectr_repro.analysis.report.quality import quality_lines
+
+    text = "\n".join(quality_lines(load_quality([tmp_path / "out"])))
+    assert "executes model-written code" in text
+    assert f"sandbox **{mode}** ({quality.MODE_DESCRIPTIONS[mode]})" in text
+    assert any("McNemar" in line for line in text.splitlines())

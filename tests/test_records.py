@@ -1,28 +1,87 @@
-"""The one record/summary schema: the runner, the loader and W&B all use its fields."""
+"""The one record/summary schema: the runner, the loader, quality and W&B all use its fields; the one cell reader."""
 
+import ast
+import inspect
 import json
+from dataclasses import fields
 
 import pytest
 
-from spectr_repro import tracking
-from spectr_repro.analysis.load import RECORD_KEYS, SUMMARY_KEYS, load_cells
+from spectr_repro import quality, records, tracking
+from spectr_repro.analysis import load
+from spectr_repro.analysis.load import load_cells
 from spectr_repro.records import (
     CellSummary,
     PromptRecord,
     SchemaError,
     field_names,
     pooled_metrics,
+    read_cells,
     record_totals,
     summary_from_json,
     table_columns,
 )
 
+# Every consumer's full column list (module, name, the schema's columns it must hold, in order).
+FULL_COLUMN_LISTS = [
+    (load, "SUMMARY_KEYS", [f.name for f in fields(CellSummary)]),
+    (load, "RECORD_KEYS", [f.name for f in fields(PromptRecord)]),
+    (tracking, "TABLE_COLUMNS", [f.name for f in fields(PromptRecord) if f.metadata["table"]]),
+]
+# Selections of columns written out by hand: each must name only fields of its schema dataclass.
+HAND_WRITTEN_SELECTIONS = [
+    ("records.REQUIRED_SUMMARY_KEYS", records.REQUIRED_SUMMARY_KEYS, CellSummary),
+    ("quality.PROMPT_SETTING", quality.PROMPT_SETTING, CellSummary),
+]
+
+
+def derived_from_schema(source: str, name: str) -> bool:
+    """``name`` is assigned at module level from a call of a function imported from spectr_repro.records
+    (``field_names(CellSummary)``, ``tuple(table_columns())``): it follows a new field, a written-out list does not."""
+    tree = ast.parse(source)
+    schema_functions = {alias.asname or alias.name for node in tree.body if isinstance(node, ast.ImportFrom)
+                        and node.module == "spectr_repro.records" for alias in node.names}
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == name for t in node.targets):
+            return _called_function(node.value) in schema_functions
+    return False
+
+
+def _called_function(value: ast.expr) -> str | None:
+    """The function a value is the call of, looking through list(...) and tuple(...)."""
+    while isinstance(value, ast.Call) and isinstance(value.func, ast.Name):
+        if value.func.id not in ("list", "tuple") or not value.args:
+            return value.func.id
+        value = value.args[0]
+    return None
+
+
+def unknown_columns(columns, schema) -> list[str]:
+    names = {f.name for f in fields(schema)}
+    return [column for column in columns if column not in names]
+
 
 def test_every_consumer_reads_the_schema():
-    assert SUMMARY_KEYS == field_names(CellSummary)
-    assert RECORD_KEYS == field_names(PromptRecord)
-    assert list(tracking.TABLE_COLUMNS) == table_columns()
+    """Full column lists are computed from the schema (so a new field reaches them), hand-picked ones name real
+    fields (a renamed field breaks them here, not in a KeyError of a report)."""
+    for module, name, expected in FULL_COLUMN_LISTS:
+        assert derived_from_schema(inspect.getsource(module), name), f"{module.__name__}.{name} is written out"
+        assert list(getattr(module, name)) == expected
+    for name, columns, schema in HAND_WRITTEN_SELECTIONS:
+        assert unknown_columns(columns, schema) == [], name
     assert "accepted_lengths" not in table_columns() and "completion" in table_columns()
+
+
+def test_the_schema_check_catches_a_drifted_list():
+    """Negative control: a written-out copy of the columns, a call of a function from elsewhere and a renamed
+    column are each caught; the derived forms pass."""
+    imports = "from spectr_repro.records import field_names, table_columns\nfrom other import columns\n"
+    assert not derived_from_schema(imports + "SUMMARY_KEYS = ['experiment', 'cell_id', 'method']\n", "SUMMARY_KEYS")
+    assert not derived_from_schema(imports + "SUMMARY_KEYS = columns(CellSummary)\n", "SUMMARY_KEYS")
+    assert not derived_from_schema(imports, "SUMMARY_KEYS")
+    assert derived_from_schema(imports + "SUMMARY_KEYS = field_names(CellSummary)\n", "SUMMARY_KEYS")
+    assert derived_from_schema(imports + "TABLE_COLUMNS = tuple(table_columns())\n", "TABLE_COLUMNS")
+    assert unknown_columns(("method", "max_tokens", "K"), CellSummary) == ["max_tokens"]
 
 
 def _record(prompt_id, tokens, calls, wall, ar):
@@ -69,3 +128,37 @@ def test_older_summaries_load_with_new_fields_empty():
                                  "temperature": 0.5, "extra": 1})
     assert summary["schema_version"] is None and summary["extra"] == 1
     assert set(field_names(CellSummary)) <= set(summary)
+
+
+def _cell(root, name, summary=None, records_text=None):
+    folder = root / "exp" / "cells" / name
+    folder.mkdir(parents=True)
+    if summary is not None:
+        (folder / "summary.json").write_text(summary if isinstance(summary, str) else json.dumps(summary))
+    if records_text is not None:
+        (folder / "records.jsonl").write_text(records_text)
+    return folder
+
+
+SUMMARY = {"method": "sd", "dataset": "gsm8k", "model_pair": "p", "K": 1, "L": 2, "temperature": 0.0}
+
+
+def test_read_cells_reads_each_folder_with_a_summary(tmp_path):
+    both = _cell(tmp_path, "a", SUMMARY, '{"prompt_id": "1", "completion": "x"}\n\n{"prompt_id": "2"}\n')
+    summary_only = _cell(tmp_path, "b", {**SUMMARY, "method": "ar"})
+    _cell(tmp_path, "c", records_text='{"prompt_id": "1"}\n')  # interrupted: no summary, not a cell yet
+    cells = read_cells(tmp_path)
+    assert [cell.folder for cell in cells] == [both, summary_only]
+    assert [r["prompt_id"] for r in cells[0].records] == ["1", "2"] and cells[0].records[1]["completion"] is None
+    assert cells[0].summary["method"] == "sd" and cells[0].summary["seed"] is None  # checked: schema keys filled
+    assert cells[1].records is None
+    assert [cell.folder for cell in read_cells(tmp_path / "exp" / "cells")] == [both, summary_only]
+
+
+def test_read_cells_names_the_damaged_file(tmp_path):
+    _cell(tmp_path, "a", SUMMARY, '{"prompt_id": "1"}\n{"prompt_id": \n')
+    with pytest.raises(SchemaError, match=r"cells/a/records.jsonl:2: not valid JSON"):
+        read_cells(tmp_path)
+    _cell(tmp_path / "other", "b", "{not json")
+    with pytest.raises(SchemaError, match=r"cells/b/summary.json: not valid JSON"):
+        read_cells(tmp_path / "other")

@@ -16,6 +16,7 @@ import tracemalloc
 import uuid
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
 from spectr_repro import quality
@@ -189,24 +190,28 @@ def test_without_an_isolation_tool_it_refuses_unless_opted_in(tmp_path, monkeypa
 def test_quality_cli_refuses_without_a_sandbox(tmp_path, monkeypatch, capsys):
     cell = tmp_path / "exp" / "cells" / "ar-he"
     cell.mkdir(parents=True)
-    (cell / "summary.json").write_text('{"dataset": "humaneval", "method": "ar", "K": 1, "L": 1}')
+    (cell / "summary.json").write_text('{"dataset": "humaneval", "method": "ar", "K": 1, "L": 1, '
+                                       '"model_pair": "toy", "temperature": 0.0}')
     (cell / "records.jsonl").write_text('{"prompt_id": "HumanEval/0", "completion": "    return False\\n"}\n')
+    scored = tmp_path / "quality.csv"
     path = os.environ["PATH"]
     monkeypatch.setenv("PATH", str(tmp_path))
     assert quality.main([str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: no sandbox for model-written code") and "Traceback" not in err
-    assert not (tmp_path / "QUALITY.md").exists()
-    # opted in: it runs, and QUALITY.md says so
+    assert not scored.exists()
+    # opted in: it runs, and quality.csv (which the report renders) and the printed table say so
     assert quality.main([str(tmp_path), "--sandbox", "none"]) == 0
-    assert "sandbox **none** (NO ISOLATION" in (tmp_path / "QUALITY.md").read_text()
+    assert list(pd.read_csv(scored)["sandbox"]) == ["none"]
+    out = capsys.readouterr().out
+    assert "| none " in out and f"wrote {scored}" in out and f"wrote {tmp_path / quality.PROMPTS_FILE}" in out
     monkeypatch.setenv("PATH", path)
     try:
         mode = find_sandbox("auto").mode
     except SandboxUnavailable:
         return
     assert quality.main([str(tmp_path)]) == 0
-    assert f"sandbox **{mode}**" in (tmp_path / "QUALITY.md").read_text()
+    assert list(pd.read_csv(scored)["sandbox"]) == [mode]
 
 
 # ---- the limits ---------------------------------------------------------------------------------------

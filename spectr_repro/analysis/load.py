@@ -30,10 +30,11 @@ from spectr_repro.records import (
     PromptRecord,
     SchemaError,
     field_names,
-    iter_records,
+    read_records,
+    read_summary,
     summary_disagreements,
-    summary_from_json,
 )
+from spectr_repro.records import cell_folders as schema_cell_folders
 from spectr_repro.verify import method_labels, method_names, single_draft_methods
 
 # Canonical orders (rows and columns of every table and legend); methods come from the one registry.
@@ -105,24 +106,16 @@ class Results:
 
 
 def _read_summary(path: Path) -> dict:
-    try:
-        with open(path, encoding="utf-8") as handle:
-            data = json.load(handle)
-    except json.JSONDecodeError as err:
-        raise ValueError(f"{path}: not valid JSON ({err})") from err
-    return summary_from_json(data, str(path))
+    return read_summary(path)
 
 
 def _read_jsonl(path: Path) -> list[dict]:
-    with open(path, encoding="utf-8") as handle:
-        return list(iter_records(handle, str(path)))
+    return read_records(path)[0]
 
 
 def cell_folders(results_dir: str | Path) -> list[Path]:
     """Every ``cells/<cell_id>/`` folder below ``results_dir`` (with or without a summary), sorted."""
-    root = Path(results_dir)
-    holders = [root] if root.name == "cells" else sorted(root.rglob("cells"))
-    return sorted(p for cells in holders if cells.is_dir() for p in cells.iterdir() if p.is_dir())
+    return schema_cell_folders(results_dir)
 
 
 @dataclass(frozen=True)
@@ -155,8 +148,7 @@ def check_cell(folder: Path) -> tuple[dict | None, CellProblem | None]:
     if not records_path.is_file():
         return None, CellProblem(records_path, f"missing (the summary counts {summary.get('num_prompts')} prompts)")
     try:
-        text = records_path.read_text(encoding="utf-8")
-        records = list(iter_records(text.splitlines(keepends=True), str(records_path)))
+        records, text = read_records(records_path)
     except (SchemaError, OSError, UnicodeDecodeError) as error:
         return None, CellProblem(records_path, str(error).replace(f"{records_path}:", "line ", 1))
     problems = summary_disagreements(summary, records, text)

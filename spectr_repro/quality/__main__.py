@@ -2,6 +2,6 @@
 
 import sys
 
-from spectr_repro.quality import main
+from spectr_repro.quality.cli import main
 
 sys.exit(main())

@@ -55,7 +55,10 @@ def sandbox_sentence(scores: pd.DataFrame) -> str:
                     if isinstance(m, str)})
     if not modes:
         return "HumanEval programs ran in a sandbox this file does not record (scored by an older harness)."
-    return "HumanEval programs ran in the sandbox " + "; ".join(f"**{m}**" for m in modes) + "."
+    humaneval = scores.loc[scores.dataset == "humaneval"]
+    described = dict(zip(humaneval.sandbox, humaneval.get("sandbox_description", pd.Series(dtype=object))))
+    return "HumanEval programs ran in the sandbox " + "; ".join(
+        f"**{m}**" + (f" ({described[m]})" if isinstance(described.get(m), str) else "") for m in modes) + "."
 
 
 def scores_lines(scores: pd.DataFrame) -> list[str]:
