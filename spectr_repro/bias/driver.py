@@ -47,6 +47,7 @@ from spectr_repro.runner.config import (
     single_draft_message,
     validate,
 )
+from spectr_repro.runner.pairs import PairCache
 from spectr_repro.verify import VERIFIERS, get_verifier
 
 CSV_COLUMNS = ["model_pair", "dataset", "method", "K", "L", "temperature", "draft_temperature", "context",
@@ -153,9 +154,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     previous = signal.signal(signal.SIGTERM, _raise_keyboard_interrupt) if _main_thread() else None
     started = time.perf_counter()
+    pairs = PairCache()  # settings of one pair share it: loaded once
     try:
         for setting, cfg, methods in group_settings(cfgs):
-            run_setting(setting, cfg, methods)
+            run_setting(setting, cfg, methods, pairs)
     except KeyboardInterrupt:
         print(f"\nstopped: finished contexts are kept under {bias_folder(cfgs[0])}; the context being computed "
               "starts over. Rerun the same command to resume.", file=sys.stderr)
@@ -220,13 +222,10 @@ def contexts_of(pair, cfg: DictConfig, examples) -> list[tuple[str, list[int]]]:
 _CONTEXTS: dict[tuple, list[tuple[str, list[int]]]] = {}  # this process's contexts, by what fixes them
 
 
-def run_setting(setting: dict, cfg: DictConfig, methods: list[str]) -> None:
-    from spectr_repro.runner.execute import Session
-
+def run_setting(setting: dict, cfg: DictConfig, methods: list[str], pairs: PairCache) -> None:
     folder = bias_folder(cfg) / "contexts" / setting_id(setting)
-    session = Session(progress=False)
-    pair = session.pair(cfg)
-    examples = session.examples(cfg, pair.tokenizer)
+    pair = pairs.pair(cfg)
+    examples = pairs.examples(cfg, pair.tokenizer)
     key = (setting["model_pair"], setting["dataset"], setting["temperature"], setting["seed"],
            setting["num_prompts"], setting["continuation_tokens"], setting["contexts_per_prompt"])
     if key not in _CONTEXTS:  # settings that differ only by method, K or L share their contexts

@@ -14,10 +14,6 @@ import torch
 from transformers import Cache
 
 
-def cache_length(cache: Cache) -> int:
-    return cache.get_seq_length()
-
-
 def crop_to(cache: Cache, length: int) -> None:
     """Keep the first ``length`` positions of every row."""
     excess = cache.get_seq_length() - length
@@ -39,4 +35,4 @@ def keep_row(cache: Cache, row: int, num_rows: int, device: torch.device) -> Non
         cache.batch_select_indices(torch.tensor([row]).to(device, non_blocking=True))
 
 
-__all__ = ["cache_length", "crop_to", "keep_row", "repeat_rows"]
+__all__ = ["crop_to", "keep_row", "repeat_rows"]

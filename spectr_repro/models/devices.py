@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 import torch
 
 if TYPE_CHECKING:
-    from spectr_repro.models import ModelPair
+    from spectr_repro.models.loading import ModelPair
 
 _OFF_ACCELERATOR = ("cpu", "disk", "meta")
 

@@ -13,7 +13,7 @@ from typing import Any
 import torch
 from safetensors import SafetensorError
 
-from spectr_repro.models import hub
+import spectr_repro.models.hub as hub  # a module, not names: tests point hub.hub_cache_dir elsewhere
 from spectr_repro.models.hub import hub_error, resolved_revisions
 from spectr_repro.models.offline import OFFLINE_MODELS, cache_root, models_dir
 

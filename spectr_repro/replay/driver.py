@@ -283,17 +283,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UsageError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
+    from spectr_repro.errors import ResourceError
     from spectr_repro.runner.claims import Runner
-    from spectr_repro.runner.execute import ResourceError, Session
+    from spectr_repro.runner.pairs import PairCache
 
     done = computed = 0
     try:
         with Runner() as runner:
-            session = Session(runner=runner)
+            pairs = PairCache(on_load=lambda name: runner.set_state("loading", name))
             for cfg, settings in groups:
-                finished, ran = _run_group(session, runner, cfg, settings)
+                finished, ran = _run_group(pairs, runner, cfg, settings)
                 done, computed = done + finished, computed + ran
-            session.release_pair()
+            pairs.release()
     except ResourceError as error:
         print(f"error: {error}\n(finished prompts are kept; fix the above and rerun the same command)",
               file=sys.stderr)
@@ -313,17 +314,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
-def _run_group(session, runner, cfg: DictConfig, settings: ReplaySettings) -> tuple[int, int]:
+def _run_group(pairs, runner, cfg: DictConfig, settings: ReplaySettings) -> tuple[int, int]:
     """Replay every prompt of one group not finished yet; returns (prompts finished, prompts computed here)."""
     from spectr_repro.data import encode_prompt
-    from spectr_repro.runner.execute import stop_checker
+    from spectr_repro.runner.stops import stop_checker
 
     folder = group_folder(cfg, settings)
     folder.mkdir(parents=True, exist_ok=True)
     atomic_write_text(folder / "replay.json", json.dumps(group_meta(cfg, settings), indent=2) + "\n")
-    pair = session.pair(cfg)
+    pair = pairs.pair(cfg)
     cfg_prompts = OmegaConf.merge(cfg, {"num_prompts": settings.num_prompts})
-    examples = session.examples(cfg_prompts, pair.tokenizer)
+    examples = pairs.examples(cfg_prompts, pair.tokenizer)
     force = bool(cfg.force)
     label = f"replay {cfg.choices.dataset} T={float(cfg.temperature):g}"
     bar = tqdm(list(enumerate(examples)), desc=label, unit="prompt", file=sys.stderr, dynamic_ncols=True)

@@ -1,4 +1,7 @@
-"""Running cells: models loaded once per pair, one AR baseline per group, warm-up, timing, records.
+"""Running cells: their plan and order, claims and resume, one AR baseline per group, writing and W&B.
+
+Computing one cell (decode -> records -> summary) is :func:`spectr_repro.runner.cell.compute_cell`; the pair
+in memory is :class:`spectr_repro.runner.pairs.PairCache`'s.
 
 A *group* is everything that fixes the AR baseline: model pair, hardware, dataset, temperature,
 prompt set (num_prompts, seed) and max_new_tokens. The AR cell of a group (method "ar", K=1, L=1)
@@ -8,44 +11,24 @@ AR wall time / method wall time over the same prompts.
 
 from __future__ import annotations
 
-import datetime as _dt
 import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 from tqdm.auto import tqdm
 
 from spectr_repro import tracking
-from spectr_repro.environment import environment
 from spectr_repro.errors import ResourceError
-from spectr_repro.records import CellSummary, PromptRecord, as_json, pooled_metrics, records_digest
-from spectr_repro.runner import batched, claims, store
+from spectr_repro.runner import claims, store
+from spectr_repro.runner.cell import Baseline, CellPlan, compute_cell
 from spectr_repro.runner.config import conf_dir, needs_single_draft, single_draft_message
-
-WARMUP_TOKENS = 8
-WARMUP_PROMPT_TOKENS = 32  # warm-up needs the kernels, not the whole prompt (CPU prefill is slow)
-
+from spectr_repro.runner.pairs import PairCache, echo_above_bars, pair_key
 
 # --------------------------------------------------------------------------------------------------
 # Planning
-
-
-
-@dataclass
-class CellPlan:
-    cfg: DictConfig
-    cell_id: str
-    directory: Path
-    ar_cell_id: str | None  # None for the AR cell itself
-    skip_note: str | None = None
-
-    @property
-    def method(self) -> str:
-        return self.cfg.method.name
 
 
 @dataclass
@@ -91,32 +74,9 @@ def plan_cells(cfgs: Sequence[DictConfig]) -> list[CellPlan]:
 
     def order(plan: CellPlan):
         group = plan.ar_cell_id or plan.cell_id
-        return (*_pair_key(plan.cfg), group, plan.method != "ar")
+        return (*pair_key(plan.cfg), group, plan.method != "ar")
 
     return sorted(plans.values(), key=order)  # sorted() is stable: grid order within a group
-
-
-# --------------------------------------------------------------------------------------------------
-# Prompts and stop strings
-
-
-def stop_checker(tokenizer, stop_strings: Sequence[str]) -> Callable[[list[int]], bool] | None:
-    """should_stop(new_tokens) for the engine: True once the decoded text contains a stop string."""
-    stops = tuple(s for s in stop_strings if s)
-    if not stops:
-        return None
-
-    def should_stop(new_tokens: list[int]) -> bool:
-        text = tokenizer.decode(new_tokens, skip_special_tokens=True)
-        return any(stop in text for stop in stops)
-
-    return should_stop
-
-
-def truncate_at_stop(text: str, stop_strings: Sequence[str]) -> str:
-    """The completion up to (not including) the earliest stop string."""
-    cut = min((i for i in (text.find(s) for s in stop_strings if s) if i >= 0), default=len(text))
-    return text[:cut]
 
 
 # --------------------------------------------------------------------------------------------------
@@ -125,70 +85,31 @@ def truncate_at_stop(text: str, stop_strings: Sequence[str]) -> str:
 
 @dataclass
 class Session:
-    """State shared by the cells of one command: the pair in memory, prompt sets, AR timings, claims.
+    """State shared by the cells of one command: the pair cache, AR timings, claims, what ran.
 
     Cells run pair by pair (``plan_cells`` orders them so); the previous pair is released before the next
-    one is loaded. Every cell is claimed before it is computed (:mod:`spectr_repro.runner.claims`): a cell
-    another live runner holds is left to it, and waited for only when a later cell of this command needs
-    it (the AR baseline of its group).
+    one is loaded (:class:`~spectr_repro.runner.pairs.PairCache`). Every cell is claimed before it is computed
+    (:mod:`spectr_repro.runner.claims`): a cell another live runner holds is left to it, and waited for only
+    when a later cell of this command needs it (the AR baseline of its group). Computing a cell is
+    :func:`~spectr_repro.runner.cell.compute_cell`; the session writes what it returns and logs it to W&B.
     """
 
     force: bool = False
-    echo: Callable[[str], None] = field(default=lambda message: tqdm.write(message, file=sys.stderr))
+    echo: Callable[[str], None] = field(default=echo_above_bars)
     progress: bool = True
     poll_s: float = 5.0  # how often a blocked runner looks again at a cell another runner computes
     runner: claims.Runner = field(default_factory=claims.Runner)
-    _examples: dict[tuple, list] = field(default_factory=dict)
-    _ar_times: dict[str, tuple[dict[str, float], bool, list[str]]] = field(default_factory=dict)
+    pairs: PairCache | None = None  # None: one that echoes with ``echo`` and tells ``runner`` it is loading
+    _ar_times: dict[str, Baseline] = field(default_factory=dict)
     _ran: set[str] = field(default_factory=set)
     _warned: set[str] = field(default_factory=set)
     _unfinished: set[str] = field(default_factory=set)  # cells seen unfinished by this session
     current: CellPlan | None = None  # the cell being computed
     interrupted: CellPlan | None = None  # the cell whose computation an exception or signal ended
-    _pair_key: tuple | None = None  # the pair (config, hardware) this session holds in memory
 
-    # -- resources -----------------------------------------------------------------------------
-    def pair(self, cfg: DictConfig):
-        """The cell's pair: released and reloaded only when the pair changes; refused when offloaded."""
-        from spectr_repro import models
-
-        wanted = cfg.choices.model_pair
-        key = _pair_key(cfg)
-        if self._pair_key is not None and self._pair_key != key:
-            self.release_pair()
-        if models.loaded_pair_name() is None or self._pair_key != key:
-            self.echo(f"loading model pair {wanted}")
-            self.runner.set_state("loading", wanted)
-            self._pair_key = key
-        try:
-            pair = models.load_pair(_pair_argument(cfg), device=cfg.hardware.device, dtype=cfg.hardware.dtype)
-        except (ValueError, OSError, ImportError) as error:  # missing weights, unreachable hub, bad config
-            raise ResourceError(f"cannot load model pair {wanted}: {error}") from error
-        if pair.offloaded and not cfg.hardware.get("allow_offload", False):
-            raise ResourceError(models.offload_message(pair))
-        return pair
-
-    def release_pair(self) -> None:
-        from spectr_repro import models
-
-        self._pair_key = None
-        name = models.release_pair()
-        if name is not None:
-            self.echo(f"released model pair {name} (memory freed before the next pair)")
-
-    def examples(self, cfg: DictConfig, tokenizer) -> list:
-        from spectr_repro.data import load_examples
-
-        dataset = OmegaConf.to_container(cfg.dataset, resolve=True)
-        dataset.setdefault("name", cfg.choices.dataset)
-        key = (cfg.choices.model_pair, repr(dataset), cfg.num_prompts, cfg.seed)
-        if key not in self._examples:
-            try:
-                self._examples[key] = load_examples(dataset, cfg.num_prompts, seed=cfg.seed,
-                                                    tokenizer=tokenizer)
-            except (ValueError, OSError, ImportError) as error:  # missing data folder or file
-                raise ResourceError(f"cannot load dataset {cfg.choices.dataset}: {error}") from error
-        return self._examples[key]
+    def __post_init__(self) -> None:
+        if self.pairs is None:
+            self.pairs = PairCache(echo=self.echo, on_load=lambda name: self.runner.set_state("loading", name))
 
     # -- cells -----------------------------------------------------------------------------------
     def run(self, plans: Sequence[CellPlan], on_cell: Callable[[CellOutcome], None] | None = None
@@ -208,7 +129,7 @@ class Session:
             with self.runner:
                 for pair_plans in _by_pair(plans):
                     self._run_pair(pair_plans, done)
-                self.release_pair()
+                self.pairs.release()
         finally:
             bar.close()
         return [outcomes[plan.cell_id] for plan in plans]
@@ -309,9 +230,8 @@ class Session:
             self.echo(f"warning: {state.problem}; the cell will be computed again")
         return state
 
-    def _ar_times_for(self, plan: CellPlan) -> tuple[dict[str, float], bool, list[str]]:
-        """Per-prompt AR wall times of the plan's group, whether they were measured in this process, and
-        the AR cell's own caveats (offload, contention)."""
+    def _baseline(self, plan: CellPlan) -> Baseline:
+        """The AR baseline of the plan's group: measured in this process, or read from its finished cell."""
         if plan.ar_cell_id in self._ar_times:
             return self._ar_times[plan.ar_cell_id]
         state = self._state_of(plan.cfg, plan.ar_cell_id)
@@ -319,94 +239,31 @@ class Session:
             raise ResourceError(f"AR baseline {plan.ar_cell_id} is not finished ({state.problem or state.status}); "
                                 f"it must run before {plan.cell_id}")
         times = {r["prompt_id"]: r["wall_time_s"] for r in state.records}
-        self._ar_times[plan.ar_cell_id] = (times, False, list(state.summary.get("speedup_caveats") or []))
+        self._ar_times[plan.ar_cell_id] = Baseline(times, False, list(state.summary.get("speedup_caveats") or []))
         return self._ar_times[plan.ar_cell_id]
 
     def _compute(self, plan: CellPlan) -> dict[str, Any]:
-        """Decode the cell's prompts, then its records, then its summary; write them; return the summary."""
+        """Compute the cell (decode, records, summary), write it and log it; return the summary."""
         cfg = plan.cfg
-        method = plan.method
-        pair = self.pair(cfg)
-        examples = self.examples(cfg, pair.tokenizer)
+        pair = self.pairs.pair(cfg)
+        examples = self.pairs.examples(cfg, pair.tokenizer)
         if not examples:
             raise RuntimeError(f"dataset {cfg.choices.dataset} gave no prompts")
-        ar_times, ar_same_process, ar_caveats = ({}, True, []) if method == "ar" else self._ar_times_for(plan)
-        missing_ar = [str(e.id) for e in examples if method != "ar" and str(e.id) not in ar_times]
+        baseline = Baseline() if plan.method == "ar" else self._baseline(plan)
+        missing_ar = [str(e.id) for e in examples if plan.method != "ar" and str(e.id) not in baseline.times]
         if missing_ar:  # checked before any decoding: no work is lost to a baseline that cannot serve it
             raise ResourceError(f"AR baseline {plan.ar_cell_id} has no record for prompts {missing_ar[:5]}")
-        options = cfg.method.get("options")
-        options = OmegaConf.to_container(options, resolve=True) if options is not None else {}
-
-        decoded = self._decode(plan, pair, examples, options)
-        records = prompt_records(cfg, pair.tokenizer, examples, decoded, ar_times)
-        rows = [as_json(r) for r in records]
-        caveats = timing_caveats(bool(pair.offloaded), decoded.contention)
-        caveats += [f"AR baseline: {caveat}" for caveat in ar_caveats]
-        summary = as_json(cell_summary(plan, pair, options, decoded, rows, ar_same_process, caveats))
+        watch = claims.ContentionWatch(self.runner, plan.directory.parent)
+        rows, summary = compute_cell(plan, pair, examples, baseline, watch, self.progress)
         try:
             store.write_cell(plan.directory, rows, summary, config=plan.cfg)
         except OSError as error:
             raise ResourceError(f"cannot write cell {plan.cell_id} into {plan.directory}: {error}") from error
-        if method == "ar":
-            self._ar_times[plan.cell_id] = ({r["prompt_id"]: r["wall_time_s"] for r in rows}, True, caveats)
+        if plan.method == "ar":
+            times = {r["prompt_id"]: r["wall_time_s"] for r in rows}
+            self._ar_times[plan.cell_id] = Baseline(times, True, list(summary["speedup_caveats"]))
         self._log(plan, summary, rows)
         return summary
-
-    def _decode(self, plan: CellPlan, pair, examples: Sequence[Any], options: dict[str, Any]) -> Decoded:
-        """A warm-up, the batched prompts (block efficiency only), then every other prompt alone, timed."""
-        from spectr_repro.data import encode_prompt
-        from spectr_repro.engine.loop import generate
-        from spectr_repro.engine.timing import SectionTimer
-
-        cfg = plan.cfg
-        method = plan.method
-
-        def decode(input_ids, max_new_tokens, seed, should_stop=None):
-            return generate(pair.target, pair.draft, input_ids, method=method, K=cfg.K, L=cfg.L,
-                            temperature=float(cfg.temperature), max_new_tokens=max_new_tokens, seed=seed,
-                            eos_token_ids=pair.eos_token_ids, should_stop=should_stop,
-                            verifier_options=options or None, vocab_size=pair.vocab_size,
-                            prefill_chunk=cfg.hardware.get("prefill_chunk"),
-                            compile=bool(cfg.hardware.get("compile", False)))
-
-        prompts = [encode_prompt(pair.tokenizer, example)[0].tolist() for example in examples]
-        # Warm-up (kernels, allocator, lazy init) so the first timed prompt is not charged for it.
-        decode(prompts[0][-WARMUP_PROMPT_TOKENS:], min(WARMUP_TOKENS, cfg.max_new_tokens), seed=cfg.seed + 10**9)
-
-        def seed_of(index):
-            return cfg.seed * 100_003 + index
-
-        def stop_of(index):
-            return stop_checker(pair.tokenizer, _stop_strings(examples[index]))
-
-        # Batched block efficiency (hardware.batch_prompts > 1, runner.batched): all but the timed prompts.
-        split = batched.split_prompts(cfg.hardware, len(prompts))
-        batched_outputs, batched_wall = batched.decode_batches(pair, cfg, method, options, prompts, split, seed_of,
-                                                               stop_of, self.progress)
-
-        timer = SectionTimer(pair.device)
-        watch = claims.ContentionWatch(self.runner, plan.directory.parent)
-        watch.sample()
-        outputs, walls = [], []
-        bar = tqdm(prompts, desc=f"{method} K={cfg.K} L={cfg.L}", unit="prompt",
-                   leave=False, file=sys.stderr, disable=not self.progress, dynamic_ncols=True)
-        tokens = calls = 0
-        for index, input_ids in enumerate(bar):
-            key = f"wall_{index}"
-            if index in batched_outputs:
-                out, wall = batched_outputs[index], None  # decoded in a batch: BE only, never timed
-            else:
-                with timer(key):
-                    out = decode(input_ids, cfg.max_new_tokens, seed=seed_of(index), should_stop=stop_of(index))
-                wall = timer.seconds.pop(key)
-                watch.sample()
-            outputs.append(out)
-            walls.append(wall)
-            tokens += len(out.new_tokens)
-            calls += out.target_calls
-            bar.set_postfix(BE=f"{tokens / calls:.2f}" if calls else "-")
-        bar.close()
-        return Decoded(prompts, outputs, walls, split, batched_wall, watch.result())
 
     def _log(self, plan: CellPlan, summary: dict[str, Any], records: list[dict[str, Any]]) -> None:
         if not tracking.enabled(plan.cfg.logger):
@@ -424,134 +281,12 @@ class Session:
             self.echo(f"W&B {plan.cfg.logger.mode} run: {run_dir} ({time.perf_counter() - started:.1f}s)")
 
 
-@dataclass
-class Decoded:
-    """What ``Session._decode`` returns: per prompt (in order) its token ids, its output and its wall time
-    (None: decoded in a batch, never timed); the split, the batches' wall time and the contention seen."""
-
-    prompts: list[list[int]]
-    outputs: list[Any]  # engine.loop.GenerationOutput
-    walls: list[float | None]
-    split: batched.PromptSplit
-    batched_wall: float
-    contention: dict[str, Any]
-
-
-def _stop_strings(example) -> tuple[str, ...]:
-    return tuple(getattr(example, "stop_strings", ()) or ())
-
-
-def prompt_records(cfg: DictConfig, tokenizer, examples: Sequence[Any], decoded: Decoded,
-                   ar_times: dict[str, float]) -> list[PromptRecord]:
-    """One record per prompt: the decoded output, its wall time and the AR baseline's on the same prompt."""
-    method = cfg.method.name
-    records = []
-    for example, input_ids, out, wall in zip(examples, decoded.prompts, decoded.outputs, decoded.walls):
-        text = tokenizer.decode(out.new_tokens, skip_special_tokens=True)
-        prompt_id = str(example.id)
-        records.append(PromptRecord(
-            prompt_id=prompt_id,
-            method=method,
-            K=cfg.K,
-            L=cfg.L,
-            temperature=float(cfg.temperature),
-            seed=cfg.seed,
-            prompt_tokens=len(input_ids),
-            new_tokens=len(out.new_tokens),
-            target_calls=out.target_calls,
-            block_efficiency=out.block_efficiency,
-            wall_time_s=wall,
-            ar_wall_time_s=None if wall is None else wall if method == "ar" else ar_times.get(prompt_id),
-            completion=truncate_at_stop(text, _stop_strings(example)),
-            reference=getattr(example, "reference", None),
-            accepted_lengths=list(out.stats.get("accepted_lengths", [])),
-            block_lengths=list(out.stats.get("block_lengths", [])),
-            dataset=cfg.choices.dataset,
-            model_pair=cfg.choices.model_pair,
-            batch_prompts=out.stats.get("batch_prompts", 1),
-        ))
-    return records
-
-
-def cell_summary(plan: CellPlan, pair, options: dict[str, Any], decoded: Decoded, rows: list[dict[str, Any]],
-                 ar_same_process: bool, caveats: list[str]) -> CellSummary:
-    """The cell's summary: its settings, the metrics pooled over ``rows``, acceptance by position, the time
-    split, the environment and what makes its wall times incomparable (``caveats``)."""
-    from spectr_repro.engine.loop import acceptance_by_position
-
-    cfg, method = plan.cfg, plan.method
-    pooled_accepted = [a for out in decoded.outputs for a in out.stats.get("accepted_lengths", [])]
-    pooled_blocks = [b for out in decoded.outputs for b in out.stats.get("block_lengths", [])]
-    time_split: dict[str, float] = {}
-    for out in decoded.outputs:
-        for section, seconds in out.stats.get("time_s", {}).items():
-            time_split[section] = time_split.get(section, 0.0) + seconds
-    return CellSummary(
-        experiment=cfg.experiment,
-        cell_id=plan.cell_id,
-        method=method,
-        method_options=options,
-        dataset=cfg.choices.dataset,
-        model_pair=cfg.choices.model_pair,
-        hardware=cfg.choices.hardware,
-        K=cfg.K,
-        L=cfg.L,
-        temperature=float(cfg.temperature),
-        seed=cfg.seed,
-        max_new_tokens=cfg.max_new_tokens,
-        **pooled_metrics(rows),  # tokens, target calls, pooled BE, wall times, speed-up, tokens/s
-        acceptance_by_position=(
-            [] if method == "ar" else acceptance_by_position(pooled_accepted, cfg.L, pooled_blocks)),
-        time_split=time_split,
-        ar_cell_id=plan.ar_cell_id or plan.cell_id,
-        ar_same_process=ar_same_process,
-        environment=environment(str(pair.device)),
-        created_at=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        prompt_ids=[r["prompt_id"] for r in rows],
-        records_sha256=records_digest(store.records_text(rows)),
-        offloaded=bool(pair.offloaded),
-        contention=decoded.contention,
-        speedup_caveats=caveats,
-        model_revisions=pair.revisions,
-        batch_prompts=decoded.split.batch_prompts,
-        batched_wall_time_s=decoded.batched_wall,
-    )
-
-
-def timing_caveats(offloaded: bool, contention: dict[str, Any]) -> list[str]:
-    """Why a cell's wall times are not comparable with a clean run ([] when they are)."""
-    caveats = []
-    if offloaded:
-        caveats.append("offloaded: part of the pair sat on CPU/disk while timed (hardware.allow_offload=true)")
-    if contention.get("other_runners"):
-        caveats.append("contention: other runners were busy on this machine while it was timed ("
-                       + "; ".join(contention["other_runners"][:3]) + ")")
-    return caveats
-
-
 def _by_pair(plans: Sequence[CellPlan]) -> list[list[CellPlan]]:
     """Plans grouped by (pair, hardware), in first-appearance order (plan_cells already sorts by pair)."""
     groups: dict[tuple, list[CellPlan]] = {}
     for plan in plans:
-        groups.setdefault(_pair_key(plan.cfg), []).append(plan)
+        groups.setdefault(pair_key(plan.cfg), []).append(plan)
     return list(groups.values())
 
 
-def _pair_key(cfg: DictConfig) -> tuple:
-    """What fixes the models in memory: the pair's resolved config and the hardware (device, dtype)."""
-    pair = OmegaConf.to_container(cfg.model_pair, resolve=True) if cfg.get("model_pair") else None
-    hardware = OmegaConf.to_container(cfg.hardware, resolve=True)
-    return (cfg.choices.model_pair, repr(pair), repr(hardware))
-
-
-def _pair_argument(cfg: DictConfig):
-    """What models.load_pair receives: the pair's config (with its name) or just the name."""
-    node = OmegaConf.to_container(cfg.model_pair, resolve=True) if cfg.get("model_pair") else {}
-    if isinstance(node, dict) and node:
-        node.setdefault("name", cfg.choices.model_pair)
-        return node
-    return cfg.choices.model_pair
-
-
-__all__ = ["CellOutcome", "CellPlan", "ResourceError", "Session", "ar_config", "environment", "plan_cells",
-           "stop_checker", "timing_caveats", "truncate_at_stop"]
+__all__ = ["CellOutcome", "CellPlan", "ResourceError", "Session", "ar_config", "plan_cells"]

@@ -171,17 +171,6 @@ def test_run_one_cell_prints_the_table(tmp_path, capsys):
     assert {s["method"] for s, _ in cells(out).values()} == {"ar", "spectr"}
 
 
-def test_stop_strings_end_generation_and_cut_the_completion():
-    from spectr_repro.models.tiny import make_byte_tokenizer
-
-    tokenizer = make_byte_tokenizer()
-    should_stop = execute.stop_checker(tokenizer, ("\ndef ",))
-    assert not should_stop(list(b"    return x\n"))
-    assert should_stop(list(b"    return x\ndef f"))
-    assert execute.truncate_at_stop("a\nb\ndef g\nclass", ("\nclass", "\ndef ")) == "a\nb"
-    assert execute.stop_checker(tokenizer, ()) is None
-
-
 def test_hydra_launcher_path_runs_the_same_cells(tmp_path, capsys):
     """`sweep hydra/launcher=...` hands the grid to Hydra's own multirun (the SLURM path); with the basic
     launcher the jobs run here, one cell each, and land under the same cell ids as an in-process sweep."""

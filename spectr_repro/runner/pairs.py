@@ -1,0 +1,109 @@
+"""The model pair every command shares: one pair in memory at a time, loaded from a composed config.
+
+``sweep`` (through :class:`~spectr_repro.runner.execute.Session`), ``replay`` and ``bias`` hold one
+:class:`PairCache` each and ask it for the pair of every config they run::
+
+    pairs = PairCache()
+    pair = pairs.pair(cfg)                          # loaded once; another pair is released first
+    examples = pairs.examples(cfg, pair.tokenizer)  # the cfg's prompts, read once per pair and prompt set
+    pairs.release()                                 # memory freed (the GPU rule: release before loading another)
+
+A config's pair is its ``model_pair`` node (or just its name) and its ``hardware`` (device, dtype,
+``allow_offload``). Load failures (missing weights, unreachable hub, a bad pair config, a missing dataset)
+become :class:`~spectr_repro.errors.ResourceError`; a pair that accelerate spread onto CPU or disk is refused
+unless ``hardware.allow_offload`` is set, because timings of an offloaded pair compare nothing.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from omegaconf import DictConfig, OmegaConf
+from tqdm.auto import tqdm
+
+from spectr_repro.errors import ResourceError
+
+
+def echo_above_bars(message: str) -> None:
+    """Print on stderr without breaking the progress bars."""
+    tqdm.write(message, file=sys.stderr)
+
+
+@dataclass
+class PairCache:
+    """The pair in memory and the prompt sets read with its tokenizer.
+
+    ``echo`` says when a pair is loaded or released; ``on_load(name)`` is told before a pair is loaded (the
+    runner's state file says "loading" while it happens).
+    """
+
+    echo: Callable[[str], None] = field(default=echo_above_bars)
+    on_load: Callable[[str], None] = field(default=lambda name: None)
+    _key: tuple | None = None  # the pair (config, hardware) this cache holds in memory
+    _examples: dict[tuple, list] = field(default_factory=dict)
+
+    def pair(self, cfg: DictConfig):
+        """The config's pair (a ``models.ModelPair``): released and reloaded only when the pair changes;
+        refused when offloaded."""
+        from spectr_repro import models
+
+        wanted = cfg.choices.model_pair
+        key = pair_key(cfg)
+        if self._key is not None and self._key != key:
+            self.release()
+        if models.loaded_pair_name() is None or self._key != key:
+            self.echo(f"loading model pair {wanted}")
+            self.on_load(wanted)
+            self._key = key
+        try:
+            pair = models.load_pair(_pair_argument(cfg), device=cfg.hardware.device, dtype=cfg.hardware.dtype)
+        except (ValueError, OSError, ImportError) as error:  # missing weights, unreachable hub, bad config
+            raise ResourceError(f"cannot load model pair {wanted}: {error}") from error
+        if pair.offloaded and not cfg.hardware.get("allow_offload", False):
+            raise ResourceError(models.offload_message(pair))
+        return pair
+
+    def release(self) -> None:
+        """Drop the pair in memory (and empty the CUDA cache); says so when one was loaded."""
+        from spectr_repro import models
+
+        self._key = None
+        name = models.release_pair()
+        if name is not None:
+            self.echo(f"released model pair {name} (memory freed before the next pair)")
+
+    def examples(self, cfg: DictConfig, tokenizer) -> list:
+        """The config's prompts (dataset, num_prompts, seed), read once per pair and prompt set."""
+        from spectr_repro.data import load_examples
+
+        dataset = OmegaConf.to_container(cfg.dataset, resolve=True)
+        dataset.setdefault("name", cfg.choices.dataset)
+        key = (cfg.choices.model_pair, repr(dataset), cfg.num_prompts, cfg.seed)
+        if key not in self._examples:
+            try:
+                self._examples[key] = load_examples(dataset, cfg.num_prompts, seed=cfg.seed,
+                                                    tokenizer=tokenizer)
+            except (ValueError, OSError, ImportError) as error:  # missing data folder or file
+                raise ResourceError(f"cannot load dataset {cfg.choices.dataset}: {error}") from error
+        return self._examples[key]
+
+
+def pair_key(cfg: DictConfig) -> tuple:
+    """What fixes the models in memory: the pair's resolved config and the hardware (device, dtype)."""
+    pair = OmegaConf.to_container(cfg.model_pair, resolve=True) if cfg.get("model_pair") else None
+    hardware = OmegaConf.to_container(cfg.hardware, resolve=True)
+    return (cfg.choices.model_pair, repr(pair), repr(hardware))
+
+
+def _pair_argument(cfg: DictConfig):
+    """What models.load_pair receives: the pair's config (with its name) or just the name."""
+    node = OmegaConf.to_container(cfg.model_pair, resolve=True) if cfg.get("model_pair") else {}
+    if isinstance(node, dict) and node:
+        node.setdefault("name", cfg.choices.model_pair)
+        return node
+    return cfg.choices.model_pair
+
+
+__all__ = ["PairCache", "echo_above_bars", "pair_key"]
