@@ -4,6 +4,7 @@ against ``model.generate``, batched decoding against batch 1, every registered r
 from __future__ import annotations
 
 import copy
+import sys
 from dataclasses import dataclass
 
 import torch
@@ -21,9 +22,12 @@ class LoadedPair:
 
 
 def load_models(base, pair_cfg: dict, random_weights: bool) -> LoadedPair:
-    """The pair's target and draft on the device: real weights (``models.load_pair``) or random ones."""
-    from spectr_repro import models
+    """The pair's target and draft on the device: real weights (through the model-pair cache every command
+    shares) or random ones."""
+    from omegaconf import OmegaConf
+
     from spectr_repro.check.architectures import architecture_config, build_random_model
+    from spectr_repro.runner.pairs import PairCache
 
     device = torch.device(str(base.hardware.device))
     dtype = pair_dtype(base, pair_cfg)
@@ -32,7 +36,9 @@ def load_models(base, pair_cfg: dict, random_weights: bool) -> LoadedPair:
         draft = build_random_model(architecture_config(pair_cfg, "draft"), device, dtype, seed=1)
         vocab = min(m.get_output_embeddings().weight.shape[0] for m in (target, draft))
         return LoadedPair(target, draft, vocab, f"random weights from the configs, {str(dtype)[6:]}")
-    pair = models.load_pair(pair_cfg, device=device, dtype=dtype)
+    # check reports offloading itself (its memory item), so the cache is told to allow it; the dtype is check's
+    cfg = OmegaConf.merge(base, {"hardware": {"dtype": str(dtype).removeprefix("torch."), "allow_offload": True}})
+    pair = PairCache(echo=lambda message: print(message, file=sys.stderr)).pair(cfg)
     what = "tiny random pair" if pair_cfg["source"] == "tiny" else f"real weights, {str(dtype)[6:]}"
     return LoadedPair(pair.target, pair.draft, pair.vocab_size, what)
 

@@ -11,6 +11,7 @@ from typing import Any
 import torch
 
 from spectr_repro.check.checker import Checker
+from spectr_repro.errors import ResourceError
 from spectr_repro.check.correctness import correctness_items, correctness_models, load_models
 from spectr_repro.check.costs import calibration_item, prediction_item, timing_item
 from spectr_repro.check.environment import environment_items, memory_item
@@ -92,7 +93,7 @@ def run_check(argv: Sequence[str]) -> tuple[int, dict[str, Any]]:
         try:
             loaded = load_models(base, pair_cfg, random_weights)
             checker.add("models", "load", "pass", loaded.what, required=True, seconds=time.perf_counter() - start)
-        except (ValueError, OSError, ImportError) as error:
+        except (ValueError, OSError, ImportError, ResourceError) as error:
             checker.add("models", "load", "fail", " ".join(str(error).split())[:400], required=True,
                         seconds=time.perf_counter() - start)
     if loaded is not None:

@@ -31,7 +31,7 @@ from spectr_repro.cost import calibration_for, cell_seconds, expected_block_effi
 from spectr_repro.cost.model import GB
 from spectr_repro.runner import claims, store
 from spectr_repro.runner.batched import split_prompts
-from spectr_repro.runner.execute import CellPlan
+from spectr_repro.runner.cell import CellPlan
 
 
 @dataclass
