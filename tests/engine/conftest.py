@@ -6,21 +6,12 @@ import pytest
 import torch
 
 from spectr_repro.models.tiny import make_tiny_pair
-from spectr_repro.verify import VERIFIERS
-
-SPECULATIVE = tuple(VERIFIERS)  # sd, spectr, bv, gbv, spectr_gbv, rbv, sbv
-ALL_METHODS = ("ar", *SPECULATIVE)
 
 PROMPTS = (
     "def fibonacci(n):\n",
     "Natalia sold clips to 48 of her friends in April. How many clips did she sell?",
     "The quick brown fox",
 )
-
-
-def draft_count(method: str, K: int = 3) -> int:
-    """K for a method: single-draft rules take one draft."""
-    return 1 if method == "ar" or VERIFIERS[method].single_draft else K
 
 
 @pytest.fixture(scope="session")

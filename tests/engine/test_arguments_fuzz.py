@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 
 from spectr_repro.engine import generate
 from spectr_repro.verify import VERIFIERS
-from tests.engine.conftest import ALL_METHODS, draft_count
+from tests.engine.engine_helpers import ALL_METHODS, draft_count
 
 _EXPLORE = os.environ.get("SPECTR_FUZZ_EXAMPLES")
 FUZZ = settings(

@@ -16,7 +16,7 @@ import spectr_repro.engine.batch_cache as batch_cache
 from spectr_repro.engine import generate, generate_batch
 from spectr_repro.engine.batch_cache import BatchCache
 from spectr_repro.engine.forward import forward_logits
-from tests.engine.conftest import ALL_METHODS, SPECULATIVE, draft_count
+from tests.engine.engine_helpers import ALL_METHODS, SPECULATIVE, draft_count
 
 VOCAB = 259
 L = 4

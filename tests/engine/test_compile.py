@@ -14,7 +14,7 @@ import torch
 
 import spectr_repro.engine.rows as rows_module
 from spectr_repro.engine import generate
-from tests.engine.conftest import draft_count
+from tests.engine.engine_helpers import draft_count
 
 VOCAB, L = 259, 3
 NOT_COMPILED = {"disable": True}  # static caches and the compiled path's calls, eager forward

@@ -7,7 +7,7 @@ import torch
 
 from spectr_repro.engine import acceptance_by_position, generate, shared_vocab_size
 from spectr_repro.models.tiny import make_byte_tokenizer, make_tiny_pair
-from tests.engine.conftest import ALL_METHODS, SPECULATIVE, draft_count
+from tests.engine.engine_helpers import ALL_METHODS, SPECULATIVE, draft_count
 
 VOCAB = 259  # the byte tokenizer's length; the target head has 264 rows
 

@@ -26,7 +26,7 @@ from spectr_repro.models.tiny import make_tiny_models
 from spectr_repro.sampling import probs_from_logits
 from spectr_repro.theory.lawcheck import chi_square_test
 from spectr_repro.verify import Verifier, get_verifier
-from tests.engine.conftest import draft_count
+from tests.engine.engine_helpers import draft_count
 
 V, L, TEMPERATURE, NUM_SAMPLES, ALPHA = 8, 2, 0.7, 800, 1e-4
 PROMPT = torch.tensor([3])

@@ -22,3 +22,8 @@ def cells_computed(stdout: str) -> int:
         if " cell(s) run, " in line:
             return int(line.split(" cell(s) run, ")[0].split()[-1])
     raise AssertionError(f"no closing line in:\n{stdout[-2000:]}")
+
+
+def line_starting(text: str, start: str) -> str:
+    """The first line of ``text`` that starts (after indentation) with ``start``: a plan table's row."""
+    return next(line for line in text.splitlines() if line.lstrip().startswith(start))

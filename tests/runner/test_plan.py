@@ -8,17 +8,14 @@ from spectr_repro import models
 from spectr_repro.__main__ import main as command_line
 from spectr_repro.plan import main as main_plan
 from spectr_repro.runner.cli import main_sweep
-
-
-def _line(text: str, start: str) -> str:
-    return next(line for line in text.splitlines() if line.lstrip().startswith(start))
+from tests.runner.runner_helpers import line_starting
 
 
 def test_paper_main_plan_offline(offline, capsys):
     assert main_plan(["experiment=paper_main", f"output_dir={offline / 'results'}"]) == 0
     text = capsys.readouterr().out
     assert "Cells: 80 (10 AR baselines), 0 finished" in text and "80 to compute" in text
-    columns = [c.strip() for c in _line(text, "| deepseek_33b_1.3b").strip("|").split("|")]
+    columns = [c.strip() for c in line_starting(text, "| deepseek_33b_1.3b").strip("|").split("|")]
     assert columns[:3] == ["deepseek_33b_1.3b", "cuda", "40"] and columns[8] == "40"  # cells, to compute
     assert columns[9:11] == ["4,000", "1,024,000"]  # 40 cells x 100 prompts, x 256 tokens at most
     assert "deepseek-ai/deepseek-coder-33b-instruct@main 66.6 GB" in text

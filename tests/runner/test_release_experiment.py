@@ -7,7 +7,7 @@ import pytest
 
 from spectr_repro.plan import main as main_plan
 from spectr_repro.runner.config import Composer, expand, parse_arguments
-from tests.runner.test_plan import _line  # the offline fixture comes from tests/runner/conftest.py
+from tests.runner.runner_helpers import line_starting  # the offline fixture comes from tests/runner/conftest.py
 
 RELEASE_PAIRS = {"llama2_7b_68m", "llama2_7b_160m", "llama2_13b_68m", "llama2_13b_160m"}
 
@@ -36,7 +36,7 @@ def test_release_plan_offline(offline, capsys):  # noqa: F811 (the fixture)
     assert main_plan(["experiment=release_humaneval", f"output_dir={offline / 'results'}"]) == 0
     text = capsys.readouterr().out
     assert "Cells: 96 (12 AR baselines), 0 finished" in text
-    columns = [c.strip() for c in _line(text, "| llama2_7b_68m").strip("|").split("|")]
+    columns = [c.strip() for c in line_starting(text, "| llama2_7b_68m").strip("|").split("|")]
     assert columns[2] == "24" and columns[9:11] == ["744", "47,616"]  # 24 cells x 31 prompts, x 64 tokens
     assert "meta-llama/Llama-2-13b-hf@main 26.0 GB" in text
     assert "JackFram/llama-68m@0359bbda21c69b1426e785b7f64ba782c3296f31" in text
