@@ -57,7 +57,13 @@ import torch
 
 from spectr_repro.sampling import sample, uniform
 from spectr_repro.verify.base import Outcome, Verifier, VerifyResult
-from spectr_repro.verify.common import clipped_stop_probability, expected_emitted_from_stops, running_ratio
+from spectr_repro.verify.common import (
+    LawBuilder,
+    clipped_stop_probability,
+    expected_emitted_from_stops,
+    running_ratio,
+    stop_law,
+)
 
 __all__ = ["GreedyMultiPathBlockVerification", "GreedyPath", "greedy_path", "path_block_test"]
 
@@ -255,17 +261,8 @@ class GreedyMultiPathBlockVerification(Verifier):
     def _law(self, draft_tokens, draft_probs, target_probs, state) -> list[Outcome]:
         path = greedy_path(draft_tokens, draft_probs.double(), target_probs.double())
         stop, laws, _ = path_block_test(path.targets, path.draft_law, path.tokens)
-        h = stop.tolist()
         prefix = tuple(path.tokens.tolist())
-        mass: dict[tuple[int, ...], float] = {}
-        none_above = 1.0
-        for tau in range(len(h) - 1, -1, -1):
-            weight = h[tau] * none_above
-            none_above *= 1.0 - h[tau]
-            if weight <= 0:
-                continue
-            for y, prob in enumerate(laws[tau].tolist()):
-                if prob > 0:
-                    key = prefix[:tau] + (y,)
-                    mass[key] = mass.get(key, 0.0) + weight * prob
-        return [Outcome(prob, key, None) for key, prob in mass.items() if prob > 0]
+        law, builder = stop_law(stop.tolist()), LawBuilder()
+        for tau in range(len(law) - 1, -1, -1):
+            builder.add(prefix[:tau], law[tau], laws[tau])
+        return builder.outcomes()

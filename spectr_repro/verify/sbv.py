@@ -37,7 +37,13 @@ import torch
 
 from spectr_repro.sampling import uniform
 from spectr_repro.verify.base import FirstTokenLaw, Outcome, Verifier, VerifyResult
-from spectr_repro.verify.common import ValueMemo, expected_emitted_from_stops, stop_probability, tensor_key
+from spectr_repro.verify.common import (
+    ValueMemo,
+    expected_emitted_from_stops,
+    stop_law,
+    stop_probability,
+    tensor_key,
+)
 from spectr_repro.verify.selection import (
     DEFAULT_GRID_SIZE,
     DEFAULT_HEAD_SIZE,
@@ -59,7 +65,6 @@ from spectr_repro.verify.selection import (
     selected_path_terms,
     shared_groups,
     single_draft_rules,
-    stop_law,
     stop_probabilities,
 )
 
@@ -339,7 +344,7 @@ class SelectionBlockVerification(Verifier):
         def leaf(walk: LawWalk, prob: float) -> None:
             nonlocal residual
             terms = self._leaf_terms(target_probs, draft_probs, walk)
-            stop_at_0 = stop_law(terms.exact_stops())[0]
+            stop_at_0 = stop_law([1.0, *terms.exact_stops().tolist()])[0]
             weights[firsts.index(walk.path[0])] += prob * (1.0 - stop_at_0)  # the first draft with that token
             if stop_at_0 > 0:
                 residual = residual + (prob * stop_at_0) * terms.correction_law(slice(0, 1))[0]
@@ -437,7 +442,7 @@ class SelectionBlockVerification(Verifier):
         for BV on ``walk``'s path with the sampler's own q_sel, stop probabilities and outcome laws."""
         L = len(walk.path)
         terms = self._leaf_terms(target_probs, draft_probs, walk)
-        return stop_law(terms.exact_stops()), terms.correction_law(slice(0, L))
+        return stop_law([1.0, *terms.exact_stops().tolist()]), terms.correction_law(slice(0, L))
 
     def _block_law(self, target_probs, draft_probs, walk: LawWalk) -> list[tuple[tuple[int, ...], float]]:
         """The law of BV on ``walk``'s path: [(tokens, probability)]."""

@@ -43,7 +43,7 @@ __all__ = [
     "DEFAULT_GRID_SIZE", "DEFAULT_HEAD_SIZE", "DEFAULT_RANK_SIZE", "DEFAULT_TAIL_THRESHOLD", "RHO_SPAN", "SELECTIONS",
     "DepthRule", "PathTerms", "Rules", "best_grid_points", "choose_rho", "count_likelihood", "count_posterior",
     "grid_laws", "inverse_cdf", "log_grid", "ranked_head", "rows_at", "rules_at", "scan_events", "select_tokens",
-    "selected_path_terms", "selection_law", "shared_groups", "single_draft_rules", "stop_law", "stop_probabilities",
+    "selected_path_terms", "selection_law", "shared_groups", "single_draft_rules", "stop_probabilities",
 ]
 
 SELECTIONS = ("randomized", "greedy")
@@ -488,18 +488,6 @@ def stop_probabilities(z: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     apply the same stop_probability)."""
     L = w.shape[0] - 1
     return torch.cat([stop_probability(z, w[1:L]), w[L:]])
-
-
-def stop_law(h: torch.Tensor) -> list[float]:
-    """[P(tau = i) for i = 0..L] of BV's backward scan from h_1..h_L [L] (one host read): tau = the largest i
-    with a success (probability h_i, independent), 0 if none (h_0 = 1)."""
-    h = [1.0] + h.tolist()
-    L = len(h) - 1
-    stop_law, survive = [0.0] * (L + 1), 1.0  # survive: P(no success at the depths above i)
-    for i in range(L, -1, -1):
-        stop_law[i] = survive * h[i]
-        survive *= 1.0 - h[i]
-    return stop_law
 
 
 def selected_path_terms(rules: Rules, P_rows, Q_rows, path: torch.Tensor, weights_of) -> PathTerms:
