@@ -52,11 +52,9 @@ from spectr_repro.verify.selection import (
     SELECTIONS,
     PathTerms,
     Rules,
-    best_grid_points,
+    best_rho,
     count_posterior,
-    grid_laws,
     inverse_cdf,
-    log_grid,
     ranked_head,
     rows_at,
     rules_at,
@@ -179,10 +177,7 @@ class SelectionBlockVerification(Verifier):
         if self.selection == "greedy":
             rho = torch.full((P_rows.shape[0], K - 1), math.inf, dtype=_F64, device=P_rows.device)
         else:  # choose_rho on the head_size ranked tokens of largest P + Q, as if they were the vocabulary
-            head = ranked.top(self.head_size)
-            grid = log_grid(head.r, self.grid_size)
-            laws = grid_laws(head.p, head.q, grid, K, missing=1.0 - head.q.sum(-1))
-            rho = grid.gather(1, best_grid_points(laws, head.p))
+            rho = best_rho(ranked.top(self.head_size), self.grid_size, K)
         return rules_at(ranked, rho, K)
 
     def _memo(self, table: str, key, compute):

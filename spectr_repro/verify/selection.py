@@ -41,9 +41,10 @@ from spectr_repro.verify.common import (
 
 __all__ = [
     "DEFAULT_GRID_SIZE", "DEFAULT_HEAD_SIZE", "DEFAULT_RANK_SIZE", "DEFAULT_TAIL_THRESHOLD", "RHO_SPAN", "SELECTIONS",
-    "DepthRule", "PathTerms", "Rules", "best_grid_points", "choose_rho", "count_likelihood", "count_posterior",
-    "grid_laws", "inverse_cdf", "log_grid", "ranked_head", "rows_at", "rules_at", "scan_events", "select_tokens",
-    "selected_path_terms", "selection_law", "shared_groups", "single_draft_rules", "stop_probabilities",
+    "DepthRule", "PathTerms", "Rules", "best_rho", "choose_rho", "count_likelihood", "count_posterior",
+    "inverse_cdf", "log_grid", "ranked_head", "rows_at", "rules_at", "scan_events", "select_tokens",
+    "selected_path_terms", "selection_law", "selection_laws", "shared_groups", "single_draft_rules",
+    "stop_probabilities",
 ]
 
 SELECTIONS = ("randomized", "greedy")
@@ -158,31 +159,39 @@ def log_grid(r: torch.Tensor, grid_size: int) -> torch.Tensor:
     return torch.exp(torch.log(RHO_SPAN * r_max)[:, None] * _grid_steps(grid_size, r.device))
 
 
-def grid_laws(p: torch.Tensor, q: torch.Tensor, grid: torch.Tensor, K: int, missing: torch.Tensor) -> torch.Tensor:
-    """f(.; rho, c) [n, C, G, N] for p, q [n, N] in rank order at every grid point rho [n, G] and count c = 2..K.
-
-    ``missing`` [n]: mass outside p, q that is never accepted (1 - sum q: the head taken as the vocabulary).
-    G^c - G^-^c = d G^(c-1) sum_{j<c} x^j with d = Q (1 - a), x = G^-/G in [0, 1]: the powers over the count
-    axis are cumulative products, every term is positive (no cancellation).
+def best_rho(head: Head, grid_size: int, K: int) -> torch.Tensor:
+    """[n, K - 1]: rho_c for each count c = 2..K, the point of the log grid over [1, RHO_SPAN * max r] maximising
+    sum_v min(f(v; rho, c), P(v)) on ``head`` taken as the whole vocabulary (its missing mass 1 - sum q is never
+    accepted). f is ``selection_laws``, the closed form the rule then applies. Ties: the first maximum (smallest rho).
     """
-    C = K - 1
-    accepted = torch.minimum(q[:, None, :], p[:, None, :] / grid[:, :, None])  # [n, G, N]
-    rejected = q[:, None, :] - accepted
+    grid = log_grid(head.r, grid_size)
+    law = selection_laws(head.p, head.q, grid[:, None, :], K, missing=1.0 - head.q.sum(-1))["law"]  # [n, C, G, N]
+    best = torch.minimum(law, head.p[:, None, None, :]).sum(-1).argmax(-1)
+    return grid.gather(1, best)
+
+
+def selection_laws(p: torch.Tensor, q: torch.Tensor, rho: torch.Tensor, K: int,
+                   missing: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+    """The closed form f(.; rho, c) of the token the scan selects among c survivors, c = 2..K (C = K - 1 counts),
+    and its terms: the one evaluation, for choosing rho (a grid of rho, the same at every count) and for the rule
+    at the chosen rho (one rho per count).
+
+    p, q [n, N] in rank order; rho [n, C or 1, G] (may be +inf: a = 0). ``missing`` [n]: mass outside p, q that is
+    never accepted (None: none). Returns accepted = Q a [n, C|1, G, N], g_minus = G^- [n, C|1, G, N], reject
+    = beta = 1 - alpha [n, C|1, G], excess = A_c - 1 [n, C, G] and law = f_c [n, C, G, N].
+
+    G^c - G^-^c = -G^c expm1(c log1p(-d/G)) (d = Q (1 - a) = G - G^-): relative accuracy, no cancellation
+    (0/0 where G = 0, where d = 0 too: 0). A_c - 1 = beta + ... + beta^(c-1).
+    """
+    counts, exponents, below = _count_powers(K, q.device)
+    accepted = torch.minimum(q[:, None, None, :], p[:, None, None, :] / rho[..., None])  # P/inf = 0
+    rejected = q[:, None, None, :] - accepted
     g = rejected.cumsum(-1)
-    keep = g[..., -1] + missing[:, None]  # 1 - alpha
-
-    def powers(t: torch.Tensor) -> torch.Tensor:  # [n, *rest] -> [n, C, *rest]: t^1 .. t^C
-        return t.unsqueeze(1).expand(t.shape[0], C, *t.shape[1:]).cumprod(1)
-
-    excess = powers(keep).cumsum(1)  # A_c - 1 = (1 - alpha) + ... + (1 - alpha)^(c-1), [n, C, G]
-    ratio = torch.nan_to_num((g - rejected) / g, nan=0.0)  # x; 0/0 where g = 0 (there d = 0 too)
-    power_sums = powers(ratio).cumsum(1).add_(1.0)  # 1 + x + ... + x^(c-1)
-    return accepted[:, None] * (1.0 + excess)[..., None] + rejected[:, None] * powers(g) * power_sums
-
-
-def best_grid_points(laws: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
-    """[n, C]: the grid index maximising sum_v min(f, P) per count (argmax: the first maximum, smallest rho)."""
-    return torch.minimum(laws, p[:, None, None, :]).sum(-1).argmax(-1)
+    reject = g[..., -1] if missing is None else g[..., -1] + missing[:, None, None]
+    excess = (reject[..., None].pow(exponents) * below).sum(-1)
+    power_gap = torch.nan_to_num(-g.pow(counts) * torch.expm1(counts * torch.log1p(-rejected / g)), nan=0.0)
+    return dict(accepted=accepted, g_minus=g - rejected, reject=reject, excess=excess,
+                law=accepted * (1.0 + excess)[..., None] + power_gap)
 
 
 # ------------------------------------------------------------------------------------------------ the rule
@@ -232,27 +241,17 @@ def _head_fields(head: Head) -> dict:
 
 @functools.cache
 def _count_powers(K: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(counts c = 2..K [C, 1], exponents j = 1..K-1 [K-1], the mask j < c [C, K-1]), float64 constants."""
-    counts = torch.arange(2, K + 1, dtype=_F64, device=device)[:, None]
+    """(counts c = 2..K [C, 1, 1], exponents j = 1..K-1 [K-1], the mask j < c [C, 1, K-1]), float64 constants."""
+    counts = torch.arange(2, K + 1, dtype=_F64, device=device)[:, None, None]
     exponents = torch.arange(1, K, dtype=_F64, device=device)
     return counts, exponents, (exponents < counts).to(_F64)
 
 
 def rules_at(head: Head, rho: torch.Tensor, K: int) -> Rules:
-    """The rule on ``head`` with rho_c = rho[:, c - 2] ([n, C], may be +inf) at each count c = 2..K.
-
-    G^c - G^-^c = -G^c expm1(c log1p(-d/G)) (d = Q (1 - a) = G - G^-): relative accuracy, no cancellation.
-    A_c - 1 = beta + ... + beta^(c-1), beta = sum Q (1 - a) = 1 - alpha (the tail is never rejected).
-    """
-    counts, exponents, below = _count_powers(K, head.q.device)
-    accepted = torch.minimum(head.q[:, None, :], head.p[:, None, :] / rho[:, :, None])  # [n, C, N]; P/inf = 0
-    rejected = head.q[:, None, :] - accepted
-    g = rejected.cumsum(-1)
-    power_gap = torch.nan_to_num(-g.pow(counts) * torch.expm1(counts * torch.log1p(-rejected / g)), nan=0.0)
-    reject = g[..., -1]
-    excess = (reject[..., None].pow(exponents) * below).sum(-1)
-    return Rules(**_head_fields(head), reject=reject, excess=excess, accepted=accepted,
-                  g_minus=g - rejected, law=accepted * (1.0 + excess)[..., None] + power_gap)  # 0/0 where G = 0
+    """The rule on ``head`` with rho_c = rho[:, c - 2] ([n, C], may be +inf) at each count c = 2..K: the tail is
+    never rejected (no missing mass)."""
+    terms = selection_laws(head.p, head.q, rho[:, :, None], K)
+    return Rules(**_head_fields(head), **{name: value.squeeze(2) for name, value in terms.items()})
 
 
 def single_draft_rules(head: Head) -> Rules:
@@ -638,9 +637,7 @@ def choose_rho(
     if P.shape[-1] == 0:
         return {c: 1.0 for c in counts}
     head = ranked_head(P[None], Q[None], head_size, 0.0, normalise=False)
-    grid = log_grid(head.r, grid_size)
-    laws = grid_laws(head.p, head.q, grid, max(counts), missing=1.0 - head.q.sum(-1))
-    values = grid.gather(1, best_grid_points(laws, head.p))[0].tolist()
+    values = best_rho(head, grid_size, max(counts))[0].tolist()
     return {c: values[c - 2] for c in counts}
 
 
