@@ -49,7 +49,7 @@ from spectr_repro.verify.selection import (
     DEFAULT_HEAD_SIZE,
     DEFAULT_RANK_SIZE,
     DEFAULT_TAIL_THRESHOLD,
-    SELECTIONS,
+    Head,
     PathTerms,
     Rules,
     best_rho,
@@ -98,8 +98,7 @@ class SelectionBlockVerification(Verifier):
     """SBV: select one path through the K drafts with a known law, then BV on it (lossless).
 
     Options: ``count_posterior`` (default True: q_sel mixes f over the posterior of the survivor count;
-    False: f at the observed count), ``selection`` ("randomized" = docs/methods.md; "greedy" = always the
-    highest-ratio survivor token, i.e. greedy multi-path BV), ``grid_size`` (points of the rho grid),
+    False: f at the observed count), ``grid_size`` (points of the rho grid),
     ``head_size`` (rho is chosen on the ranked tokens of largest P + Q, at most this many),
     ``tail_threshold`` and ``rank_size`` (the ranked tokens: P + Q >= tail_threshold, at most rank_size of
     them, those of largest P + Q; the others are accepted whenever drafted). See the module docstring.
@@ -114,7 +113,6 @@ class SelectionBlockVerification(Verifier):
         self,
         check_inputs: bool = True,
         count_posterior: bool = True,
-        selection: str = "randomized",
         grid_size: int = DEFAULT_GRID_SIZE,
         head_size: int = DEFAULT_HEAD_SIZE,
         tail_threshold: float = DEFAULT_TAIL_THRESHOLD,
@@ -122,15 +120,12 @@ class SelectionBlockVerification(Verifier):
         **options,
     ) -> None:
         super().__init__(check_inputs=check_inputs, **options)
-        if selection not in SELECTIONS:
-            raise ValueError(f"sbv: selection must be one of {SELECTIONS}, got {selection!r}")
         if grid_size < 2 or head_size < 1 or rank_size < 1 or not tail_threshold >= 0:
             raise ValueError(
                 "sbv: need grid_size >= 2, head_size >= 1, rank_size >= 1 and tail_threshold >= 0; "
                 f"got {grid_size}, {head_size}, {rank_size}, {tail_threshold}"
             )
         self.count_posterior = bool(count_posterior)
-        self.selection = selection
         self.grid_size = int(grid_size)
         self.head_size = int(head_size)
         self.tail_threshold = float(tail_threshold)
@@ -174,11 +169,12 @@ class SelectionBlockVerification(Verifier):
         ranked = ranked_head(P_rows, Q_rows, self.rank_size, self.tail_threshold, scratch=self._scratch)
         if K == 1:
             return single_draft_rules(ranked)
-        if self.selection == "greedy":
-            rho = torch.full((P_rows.shape[0], K - 1), math.inf, dtype=_F64, device=P_rows.device)
-        else:  # choose_rho on the head_size ranked tokens of largest P + Q, as if they were the vocabulary
-            rho = best_rho(ranked.top(self.head_size), self.grid_size, K)
-        return rules_at(ranked, rho, K)
+        return rules_at(ranked, self._choose_rho(ranked, K), K)
+
+    def _choose_rho(self, ranked: Head, K: int) -> torch.Tensor:
+        """[n, K - 1] rho_c for the counts c = 2..K: ``best_rho`` on the head_size ranked tokens of largest P + Q,
+        as if they were the vocabulary."""
+        return best_rho(ranked.top(self.head_size), self.grid_size, K)
 
     def _memo(self, table: str, key, compute):
         """Memoise ``compute()`` under ``key`` in one of the memo tables (toy vocabularies only)."""
