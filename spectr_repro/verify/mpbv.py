@@ -32,9 +32,9 @@ Choices where the published description is not specific enough for an implementa
   * "greedy" = the highest-ratio survivor token at each depth (the reading of docs/sbv.md: SBV's selection with
     rho = inf, kept as the test oracle ``tests/verify/selection_oracle.py`` that the tests check this rule
     against; this module is the production rule because it ranks every token exactly (one sort of the L path rows,
-    no tail accepted whenever drafted) and breaks ties as below); ties (equal r) go to the first survivor in draft order, not to a token
-    order: with q = p every ratio is 1, and this tie rule keeps q_sel = q = p, so every block is accepted
-    (a token-order tie rule would select the largest id and make BV reject p = q blocks);
+    no tail accepted whenever drafted) and breaks ties as below); ties (equal r) go to the first survivor in
+    draft order, not to a token order: with q = p every ratio is 1, and this tie rule keeps q_sel = q = p, so
+    every block is accepted (a token-order tie rule would select the largest id and make BV reject p = q blocks);
   * the draft law BV is given is the exact law of the selected path given the selected prefix (count
     posterior), not q: BV run with q on a greedily selected path is NOT lossless (measured in
     tests/verify/test_mpbv.py, the negative control);
