@@ -18,7 +18,7 @@ import torch
 
 from spectr_repro.theory.toy import toy_pair
 from spectr_repro.verify.mpbv import _rank_keys, path_block_test
-from spectr_repro.verify.selection import choose_rho, selection_law
+from tests.verify.selection_oracle import choose_rho, selection_law  # per-row views of SBV's closed forms
 
 GRID_POINTS = 64  # SBV's default grid size; its span is [1, 50 max r]
 

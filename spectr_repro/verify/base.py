@@ -20,6 +20,8 @@ from typing import Any
 
 import torch
 
+from spectr_repro.verify.registry import VERIFIERS
+
 
 @dataclass(frozen=True)
 class VerifyResult:
@@ -176,8 +178,6 @@ def validate_inputs(
     if K < 1 or L < 1:
         raise ValueError(f"{name}: need K >= 1 and L >= 1, got draft_tokens of shape {tuple(draft_tokens.shape)}")
     if single_draft and K != 1:
-        from spectr_repro.verify import VERIFIERS  # the registry imports this module: read it lazily
-
         multi = ", ".join(n for n, spec in VERIFIERS.items() if not spec.single_draft)
         raise ValueError(f"{name} verifies a single draft; got K={K} (use {multi} for K > 1)")
     if draft_probs.dim() != 3 or tuple(draft_probs.shape[:2]) != (K, L):

@@ -29,6 +29,7 @@ from spectr_repro.verify.common import (
     residual,
     running_ratio,
     sample,
+    stop_law,
     token_ratios,
     uniform_list,
 )
@@ -90,12 +91,7 @@ class BlockSegment:
 
     def stop_law(self) -> list[float]:
         """P(tau = i), i = 0..n, given the drafts."""
-        h = self.stop_probabilities()
-        law, none_above = [0.0] * (self.length + 1), 1.0
-        for i in range(self.length, -1, -1):
-            law[i] = h[i] * none_above
-            none_above *= 1.0 - h[i]
-        return law
+        return stop_law(self.stop_probabilities())
 
     def scan(self, generator: torch.Generator | None, eta: list[float] | None = None) -> int:
         """Draw eta_1..eta_n (unless given: eta[i - 1] belongs to position i) and return tau = the largest i

@@ -12,7 +12,7 @@ from spectr_repro.verify.base import Outcome
 
 __all__ = [
     "LawBuilder", "ValueMemo", "block_on_host", "clipped_stop_probability", "expected_emitted_from_stops", "normalize",
-    "positive_part", "residual", "running_ratio", "sample", "sample_residual", "stop_probability", "token_ratios",
+    "positive_part", "residual", "running_ratio", "sample", "stop_law", "stop_probability", "token_ratios",
     "tensor_key", "uniform", "uniform_list",
 ]
 
@@ -39,16 +39,6 @@ def positive_part(x: torch.Tensor) -> torch.Tensor:
 def residual(a: torch.Tensor, b: torch.Tensor, fallback: torch.Tensor | None = None) -> torch.Tensor:
     """norm((a - b)+): the law of the correction token. ``fallback`` where (a - b)+ has no mass."""
     return normalize(positive_part(a - b), fallback=fallback if fallback is not None else None)
-
-
-def sample_residual(
-    a: torch.Tensor, b: torch.Tensor, generator: torch.Generator | None = None, fallback: torch.Tensor | None = None
-) -> int:
-    """One token from norm((a - b)+) (a, b: [V]); from ``fallback`` (default a) when that has no mass."""
-    mass = positive_part(a - b)
-    if float(mass.sum()) > 0:
-        return int(sample(mass, generator))
-    return int(sample(fallback if fallback is not None else a, generator))
 
 
 def stop_probability(z: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
@@ -86,6 +76,17 @@ def expected_emitted_from_stops(h: torch.Tensor) -> torch.Tensor:
     (1 - h_m), so E[tau] = sum_i P(tau >= i) = L - sum_i prod_{m >= i} (1 - h_m). A 0-dim tensor, no host read."""
     survive = (1.0 - h).flip(-1).cumprod(-1)  # [L]: entry j = prod over the last j + 1 positions
     return 1.0 + h.shape[-1] - survive.sum(-1)
+
+
+def stop_law(h: list[float]) -> list[float]:
+    """[P(tau = i) for i = 0..L] of block verification's backward scan from its stop probabilities h_0..h_L (host
+    floats, h_0 = 1): tau = the largest i with eta_i < h_i, the eta_i independent uniforms, 0 if none. So
+    P(tau = i) = h_i prod_{m > i} (1 - h_m). The exact laws of bv, sbv (and sbvf) and mpbv take it from here."""
+    law, none_above = [0.0] * len(h), 1.0  # none_above: P(no success at the positions above i)
+    for i in range(len(h) - 1, -1, -1):
+        law[i] = h[i] * none_above
+        none_above *= 1.0 - h[i]
+    return law
 
 
 def token_ratios(target_rows: torch.Tensor, draft_rows: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:

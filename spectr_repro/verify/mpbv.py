@@ -29,10 +29,12 @@ Lossless: BV is lossless for any path whose law it is given exactly, and q_sel i
 exact law (the tests check it against brute force). At K = 1 the path is the draft and q_sel = q: plain BV.
 
 Choices where the published description is not specific enough for an implementation (docs/methods.md):
-  * "greedy" = the highest-ratio survivor token at each depth (the reading of docs/sbv.md and
-    SBV's ``selection="greedy"``); ties (equal r) go to the first survivor in draft order, not to a token
-    order: with q = p every ratio is 1, and this tie rule keeps q_sel = q = p, so every block is accepted
-    (a token-order tie rule would select the largest id and make BV reject p = q blocks);
+  * "greedy" = the highest-ratio survivor token at each depth (the reading of docs/sbv.md: SBV's selection with
+    rho = inf, kept as the test oracle ``tests/verify/selection_oracle.py`` that the tests check this rule
+    against; this module is the production rule because it ranks every token exactly (one sort of the L path rows,
+    no tail accepted whenever drafted) and breaks ties as below); ties (equal r) go to the first survivor in
+    draft order, not to a token order: with q = p every ratio is 1, and this tie rule keeps q_sel = q = p, so
+    every block is accepted (a token-order tie rule would select the largest id and make BV reject p = q blocks);
   * the draft law BV is given is the exact law of the selected path given the selected prefix (count
     posterior), not q: BV run with q on a greedily selected path is NOT lossless (measured in
     tests/verify/test_mpbv.py, the negative control);
@@ -57,7 +59,13 @@ import torch
 
 from spectr_repro.sampling import sample, uniform
 from spectr_repro.verify.base import Outcome, Verifier, VerifyResult
-from spectr_repro.verify.common import clipped_stop_probability, expected_emitted_from_stops, running_ratio
+from spectr_repro.verify.common import (
+    LawBuilder,
+    clipped_stop_probability,
+    expected_emitted_from_stops,
+    running_ratio,
+    stop_law,
+)
 
 __all__ = ["GreedyMultiPathBlockVerification", "GreedyPath", "greedy_path", "path_block_test"]
 
@@ -255,17 +263,8 @@ class GreedyMultiPathBlockVerification(Verifier):
     def _law(self, draft_tokens, draft_probs, target_probs, state) -> list[Outcome]:
         path = greedy_path(draft_tokens, draft_probs.double(), target_probs.double())
         stop, laws, _ = path_block_test(path.targets, path.draft_law, path.tokens)
-        h = stop.tolist()
         prefix = tuple(path.tokens.tolist())
-        mass: dict[tuple[int, ...], float] = {}
-        none_above = 1.0
-        for tau in range(len(h) - 1, -1, -1):
-            weight = h[tau] * none_above
-            none_above *= 1.0 - h[tau]
-            if weight <= 0:
-                continue
-            for y, prob in enumerate(laws[tau].tolist()):
-                if prob > 0:
-                    key = prefix[:tau] + (y,)
-                    mass[key] = mass.get(key, 0.0) + weight * prob
-        return [Outcome(prob, key, None) for key, prob in mass.items() if prob > 0]
+        law, builder = stop_law(stop.tolist()), LawBuilder()
+        for tau in range(len(law) - 1, -1, -1):
+            builder.add(prefix[:tau], law[tau], laws[tau])
+        return builder.outcomes()

@@ -37,20 +37,24 @@ import torch
 
 from spectr_repro.sampling import uniform
 from spectr_repro.verify.base import FirstTokenLaw, Outcome, Verifier, VerifyResult
-from spectr_repro.verify.common import ValueMemo, expected_emitted_from_stops, stop_probability, tensor_key
+from spectr_repro.verify.common import (
+    ValueMemo,
+    expected_emitted_from_stops,
+    stop_law,
+    stop_probability,
+    tensor_key,
+)
 from spectr_repro.verify.selection import (
     DEFAULT_GRID_SIZE,
     DEFAULT_HEAD_SIZE,
     DEFAULT_RANK_SIZE,
     DEFAULT_TAIL_THRESHOLD,
-    SELECTIONS,
+    Head,
     PathTerms,
     Rules,
-    best_grid_points,
+    best_rho,
     count_posterior,
-    grid_laws,
     inverse_cdf,
-    log_grid,
     ranked_head,
     rows_at,
     rules_at,
@@ -59,7 +63,6 @@ from spectr_repro.verify.selection import (
     selected_path_terms,
     shared_groups,
     single_draft_rules,
-    stop_law,
     stop_probabilities,
 )
 
@@ -95,8 +98,7 @@ class SelectionBlockVerification(Verifier):
     """SBV: select one path through the K drafts with a known law, then BV on it (lossless).
 
     Options: ``count_posterior`` (default True: q_sel mixes f over the posterior of the survivor count;
-    False: f at the observed count), ``selection`` ("randomized" = docs/methods.md; "greedy" = always the
-    highest-ratio survivor token, i.e. greedy multi-path BV), ``grid_size`` (points of the rho grid),
+    False: f at the observed count), ``grid_size`` (points of the rho grid),
     ``head_size`` (rho is chosen on the ranked tokens of largest P + Q, at most this many),
     ``tail_threshold`` and ``rank_size`` (the ranked tokens: P + Q >= tail_threshold, at most rank_size of
     them, those of largest P + Q; the others are accepted whenever drafted). See the module docstring.
@@ -111,7 +113,6 @@ class SelectionBlockVerification(Verifier):
         self,
         check_inputs: bool = True,
         count_posterior: bool = True,
-        selection: str = "randomized",
         grid_size: int = DEFAULT_GRID_SIZE,
         head_size: int = DEFAULT_HEAD_SIZE,
         tail_threshold: float = DEFAULT_TAIL_THRESHOLD,
@@ -119,15 +120,12 @@ class SelectionBlockVerification(Verifier):
         **options,
     ) -> None:
         super().__init__(check_inputs=check_inputs, **options)
-        if selection not in SELECTIONS:
-            raise ValueError(f"sbv: selection must be one of {SELECTIONS}, got {selection!r}")
         if grid_size < 2 or head_size < 1 or rank_size < 1 or not tail_threshold >= 0:
             raise ValueError(
                 "sbv: need grid_size >= 2, head_size >= 1, rank_size >= 1 and tail_threshold >= 0; "
                 f"got {grid_size}, {head_size}, {rank_size}, {tail_threshold}"
             )
         self.count_posterior = bool(count_posterior)
-        self.selection = selection
         self.grid_size = int(grid_size)
         self.head_size = int(head_size)
         self.tail_threshold = float(tail_threshold)
@@ -171,14 +169,12 @@ class SelectionBlockVerification(Verifier):
         ranked = ranked_head(P_rows, Q_rows, self.rank_size, self.tail_threshold, scratch=self._scratch)
         if K == 1:
             return single_draft_rules(ranked)
-        if self.selection == "greedy":
-            rho = torch.full((P_rows.shape[0], K - 1), math.inf, dtype=_F64, device=P_rows.device)
-        else:  # choose_rho on the head_size ranked tokens of largest P + Q, as if they were the vocabulary
-            head = ranked.top(self.head_size)
-            grid = log_grid(head.r, self.grid_size)
-            laws = grid_laws(head.p, head.q, grid, K, missing=1.0 - head.q.sum(-1))
-            rho = grid.gather(1, best_grid_points(laws, head.p))
-        return rules_at(ranked, rho, K)
+        return rules_at(ranked, self._choose_rho(ranked, K), K)
+
+    def _choose_rho(self, ranked: Head, K: int) -> torch.Tensor:
+        """[n, K - 1] rho_c for the counts c = 2..K: ``best_rho`` on the head_size ranked tokens of largest P + Q,
+        as if they were the vocabulary."""
+        return best_rho(ranked.top(self.head_size), self.grid_size, K)
 
     def _memo(self, table: str, key, compute):
         """Memoise ``compute()`` under ``key`` in one of the memo tables (toy vocabularies only)."""
@@ -339,7 +335,7 @@ class SelectionBlockVerification(Verifier):
         def leaf(walk: LawWalk, prob: float) -> None:
             nonlocal residual
             terms = self._leaf_terms(target_probs, draft_probs, walk)
-            stop_at_0 = stop_law(terms.exact_stops())[0]
+            stop_at_0 = stop_law([1.0, *terms.exact_stops().tolist()])[0]
             weights[firsts.index(walk.path[0])] += prob * (1.0 - stop_at_0)  # the first draft with that token
             if stop_at_0 > 0:
                 residual = residual + (prob * stop_at_0) * terms.correction_law(slice(0, 1))[0]
@@ -437,7 +433,7 @@ class SelectionBlockVerification(Verifier):
         for BV on ``walk``'s path with the sampler's own q_sel, stop probabilities and outcome laws."""
         L = len(walk.path)
         terms = self._leaf_terms(target_probs, draft_probs, walk)
-        return stop_law(terms.exact_stops()), terms.correction_law(slice(0, L))
+        return stop_law([1.0, *terms.exact_stops().tolist()]), terms.correction_law(slice(0, L))
 
     def _block_law(self, target_probs, draft_probs, walk: LawWalk) -> list[tuple[tuple[int, ...], float]]:
         """The law of BV on ``walk``'s path: [(tokens, probability)]."""

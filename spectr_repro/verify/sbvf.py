@@ -112,9 +112,8 @@ class SelectionBlockVerificationFallback(SelectionBlockVerification):
     def __init__(self, check_inputs: bool = True, fallback: bool = True, grid_size: int = DEFAULT_GRID_SIZE,
                  head_size: int = DEFAULT_HEAD_SIZE, tail_threshold: float = DEFAULT_TAIL_THRESHOLD,
                  rank_size: int = DEFAULT_RANK_SIZE, **options) -> None:
-        super().__init__(check_inputs=check_inputs, count_posterior=True, selection="randomized",
-                         grid_size=grid_size, head_size=head_size, tail_threshold=tail_threshold,
-                         rank_size=rank_size, **options)
+        super().__init__(check_inputs=check_inputs, count_posterior=True, grid_size=grid_size, head_size=head_size,
+                         tail_threshold=tail_threshold, rank_size=rank_size, **options)
         self.fallback = bool(fallback)
 
     # ------------------------------------------------------------------------------------------- hooks

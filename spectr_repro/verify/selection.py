@@ -40,13 +40,12 @@ from spectr_repro.verify.common import (
 )
 
 __all__ = [
-    "DEFAULT_GRID_SIZE", "DEFAULT_HEAD_SIZE", "DEFAULT_RANK_SIZE", "DEFAULT_TAIL_THRESHOLD", "RHO_SPAN", "SELECTIONS",
-    "DepthRule", "PathTerms", "Rules", "best_grid_points", "choose_rho", "count_likelihood", "count_posterior",
-    "grid_laws", "inverse_cdf", "log_grid", "ranked_head", "rows_at", "rules_at", "scan_events", "select_tokens",
-    "selected_path_terms", "selection_law", "shared_groups", "single_draft_rules", "stop_law", "stop_probabilities",
+    "DEFAULT_GRID_SIZE", "DEFAULT_HEAD_SIZE", "DEFAULT_RANK_SIZE", "DEFAULT_TAIL_THRESHOLD", "RHO_SPAN", "Head",
+    "PathTerms", "Rules", "best_rho", "count_posterior", "inverse_cdf", "log_grid", "ranked_head", "rows_at",
+    "rules_at", "scan_events", "select_tokens", "selected_path_terms", "selection_laws", "shared_groups",
+    "single_draft_rules", "stop_probabilities",
 ]
 
-SELECTIONS = ("randomized", "greedy")
 DEFAULT_TAIL_THRESHOLD = 1e-6
 DEFAULT_GRID_SIZE = 64
 DEFAULT_HEAD_SIZE = 256  # the tokens rho is chosen on
@@ -158,31 +157,39 @@ def log_grid(r: torch.Tensor, grid_size: int) -> torch.Tensor:
     return torch.exp(torch.log(RHO_SPAN * r_max)[:, None] * _grid_steps(grid_size, r.device))
 
 
-def grid_laws(p: torch.Tensor, q: torch.Tensor, grid: torch.Tensor, K: int, missing: torch.Tensor) -> torch.Tensor:
-    """f(.; rho, c) [n, C, G, N] for p, q [n, N] in rank order at every grid point rho [n, G] and count c = 2..K.
-
-    ``missing`` [n]: mass outside p, q that is never accepted (1 - sum q: the head taken as the vocabulary).
-    G^c - G^-^c = d G^(c-1) sum_{j<c} x^j with d = Q (1 - a), x = G^-/G in [0, 1]: the powers over the count
-    axis are cumulative products, every term is positive (no cancellation).
+def best_rho(head: Head, grid_size: int, K: int) -> torch.Tensor:
+    """[n, K - 1]: rho_c for each count c = 2..K, the point of the log grid over [1, RHO_SPAN * max r] maximising
+    sum_v min(f(v; rho, c), P(v)) on ``head`` taken as the whole vocabulary (its missing mass 1 - sum q is never
+    accepted). f is ``selection_laws``, the closed form the rule then applies. Ties: the first maximum (smallest rho).
     """
-    C = K - 1
-    accepted = torch.minimum(q[:, None, :], p[:, None, :] / grid[:, :, None])  # [n, G, N]
-    rejected = q[:, None, :] - accepted
+    grid = log_grid(head.r, grid_size)
+    law = selection_laws(head.p, head.q, grid[:, None, :], K, missing=1.0 - head.q.sum(-1))["law"]  # [n, C, G, N]
+    best = torch.minimum(law, head.p[:, None, None, :]).sum(-1).argmax(-1)
+    return grid.gather(1, best)
+
+
+def selection_laws(p: torch.Tensor, q: torch.Tensor, rho: torch.Tensor, K: int,
+                   missing: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+    """The closed form f(.; rho, c) of the token the scan selects among c survivors, c = 2..K (C = K - 1 counts),
+    and its terms: the one evaluation, for choosing rho (a grid of rho, the same at every count) and for the rule
+    at the chosen rho (one rho per count).
+
+    p, q [n, N] in rank order; rho [n, C or 1, G] (may be +inf: a = 0). ``missing`` [n]: mass outside p, q that is
+    never accepted (None: none). Returns accepted = Q a [n, C|1, G, N], g_minus = G^- [n, C|1, G, N], reject
+    = beta = 1 - alpha [n, C|1, G], excess = A_c - 1 [n, C, G] and law = f_c [n, C, G, N].
+
+    G^c - G^-^c = -G^c expm1(c log1p(-d/G)) (d = Q (1 - a) = G - G^-): relative accuracy, no cancellation
+    (0/0 where G = 0, where d = 0 too: 0). A_c - 1 = beta + ... + beta^(c-1).
+    """
+    counts, exponents, below = _count_powers(K, q.device)
+    accepted = torch.minimum(q[:, None, None, :], p[:, None, None, :] / rho[..., None])  # P/inf = 0
+    rejected = q[:, None, None, :] - accepted
     g = rejected.cumsum(-1)
-    keep = g[..., -1] + missing[:, None]  # 1 - alpha
-
-    def powers(t: torch.Tensor) -> torch.Tensor:  # [n, *rest] -> [n, C, *rest]: t^1 .. t^C
-        return t.unsqueeze(1).expand(t.shape[0], C, *t.shape[1:]).cumprod(1)
-
-    excess = powers(keep).cumsum(1)  # A_c - 1 = (1 - alpha) + ... + (1 - alpha)^(c-1), [n, C, G]
-    ratio = torch.nan_to_num((g - rejected) / g, nan=0.0)  # x; 0/0 where g = 0 (there d = 0 too)
-    power_sums = powers(ratio).cumsum(1).add_(1.0)  # 1 + x + ... + x^(c-1)
-    return accepted[:, None] * (1.0 + excess)[..., None] + rejected[:, None] * powers(g) * power_sums
-
-
-def best_grid_points(laws: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
-    """[n, C]: the grid index maximising sum_v min(f, P) per count (argmax: the first maximum, smallest rho)."""
-    return torch.minimum(laws, p[:, None, None, :]).sum(-1).argmax(-1)
+    reject = g[..., -1] if missing is None else g[..., -1] + missing[:, None, None]
+    excess = (reject[..., None].pow(exponents) * below).sum(-1)
+    power_gap = torch.nan_to_num(-g.pow(counts) * torch.expm1(counts * torch.log1p(-rejected / g)), nan=0.0)
+    return dict(accepted=accepted, g_minus=g - rejected, reject=reject, excess=excess,
+                law=accepted * (1.0 + excess)[..., None] + power_gap)
 
 
 # ------------------------------------------------------------------------------------------------ the rule
@@ -232,27 +239,17 @@ def _head_fields(head: Head) -> dict:
 
 @functools.cache
 def _count_powers(K: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(counts c = 2..K [C, 1], exponents j = 1..K-1 [K-1], the mask j < c [C, K-1]), float64 constants."""
-    counts = torch.arange(2, K + 1, dtype=_F64, device=device)[:, None]
+    """(counts c = 2..K [C, 1, 1], exponents j = 1..K-1 [K-1], the mask j < c [C, 1, K-1]), float64 constants."""
+    counts = torch.arange(2, K + 1, dtype=_F64, device=device)[:, None, None]
     exponents = torch.arange(1, K, dtype=_F64, device=device)
     return counts, exponents, (exponents < counts).to(_F64)
 
 
 def rules_at(head: Head, rho: torch.Tensor, K: int) -> Rules:
-    """The rule on ``head`` with rho_c = rho[:, c - 2] ([n, C], may be +inf) at each count c = 2..K.
-
-    G^c - G^-^c = -G^c expm1(c log1p(-d/G)) (d = Q (1 - a) = G - G^-): relative accuracy, no cancellation.
-    A_c - 1 = beta + ... + beta^(c-1), beta = sum Q (1 - a) = 1 - alpha (the tail is never rejected).
-    """
-    counts, exponents, below = _count_powers(K, head.q.device)
-    accepted = torch.minimum(head.q[:, None, :], head.p[:, None, :] / rho[:, :, None])  # [n, C, N]; P/inf = 0
-    rejected = head.q[:, None, :] - accepted
-    g = rejected.cumsum(-1)
-    power_gap = torch.nan_to_num(-g.pow(counts) * torch.expm1(counts * torch.log1p(-rejected / g)), nan=0.0)
-    reject = g[..., -1]
-    excess = (reject[..., None].pow(exponents) * below).sum(-1)
-    return Rules(**_head_fields(head), reject=reject, excess=excess, accepted=accepted,
-                  g_minus=g - rejected, law=accepted * (1.0 + excess)[..., None] + power_gap)  # 0/0 where G = 0
+    """The rule on ``head`` with rho_c = rho[:, c - 2] ([n, C], may be +inf) at each count c = 2..K: the tail is
+    never rejected (no missing mass)."""
+    terms = selection_laws(head.p, head.q, rho[:, :, None], K)
+    return Rules(**_head_fields(head), **{name: value.squeeze(2) for name, value in terms.items()})
 
 
 def single_draft_rules(head: Head) -> Rules:
@@ -312,12 +309,6 @@ def scan_events(rules: Rules, tokens, member, count_index) -> tuple[torch.Tensor
     survive = torch.cumprod(1.0 - a, -1)  # no acceptance among drafts 0..j
     probs = a * torch.cat([torch.ones_like(a[:, :1]), survive[:, :-1]], -1)
     return probs, survive[:, -1], torch.where(member, position, -1).argmax(-1, keepdim=True)
-
-
-def _selection_events(rules: Rules, tokens, member, count_index) -> torch.Tensor:
-    """[n, K]: the probability that the scan selects draft j's token at draft j (the law of ``select_tokens``)."""
-    probs, none, top = scan_events(rules, tokens, member, count_index)
-    return probs.scatter_add(1, top, none[:, None])
 
 
 # ------------------------------------------------------------------------------------------------ count posterior
@@ -490,18 +481,6 @@ def stop_probabilities(z: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     return torch.cat([stop_probability(z, w[1:L]), w[L:]])
 
 
-def stop_law(h: torch.Tensor) -> list[float]:
-    """[P(tau = i) for i = 0..L] of BV's backward scan from h_1..h_L [L] (one host read): tau = the largest i
-    with a success (probability h_i, independent), 0 if none (h_0 = 1)."""
-    h = [1.0] + h.tolist()
-    L = len(h) - 1
-    stop_law, survive = [0.0] * (L + 1), 1.0  # survive: P(no success at the depths above i)
-    for i in range(L, -1, -1):
-        stop_law[i] = survive * h[i]
-        survive *= 1.0 - h[i]
-    return stop_law
-
-
 def selected_path_terms(rules: Rules, P_rows, Q_rows, path: torch.Tensor, weights_of) -> PathTerms:
     """q_sel and BV's terms on ``path`` [L] (rules and rows along it); ``weights_of(q_at)`` gives the law over
     counts [L, K] that q_sel mixes at each depth.
@@ -565,104 +544,3 @@ def _prefix_leaders(tokens: list[list[int]]) -> list[list[int]]:
         first: dict[tuple[int, int], int] = {}
         leaders.append([first.setdefault((leaders[i][j], tokens[j][i]), j) for j in range(K)])
     return leaders
-
-
-# ------------------------------------------------------------------------------------------------ public helpers
-class DepthRule:
-    """The rule at one depth for one pair P = p(.|z), Q = q(.|z) ([V]), with ``rho`` = {count: rho_c} given.
-
-    A readable per-row view of the closed forms the verifier evaluates in batches (tests, other rules).
-    ``head_size`` None ranks every token with P + Q >= tail_threshold (the verifier caps the ranked set at
-    its rank_size). Counts missing from ``rho`` use rho = +inf (the greedy selection).
-    """
-
-    def __init__(self, P, Q, tail_threshold: float = DEFAULT_TAIL_THRESHOLD, rho: dict | None = None,
-                 head_size: int | None = None) -> None:
-        self.P, self.Q, self.tail_threshold, self.head_size = P, Q, tail_threshold, head_size
-        self.rho: dict[int, float] = dict(rho or {})
-        self._head = ranked_head(P[None], Q[None], head_size, tail_threshold)
-        self.ranked = self._head.ids[0][self._head.ranked[0]].sort().values  # ranked token ids, ascending
-        self.has_tail = self.ranked.shape[0] < P.shape[-1]
-        self.P_ranked = P[self.ranked] / self._head.psum  # normalised, float64
-        self.Q_ranked = Q[self.ranked] / self._head.qsum
-
-    def _rules(self, K: int) -> Rules:
-        if K < 2:
-            return single_draft_rules(self._head)
-        rho = torch.tensor([[self.rho.get(c, math.inf) for c in range(2, K + 1)]], dtype=_F64, device=self.P.device)
-        return rules_at(self._head, rho, K)
-
-    def full(self, weights: dict[int, float]) -> torch.Tensor:
-        """q_sel = sum_c w_c f_c on the whole vocabulary, float64 [V] (weights: a law over counts, normalised)."""
-        K = max(weights)
-        w = torch.zeros(1, K, dtype=_F64, device=self.P.device)
-        for c, value in weights.items():
-            w[0, c - 1] = value
-        rules = self._rules(K)
-        head, tail_scale = _mixture(rules, w / w.sum())
-        return _selected_law_rows(self.Q[None], rules.ids, rules.ranked, head, tail_scale / rules.qsum)[0]
-
-    def law(self, c: int) -> torch.Tensor:
-        """f(.; rho_c, c) on the whole vocabulary, float64 [V]."""
-        return self.full({c: 1.0})
-
-    def token_terms(self, c: int, v: int) -> tuple[float, float, float, float]:
-        """(Q(v), a(v), alpha, G^-(v)) for count c (a = 1 and G^- = 0 on the tail)."""
-        q_v = float(self.Q[v]) / float(self._head.qsum)
-        if c == 1:
-            return q_v, 1.0, 1.0, 0.0
-        rules = self._rules(c)
-        position, ranked = _locate(rules, torch.tensor([[v]], device=self.P.device))
-        alpha = 1.0 - float(rules.reject[0, c - 2])
-        if not bool(ranked):
-            return q_v, 1.0, alpha, 0.0
-        j = int(position)
-        a_v = float(rules.accepted[0, c - 2, j]) / q_v if q_v > 0 else 0.0  # Q = 0: never drafted
-        return q_v, a_v, alpha, float(rules.g_minus[0, c - 2, j])
-
-    def accept_probability(self, c: int, token: int) -> float:
-        """a = min(1, P/(rho_c Q)) at a drafted ``token`` (1 for a tail token or a single survivor)."""
-        return self.token_terms(c, token)[1]
-
-
-def selection_law(
-    P: torch.Tensor, Q: torch.Tensor, rho: float, c: int, tail_threshold: float = DEFAULT_TAIL_THRESHOLD
-) -> torch.Tensor:
-    """Closed-form law f(.; rho, c), float64 [V], of the token selected among c i.i.d. Q-draws."""
-    if c == 1:
-        return Q.double().clone()
-    return DepthRule(P, Q, tail_threshold, {c: rho}).law(c)
-
-
-def choose_rho(
-    P: torch.Tensor, Q: torch.Tensor, counts: list[int], grid_size: int = DEFAULT_GRID_SIZE,
-    head_size: int = DEFAULT_HEAD_SIZE,
-) -> dict[int, float]:
-    """rho_c for each count c >= 2: the log-grid point over [1, 50 max r] maximising sum_v min(f, P).
-
-    P, Q: float64 [n] over tokens in ascending id order, used as given (not renormalised). The head is the
-    ``head_size`` tokens of largest P + Q (all of them when n <= head_size, i.e. exactly the docs/methods.md
-    rule), and f is evaluated on the head alone (alpha = the head's accepted mass). Ties: the smallest rho.
-    """
-    counts = [c for c in counts if c >= 2]
-    if not counts:
-        return {}
-    if P.shape[-1] == 0:
-        return {c: 1.0 for c in counts}
-    head = ranked_head(P[None], Q[None], head_size, 0.0, normalise=False)
-    grid = log_grid(head.r, grid_size)
-    laws = grid_laws(head.p, head.q, grid, max(counts), missing=1.0 - head.q.sum(-1))
-    values = grid.gather(1, best_grid_points(laws, head.p))[0].tolist()
-    return {c: values[c - 2] for c in counts}
-
-
-def count_likelihood(q_v: float, a_v: float, alpha: float, g_minus_v: float, c: int) -> list[float]:
-    """[P(v selected and m of the c survivors carry v) for m = 0..c] (entry 0 is 0); sums to f(v).
-
-    Accepted at draw j: draws 1..j-1 rejected (each carries v with probability s_v given rejection),
-    draws j+1..c free (each carries v with probability Q(v)): m - 1 ~ Bin(j-1, s_v) + Bin(c-j, Q(v)).
-    No draw accepted and v of top rank: C(c, m) (Q(v)(1 - a(v)))^m G^-(v)^(c - m).
-    """
-    row = lambda x: torch.full((1, c), float(x), dtype=_F64)  # noqa: E731 - the same value at every count
-    lik = _count_likelihoods(torch.tensor([float(q_v)], dtype=_F64), row(a_v), row(1.0 - alpha), row(g_minus_v))
-    return [0.0] + lik[0, c - 1].tolist()

@@ -3,7 +3,8 @@
 The shared suites (test_registry_contract, test_op_budgets, test_contract_fuzz) test it from the registry:
 exact losslessness of the first 3 decoded tokens (TV < 1e-9), the Monte-Carlo chi-square through its sampler,
 the sampler against its own law, the op and host-read budgets. Here: the selected path's law q_sel against
-brute force, the reductions (K = 1 is BV; SBV's ``selection="greedy"`` is the same rule written independently),
+brute force, the reductions (K = 1 is BV; SBV's selection core with the greedy selection, the test oracle
+``GreedySelectionBlockVerification``, is the same rule written independently),
 and the negative control that shows why q_sel is needed (BV given the draft's own q on the greedy path is biased).
 """
 
@@ -18,6 +19,7 @@ from spectr_repro.verify import get_verifier
 from spectr_repro.verify.base import Outcome, Verifier
 from spectr_repro.verify.mpbv import greedy_path, path_block_test
 from tests.verify.conftest import EXACT_TV, iteration_inputs, law_dict
+from tests.verify.selection_oracle import GreedySelectionBlockVerification
 
 LAW_TOLERANCE = 1e-12  # float64 laws of V = 3 toys agree to ~1e-15; a wrong order statistic is off by > 1e-2
 
@@ -55,11 +57,9 @@ def test_one_draft_is_block_verification(toys):
 
 @pytest.mark.parametrize("K", [2, 3])
 def test_equals_sbv_greedy_selection(toys, K):
-    """SBV's ``selection="greedy"`` (docs/sbv.md) is the same rule written independently: equal laws per tuple."""
-    try:
-        reference = get_verifier("sbv", selection="greedy")
-    except TypeError:
-        pytest.skip("sbv no longer has selection='greedy'")
+    """SBV's selection core with the greedy selection (rho = inf; the oracle in selection_oracle.py) is the same rule
+    written independently: equal laws per draft tuple."""
+    reference = GreedySelectionBlockVerification()
     mpbv = get_verifier("mpbv")
     target, draft = toys[2]
     gaps = [_max_gap(law_dict(mpbv.law(tokens, dp, tp)), law_dict(reference.law(tokens, dp, tp)))

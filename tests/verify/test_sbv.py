@@ -28,17 +28,11 @@ from spectr_repro.theory.toy import (
 )
 from spectr_repro.verify import VERIFIERS, get_verifier
 from spectr_repro.verify.sbv import SelectionBlockVerification
-from spectr_repro.verify.selection import (
-    DepthRule,
-    choose_rho,
-    count_likelihood,
-    ranked_head,
-    rules_at,
-    selection_law,
-)
+from spectr_repro.verify.selection import ranked_head, rules_at
 from spectr_repro.verify.thresholds import ALPHA, EXACT_TV
 
 from .conftest import law_dict
+from .selection_oracle import DepthRule, GreedySelectionBlockVerification, choose_rho, count_likelihood, selection_law
 
 P_VALUE = ALPHA
 
@@ -70,11 +64,12 @@ def test_exact_decoded_law_is_the_target_law(vocab, L, K, seed):
     assert total_variation(law, target_law(target, 3)) < EXACT_TV
 
 
-@pytest.mark.parametrize("options", [{"count_posterior": False}, {"selection": "greedy"}])
+@pytest.mark.parametrize("variant", [lambda: get_verifier("sbv", count_posterior=False),
+                                     GreedySelectionBlockVerification], ids=["count_posterior=False", "greedy"])
 @pytest.mark.parametrize("vocab, L, K, seed", [(3, 2, 2, 0), (3, 2, 2, 1), (4, 1, 3, 2)])
-def test_variants_are_lossless(options, vocab, L, K, seed):
+def test_variants_are_lossless(variant, vocab, L, K, seed):
     target, draft = toy_pair(vocab, seed)
-    law = exact_decoded_law(get_verifier("sbv", **options), target, draft, K=K, L=L, n=3)
+    law = exact_decoded_law(variant(), target, draft, K=K, L=L, n=3)
     assert total_variation(law, target_law(target, 3)) < EXACT_TV
 
 
@@ -227,12 +222,12 @@ def _bv_on_selected_paths(target, paths, L):
 
 @pytest.mark.parametrize("vocab, K, L, seed", [(3, 2, 2, 1), (3, 3, 2, 3)])
 def test_greedy_selection_is_greedy_multipath_bv(vocab, K, L, seed):
-    """selection='greedy' equals BV (the bv rule) on the highest-ratio path, q = that path's exact law."""
+    """The greedy selection (rho = inf) equals BV (the bv rule) on the highest-ratio path, q = that path's exact law."""
     target, draft = toy_pair(vocab, seed)
     reference = _bv_on_selected_paths(
         target, _brute_force_selected_paths(target, draft, K, L, _greedy_choice), L
     )
-    ours = iteration_law(get_verifier("sbv", selection="greedy"), target, draft, K, L)
+    ours = iteration_law(GreedySelectionBlockVerification(), target, draft, K, L)
     assert total_variation(ours, reference) < 1e-12
 
 
@@ -417,8 +412,8 @@ def test_sampler_on_a_large_vocabulary():
 def test_registry_and_options():
     assert VERIFIERS["sbv"].lossless and not VERIFIERS["sbv"].single_draft
     assert get_verifier("sbv").count_posterior is True
-    with pytest.raises(ValueError, match="selection"):
-        get_verifier("sbv", selection="best")
+    with pytest.raises(TypeError, match="selection"):  # one MP-BV in production: mpbv, not sbv's greedy selection
+        get_verifier("sbv", selection="greedy")
     with pytest.raises(ValueError, match="grid_size"):
         get_verifier("sbv", grid_size=1)
     with pytest.raises(TypeError):

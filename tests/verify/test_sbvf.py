@@ -20,7 +20,7 @@ from spectr_repro.theory.toy import block_tensors, draft_tuples, exact_decoded_l
 from spectr_repro.theory.validity import check_validity
 from spectr_repro.verify import get_verifier
 from spectr_repro.verify.sbvf import BELOW, FREE, REJECTED, SelectionBlockVerificationFallback, candidate_laws
-from spectr_repro.verify.selection import choose_rho, ranked_head, rules_at
+from spectr_repro.verify.selection import ranked_head, rules_at
 
 from .conftest import (
     ALPHA,
@@ -31,6 +31,7 @@ from .conftest import (
     law_dict,
     sampler_check,
 )
+from .selection_oracle import choose_rho
 
 
 class FreshCandidatesControl(SelectionBlockVerificationFallback):
