@@ -18,7 +18,6 @@ from collections import defaultdict
 from pathlib import Path
 
 import networkx as nx
-import pytest
 
 PACKAGE = Path(__file__).resolve().parent.parent / "spectr_repro"
 
@@ -40,12 +39,6 @@ ALLOWED = {
 # packages the analysis may not import: it reads records and files, never models, engines or runners
 ANALYSIS_FORBIDDEN = {"engine", "models", "runner", "replay", "bias", "bench", "check", "theory", "quality"}
 RUNNER_FORBIDDEN = {"analysis"}
-
-# Module cycles other branches of issue 38 remove; the lead drops these marks once they are merged.
-KNOWN_MODULE_CYCLES = {
-    ("spectr_repro.models", "spectr_repro.models.devices", "spectr_repro.models.loading"),
-    ("spectr_repro.verify", "spectr_repro.verify.base"),
-}
 
 
 def module_name(path: Path, root: Path) -> str:
@@ -138,12 +131,6 @@ def test_no_two_packages_import_each_other():
     assert package_cycles() == []
 
 
-def test_no_two_modules_import_each_other_but_the_known_ones():
-    assert set(module_cycles()) - KNOWN_MODULE_CYCLES == set()
-
-
-@pytest.mark.xfail(strict=True, reason="models/__init__ <-> models.devices, models.loading and verify/__init__ <-> "
-                   "verify.base: removed on other branches of issue 38 (the lead drops this mark after the merge)")
 def test_no_two_modules_import_each_other():
     assert module_cycles() == []
 

@@ -11,10 +11,10 @@ from typing import Any
 import torch
 
 from spectr_repro.check.checker import Checker
-from spectr_repro.errors import ResourceError
 from spectr_repro.check.correctness import correctness_items, correctness_models, load_models
 from spectr_repro.check.costs import calibration_item, prediction_item, timing_item
 from spectr_repro.check.environment import environment_items, memory_item
+from spectr_repro.errors import ResourceError
 
 
 def compose(argv: Sequence[str]):

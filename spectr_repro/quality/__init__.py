@@ -45,7 +45,8 @@ from spectr_repro.quality.tables import (
 )
 
 __all__ = [
-    "DEFAULT_TIMEOUT_S", "MODE_DESCRIPTIONS", "PROMPTS_FILE", "PROMPT_COLUMNS", "PROMPT_SETTING", "QUALITY_FILE", "SANDBOX_MODES",
+    "DEFAULT_TIMEOUT_S", "MODE_DESCRIPTIONS", "PROMPTS_FILE", "PROMPT_COLUMNS", "PROMPT_SETTING", "QUALITY_FILE",
+    "SANDBOX_MODES",
     "ExecutionResult", "Sandbox", "SandboxUnavailable", "difference_interval", "find_sandbox", "humaneval_pass",
     "humaneval_problems", "humaneval_program", "main", "math_correct", "quality_tables", "run_program",
     "score_records", "wilson_interval", "write_quality",

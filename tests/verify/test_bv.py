@@ -12,8 +12,7 @@ import torch
 from spectr_repro.theory.lawcheck import total_variation
 from spectr_repro.theory.toy import toy_pair
 from spectr_repro.verify import get_verifier
-
-from .conftest import (
+from tests.verify.verify_helpers import (
     ALPHA,
     EXACT_TV,
     contract_inputs,

@@ -21,8 +21,7 @@ from spectr_repro.verify.bv import BlockSegment, BlockVerification
 from spectr_repro.verify.common import normalize, sample
 from spectr_repro.verify.sd import SpeculativeDecoding
 from spectr_repro.verify.spectr import SpecTr
-
-from .conftest import (
+from tests.verify.verify_helpers import (
     ALPHA,
     EXACT_TV,
     MC_SAMPLES,

@@ -23,8 +23,8 @@ from spectr_repro.sampling import sample
 from spectr_repro.theory.toy import block_tensors, draft_tuples, toy_pair
 from spectr_repro.verify import VERIFIERS, get_verifier, validate_inputs
 from spectr_repro.verify import rbv as rbv_module
+from tests.verify.verify_helpers import EXACT_TV
 
-from .conftest import EXACT_TV
 from .test_sbv import CAPPED, padded_pair
 
 # The rules that must have a closed form (others may return None: sbvf, whose fallback changes its law).

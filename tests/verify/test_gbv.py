@@ -16,8 +16,7 @@ from spectr_repro.theory.toy import block_tensors, exact_decoded_law, target_law
 from spectr_repro.verify import VERIFIERS, get_verifier
 from spectr_repro.verify.carry_over import CarryFrame, CarryOverState
 from spectr_repro.verify.gbv import GreedyBlockVerification
-
-from .conftest import (
+from tests.verify.verify_helpers import (
     ALPHA,
     EXACT_TV,
     POWER_ALPHA,

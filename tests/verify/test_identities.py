@@ -13,8 +13,7 @@ from spectr_repro.verify import get_verifier
 from spectr_repro.verify.bv import BlockSegment, clipped_weights
 from spectr_repro.verify.sd import SpeculativeDecoding
 from spectr_repro.verify.spectr import EXCESS_SLACK, kseq_residual, optimal_rho
-
-from .conftest import exact_mean_accepted, law_dict
+from tests.verify.verify_helpers import exact_mean_accepted, law_dict
 
 TOL = 1e-12
 

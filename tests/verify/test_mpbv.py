@@ -18,8 +18,8 @@ from spectr_repro.theory.toy import exact_decoded_law, target_law
 from spectr_repro.verify import get_verifier
 from spectr_repro.verify.base import Outcome, Verifier
 from spectr_repro.verify.mpbv import greedy_path, path_block_test
-from tests.verify.conftest import EXACT_TV, iteration_inputs, law_dict
 from tests.verify.selection_oracle import GreedySelectionBlockVerification
+from tests.verify.verify_helpers import EXACT_TV, iteration_inputs, law_dict
 
 LAW_TOLERANCE = 1e-12  # float64 laws of V = 3 toys agree to ~1e-15; a wrong order statistic is off by > 1e-2
 

@@ -8,8 +8,7 @@ import torch
 
 from spectr_repro.theory.lawcheck import total_variation
 from spectr_repro.verify import get_verifier
-
-from .conftest import (
+from tests.verify.verify_helpers import (
     ALPHA,
     exact_mean_accepted,
     iteration_inputs,

@@ -27,8 +27,7 @@ from spectr_repro.theory.toy import block_tensors, exact_decoded_law, target_law
 from spectr_repro.verify import VERIFIERS, VerifierSpec, get_verifier
 from spectr_repro.verify.sd import SpeculativeDecoding
 from spectr_repro.verify.thresholds import BIASED_TV
-
-from .conftest import (
+from tests.verify.verify_helpers import (
     ALPHA,
     EXACT_TV,
     assert_contract,
@@ -41,6 +40,7 @@ from .conftest import (
     monte_carlo_check,
     sampler_check,
 )
+
 from .test_controls import AlwaysAccept
 
 

@@ -30,8 +30,8 @@ from spectr_repro.verify import VERIFIERS, get_verifier
 from spectr_repro.verify.sbv import SelectionBlockVerification
 from spectr_repro.verify.selection import ranked_head, rules_at
 from spectr_repro.verify.thresholds import ALPHA, EXACT_TV
+from tests.verify.verify_helpers import law_dict
 
-from .conftest import law_dict
 from .selection_oracle import DepthRule, GreedySelectionBlockVerification, choose_rho, count_likelihood, selection_law
 
 P_VALUE = ALPHA

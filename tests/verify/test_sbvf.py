@@ -21,8 +21,7 @@ from spectr_repro.theory.validity import check_validity
 from spectr_repro.verify import get_verifier
 from spectr_repro.verify.sbvf import BELOW, FREE, REJECTED, SelectionBlockVerificationFallback, candidate_laws
 from spectr_repro.verify.selection import ranked_head, rules_at
-
-from .conftest import (
+from tests.verify.verify_helpers import (
     ALPHA,
     EXACT_TV,
     POWER_ALPHA,
@@ -31,6 +30,7 @@ from .conftest import (
     law_dict,
     sampler_check,
 )
+
 from .selection_oracle import choose_rho
 
 

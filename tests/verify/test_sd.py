@@ -8,8 +8,7 @@ import torch
 
 from spectr_repro.theory.toy import block_tensors, toy_pair
 from spectr_repro.verify import get_verifier
-
-from .conftest import (
+from tests.verify.verify_helpers import (
     EXACT_TV,
     contract_inputs,
     exact_tv,

@@ -6,8 +6,7 @@ from __future__ import annotations
 import torch
 
 from spectr_repro.verify import get_verifier
-
-from .conftest import (
+from tests.verify.verify_helpers import (
     ALPHA,
     exact_mean_accepted,
     law_dict,

@@ -12,8 +12,7 @@ import torch
 from spectr_repro.theory.lawcheck import chi_square_test, total_variation
 from spectr_repro.theory.toy import block_tensors, draft_tuples, exact_decoded_law, sample_decoded, target_law, toy_pair
 from spectr_repro.verify import VERIFIERS, get_verifier
-
-from .conftest import (
+from tests.verify.verify_helpers import (
     ALPHA,
     POWER_ALPHA,
     assert_greedy_is_argmax,
