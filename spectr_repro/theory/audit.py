@@ -41,7 +41,7 @@ EXTRA_VARIANTS: dict[str, list[dict[str, Any]]] = {
     "gbv": [{"carry_over": False}],
     "spectr_gbv": [{"carry_over": True}, {"arithmetic": "release_fp16"}, {"arithmetic": "release_bf16"},
                    {"arithmetic": "release_fp32"}],
-    "sbv": [{"count_posterior": False}, {"selection": "greedy"}],
+    "sbv": [{"count_posterior": False}],  # sbv with greedy selection is MP-BV, audited as `mpbv`
 }
 
 
