@@ -187,9 +187,10 @@ def selection_laws(p: torch.Tensor, q: torch.Tensor, rho: torch.Tensor, K: int,
     g = rejected.cumsum(-1)
     reject = g[..., -1] if missing is None else g[..., -1] + missing[:, None, None]
     excess = (reject[..., None].pow(exponents) * below).sum(-1)
-    power_gap = torch.nan_to_num(-g.pow(counts) * torch.expm1(counts * torch.log1p(-rejected / g)), nan=0.0)
+    # G^-^c - G^c (<= 0), subtracted: one op fewer than negating it (the op budgets count launches)
+    negative_gap = torch.nan_to_num(g.pow(counts) * torch.expm1(counts * torch.log1p(-rejected / g)), nan=0.0)
     return dict(accepted=accepted, g_minus=g - rejected, reject=reject, excess=excess,
-                law=accepted * (1.0 + excess)[..., None] + power_gap)
+                law=accepted * (1.0 + excess)[..., None] - negative_gap)
 
 
 # ------------------------------------------------------------------------------------------------ the rule
