@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 import sys
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -19,6 +20,7 @@ class LoadedPair:
     draft: torch.nn.Module
     vocab_size: int
     what: str  # how it was obtained (real weights, random weights, tiny)
+    tokenizer: Any = None  # the pair's tokenizer (real weights): real prompts for the rules' timing
 
 
 def load_models(base, pair_cfg: dict, random_weights: bool) -> LoadedPair:
@@ -40,7 +42,8 @@ def load_models(base, pair_cfg: dict, random_weights: bool) -> LoadedPair:
     cfg = OmegaConf.merge(base, {"hardware": {"dtype": str(dtype).removeprefix("torch."), "allow_offload": True}})
     pair = PairCache(echo=lambda message: print(message, file=sys.stderr)).pair(cfg)
     what = "tiny random pair" if pair_cfg["source"] == "tiny" else f"real weights, {str(dtype)[6:]}"
-    return LoadedPair(pair.target, pair.draft, pair.vocab_size, what)
+    return LoadedPair(pair.target, pair.draft, pair.vocab_size, what,
+                      None if pair_cfg["source"] == "tiny" else pair.tokenizer)
 
 
 def correctness_models(loaded: LoadedPair, pair_cfg: dict):

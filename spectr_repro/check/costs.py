@@ -3,6 +3,7 @@ overhead per call it measures), the predicted fastest configuration from a repla
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 from spectr_repro.check.checker import Checker
@@ -13,24 +14,94 @@ TIMING_TOLERANCE = 0.05  # section times vs synchronised wall time (issue 26)
 
 def calibration_item(checker: Checker, base, pair_cfg, loaded: LoadedPair, shapes, quick: bool, device_name: str):
     from spectr_repro.cost import Calibration, calibration_dtype, today
-    from spectr_repro.cost.measure import measure_forward_costs, plan_shapes
+    from spectr_repro.cost.measure import CONTEXT_TOKENS, measure_forward_costs, plan_shapes
 
     wanted = plan_shapes(shapes["Ks"], shapes["Ls"], shapes["prefill_chunks"], shapes["batch_sizes"])
     repeats = 3  # medians of 3 rounds, quick too: one timed forward per shape once read 880 ms for a 320 ms shape
 
+    context = int(shapes.get("context") or CONTEXT_TOKENS)
+
     def measure():
-        target = measure_forward_costs(loaded.target, wanted["target"], repeats, vocab_size=loaded.vocab_size)
-        draft = measure_forward_costs(loaded.draft, wanted["draft"], repeats, vocab_size=loaded.vocab_size)
+        target = measure_forward_costs(loaded.target, wanted["target"], repeats, context, loaded.vocab_size)
+        draft = measure_forward_costs(loaded.draft, wanted["draft"], repeats, context, loaded.vocab_size)
         calibration = Calibration(
             hardware=str(base.choices.hardware), model_pair=str(base.choices.model_pair),
             dtype=calibration_dtype(base), device=device_name, date=today(),
             random_weights=loaded.what.startswith("random"), target=target, draft=draft,
             extra={"repeats": repeats, "shapes": shapes})
-        detail = (f"{len(wanted['target'])} target and {len(wanted['draft'])} draft shapes; decode "
+        detail = (f"{len(wanted['target'])} target and {len(wanted['draft'])} draft shapes on {context} cached "
+                  f"tokens; decode "
                   f"{1e3 * target.seconds(1, 1):.1f} / {1e3 * draft.seconds(1, 1):.1f} ms (target / draft)")
         return None, detail, calibration
 
     return checker.run("calibration", "seconds per forward", measure, required=True)
+
+
+def call_costs_item(checker: Checker, base, loaded: LoadedPair, calibration, shapes, quick: bool) -> None:
+    """The rest of the call cost model (``cost.model.CallCosts``), into ``calibration.extra``: every rule's seconds
+    per call at the run's (K, L), timed on real blocks of the pair (``cost.measure.record_blocks``; random weights
+    give random blocks, and the note says so), and each engine section's overhead fitted on real decodes at the
+    corners of the grid (``cost.measure.measure_section_residuals``)."""
+    from spectr_repro.cost.measure import measure_rule_seconds, measure_section_residuals, record_blocks
+    from spectr_repro.cost.model import SectionOverheads, rule_key
+    from spectr_repro.verify import VERIFIERS
+
+    Ks, Ls, methods = shapes["Ks"], shapes["Ls"], shapes.get("methods") or ["sd"]
+    grid = [(rule, K, L) for rule in dict.fromkeys([*methods, "sd", "spectr"]) for K in Ks for L in Ls
+            if not (VERIFIERS[rule].single_draft and K != 1)]
+    temperature = float(base.temperature)
+    device = next(loaded.target.parameters()).device
+    prompt = _calibration_prompt(base, loaded, int(shapes.get("context") or 64), device)
+    prefill_chunk = base.hardware.get("prefill_chunk")
+
+    def rules():
+        blocks = record_blocks(loaded.target, loaded.draft, prompt, max(Ks), max(Ls), 2 if quick else 3,
+                               temperature, loaded.vocab_size, prefill_chunk)
+        seconds = measure_rule_seconds(blocks, grid)
+        calibration.extra["rule_seconds"] = {rule_key(*key): value for key, value in seconds.items()}
+        slowest = max(seconds, key=seconds.get)
+        return None, (f"{len(seconds)} (rule, K, L) on {len(blocks)} {loaded.what.split(',')[0]} block(s); slowest "
+                      f"{rule_key(*slowest)} {1e3 * seconds[slowest]:.1f} ms"), seconds
+
+    def overheads():
+        corners = sorted({(min(Ks), min(Ls)), (min(Ks), max(Ls)), (max(Ks), min(Ls)), (max(Ks), max(Ls))})
+        rule_seconds = _decoded_rule_seconds(calibration)
+        residuals = measure_section_residuals(loaded.target, loaded.draft, prompt, corners, calibration.target,
+                                              calibration.draft, rule_seconds, temperature,
+                                              calls=3 if quick else 5, vocab_size=loaded.vocab_size,
+                                              prefill_chunk=prefill_chunk)
+        fitted = SectionOverheads.fit(residuals)
+        calibration.extra["section_overheads"] = fitted.to_json()
+        calibration.extra["section_residuals"] = residuals
+        K, L = max(Ks), max(Ls)
+        parts = ", ".join(f"{section} {1e3 * fitted.seconds(section, K, L):.1f}" for section in fitted.fits)
+        return None, f"{len(corners)} decodes; at K={K} L={L} (ms per call beyond forwards and rule): {parts}", None
+
+    checker.run("calibration", "rule calls on real blocks", rules, required=False)
+    checker.run("calibration", "section overheads", overheads, required=False)
+
+
+def _decoded_rule_seconds(calibration) -> dict:
+    from spectr_repro.cost.model import CallCosts
+
+    return CallCosts.from_calibration(calibration).rule_seconds
+
+
+def _calibration_prompt(base, loaded: LoadedPair, length: int, device):
+    """A real prompt of the experiment's dataset when the pair has a tokenizer (real blocks need real text),
+    else random tokens; ``length`` tokens either way (the context the forwards were measured on)."""
+    import torch
+
+    if loaded.tokenizer is not None:
+        from spectr_repro.data import encode_prompt, load_examples
+
+        try:
+            examples = load_examples(str(base.choices.dataset), 1, seed=0, tokenizer=loaded.tokenizer)
+            ids = encode_prompt(loaded.tokenizer, examples[0])[0].to(device)
+            return ids[-length:]
+        except (OSError, ValueError) as error:  # no local copy of the dataset: random tokens, said in the item
+            print(f"check: calibration prompt from random tokens ({error})", file=sys.stderr)
+    return random_prompts(1, length, loaded.vocab_size, device, seed=3)[0].to(torch.long)
 
 
 def timing_item(checker: Checker, base, loaded: LoadedPair, calibration, quick: bool):
@@ -92,4 +163,4 @@ def _replay_filters(base, path: str) -> dict[str, Any]:
     return {key: value for key, value in wanted.items() if key in columns}
 
 
-__all__ = ["TIMING_TOLERANCE", "calibration_item", "prediction_item", "timing_item"]
+__all__ = ["TIMING_TOLERANCE", "calibration_item", "call_costs_item", "prediction_item", "timing_item"]

@@ -12,7 +12,7 @@ import torch
 
 from spectr_repro.check.checker import Checker
 from spectr_repro.check.correctness import correctness_items, correctness_models, load_models
-from spectr_repro.check.costs import calibration_item, prediction_item, timing_item
+from spectr_repro.check.costs import calibration_item, call_costs_item, prediction_item, timing_item
 from spectr_repro.check.environment import environment_items, memory_item
 from spectr_repro.errors import ResourceError
 
@@ -38,26 +38,41 @@ def compose(argv: Sequence[str]):
 
 
 def run_shapes(base, cells, quick: bool = False) -> dict[str, Any]:
-    """K, L, prefill chunks and prompt batch sizes of the cells of the base config's pair (the base config's
-    alone without a grid). ``quick``: only the smallest and largest L and prefill chunk (the costs between
-    are interpolated, see ``cost.calibration``)."""
+    """K, L, prefill chunks and prompt batch sizes of the cells of the base config's pair and of the experiment's
+    replay grid (the base config's alone without either), the rules the cells and the replay run (their calls are
+    timed on real blocks), and the context the forwards are measured on: the experiment's typical prompt plus half
+    its new tokens (the mean context of a decoding call). ``quick``: only the smallest and largest L and prefill
+    chunk (the costs between are interpolated, see ``cost.calibration``)."""
     from spectr_repro.data import typical_prompt_tokens
+    from spectr_repro.verify import VERIFIERS
 
     Ks, Ls, chunks, batches = {1, int(base.K)}, {int(base.L)}, set(), {1}
+    methods = {str(base.method.name)} - {"ar"}
+    prompts = [typical_prompt_tokens(base.choices.dataset)]
     for cfg in cells:
         if cfg.choices.model_pair != base.choices.model_pair:
             continue
         if cfg.method.name != "ar":
             Ks.add(int(cfg.K))
             Ls.add(int(cfg.L))
+            methods.add(str(cfg.method.name))
         batches.add(int(cfg.hardware.get("batch_prompts") or 1))
         prompt = typical_prompt_tokens(cfg.choices.dataset)
+        prompts.append(prompt)
         chunk = int(cfg.hardware.get("prefill_chunk") or prompt)
         chunks.update([min(chunk, prompt)] + ([prompt % chunk] if prompt > chunk and prompt % chunk else []))
+    replay = base.get("replay") or {}
+    if replay:
+        Ks.update(int(k) for k in replay.get("K") or [])
+        Ls.update(int(v) for v in replay.get("L") or [])
+        methods.update(str(m) for m in replay.get("methods") or VERIFIERS)
+        prompts += [typical_prompt_tokens(name) for name in replay.get("datasets") or []]
     chunks.add(32)  # the runner's warm-up prompt
     if quick:
         Ls, chunks = {min(Ls), max(Ls)}, {min(chunks), max(chunks)}
-    return {"Ks": sorted(Ks), "Ls": sorted(Ls), "prefill_chunks": sorted(chunks), "batch_sizes": sorted(batches)}
+    context = int(sorted(prompts)[len(prompts) // 2] + int(base.max_new_tokens) // 2)
+    return {"Ks": sorted(Ks), "Ls": sorted(Ls), "prefill_chunks": sorted(chunks), "batch_sizes": sorted(batches),
+            "methods": sorted(m for m in methods if m in VERIFIERS), "context": context}
 
 
 def run_check(argv: Sequence[str]) -> tuple[int, dict[str, Any]]:
@@ -105,6 +120,7 @@ def run_check(argv: Sequence[str]) -> tuple[int, dict[str, Any]]:
         if calibration is not None:
             if overhead is not None:
                 calibration.extra["overhead_s_per_call"] = overhead
+            call_costs_item(checker, base, loaded, calibration, shapes, quick)
             path = write_calibration(calibration)
             checker.add("calibration", "written", "info", f"{calibration.note} -> {path}")
             result["calibration"] = {"path": str(path), **calibration.to_json()}

@@ -49,34 +49,75 @@ def entry_key(hardware: str, model_pair: str, dtype: str) -> str:
     return f"{hardware}/{model_pair}/{dtype}"
 
 
+DEFAULT_CONTEXT = 64  # cached tokens below a forward measured before calibrations recorded their context
+
+
 @dataclass(frozen=True)
 class ForwardCosts:
-    """Seconds of one forward of one model, measured at (rows, tokens per row, logits) shapes.
+    """Seconds of one forward of one model, measured at (rows, tokens per row, logits) shapes on a cached context.
 
     ``logits``: "last" when the head runs on each row's last position only (prefill chunks, draft steps:
     ``engine.forward``'s keep_last), "all" when every position is scored (the target call over K drafts);
     at a 152k vocabulary the head is a large share of a small model's forward, so the two are kept apart.
+    ``contexts``: the cached tokens below each point (empty: all ``DEFAULT_CONTEXT``); a calibration at several
+    context lengths is interpolated linearly in the context (attention reads the whole KV cache). ``spreads``:
+    each point's relative spread over its repeats (half the range over the median), what a prediction's interval
+    carries for the cost side (empty: none measured).
     """
 
     points: tuple[tuple[int, int, str, float], ...]  # (rows, tokens per row, logits, median seconds)
+    contexts: tuple[int, ...] = ()
+    spreads: tuple[float, ...] = ()
 
-    def seconds(self, rows: int, tokens: int, logits: str = "last") -> float:
-        """Seconds of a forward over ``rows`` x ``tokens``: the measured shape, else interpolated in rows x tokens
-        among the shapes of the same ``logits`` (one token per row: "last" and "all" are the same call)."""
+    def _context_of(self, index: int) -> int:
+        return self.contexts[index] if self.contexts else DEFAULT_CONTEXT
+
+    @property
+    def measured_contexts(self) -> list[int]:
+        return sorted({self._context_of(i) for i in range(len(self.points))})
+
+    @property
+    def spread(self) -> float:
+        """The typical relative spread of a measured forward (median over the points; 0 when none recorded)."""
+        return float(statistics.median(self.spreads)) if self.spreads else 0.0
+
+    def seconds(self, rows: int, tokens: int, logits: str = "last", context: int | None = None) -> float:
+        """Seconds of a forward over ``rows`` x ``tokens`` on ``context`` cached tokens (None: the measured one,
+        the smallest when several): the measured shape, else interpolated in rows x tokens among the shapes of
+        the same ``logits`` (one token per row: "last" and "all" are the same call); between measured contexts
+        linear in the context, beyond the largest the slope of the last two, below the smallest its cost."""
+        measured = self.measured_contexts
+        if context is None or len(measured) == 1:
+            return self._seconds_at(measured[0], rows, tokens, logits)
+        costs = [(c, self._seconds_at(c, rows, tokens, logits)) for c in measured]
+        return _interpolate(costs, int(context))
+
+    def _seconds_at(self, context: int, rows: int, tokens: int, logits: str) -> float:
         kind = "last" if tokens == 1 else logits
-        for r, t, k, s in self.points:
+        points = [p for i, p in enumerate(self.points) if self._context_of(i) == context]
+        for r, t, k, s in points:
             if (r, t) == (rows, tokens) and (k == kind or t == 1):
                 return s
-        same = [(r * t, s) for r, t, k, s in self.points if k == kind or t == 1]
-        return _interpolate(same or [(r * t, s) for r, t, _, s in self.points], rows * tokens)
+        same = [(r * t, s) for r, t, k, s in points if k == kind or t == 1]
+        return _interpolate(same or [(r * t, s) for r, t, _, s in points], rows * tokens)
 
     def to_json(self) -> list[dict[str, Any]]:
-        return [{"rows": r, "tokens": t, "logits": k, "seconds": s} for r, t, k, s in self.points]
+        rows = [{"rows": r, "tokens": t, "logits": k, "seconds": s} for r, t, k, s in self.points]
+        for i, row in enumerate(rows):
+            if self.contexts:
+                row["context"] = self.contexts[i]
+            if self.spreads:
+                row["spread"] = self.spreads[i]
+        return rows
 
     @classmethod
     def from_json(cls, rows: Iterable[dict[str, Any]]) -> ForwardCosts:
-        return cls(tuple((int(p["rows"]), int(p["tokens"]), str(p.get("logits", "last")), float(p["seconds"]))
-                         for p in rows))
+        rows = list(rows)
+        points = tuple((int(p["rows"]), int(p["tokens"]), str(p.get("logits", "last")), float(p["seconds"]))
+                       for p in rows)
+        contexts = tuple(int(p["context"]) for p in rows) if rows and all("context" in p for p in rows) else ()
+        spreads = tuple(float(p["spread"]) for p in rows) if rows and all("spread" in p for p in rows) else ()
+        return cls(points, contexts, spreads)
 
 
 def _interpolate(points: Sequence[tuple[int, float]], wanted: int) -> float:
@@ -171,5 +212,6 @@ def calibration_for(cfg: DictConfig) -> Calibration | None:
     return find_calibration(str(cfg.choices.hardware), str(cfg.choices.model_pair), calibration_dtype(cfg))
 
 
-__all__ = ["CALIBRATION_ENV_VAR", "Calibration", "ForwardCosts", "calibration_dtype", "calibration_for",
-           "calibration_path", "entry_key", "find_calibration", "read_calibrations", "today", "write_calibration"]
+__all__ = ["CALIBRATION_ENV_VAR", "DEFAULT_CONTEXT", "Calibration", "ForwardCosts", "calibration_dtype",
+           "calibration_for", "calibration_path", "entry_key", "find_calibration", "read_calibrations", "today",
+           "write_calibration"]

@@ -1,13 +1,19 @@
-"""Measuring a model's seconds per forward at the shapes a run calls (what ``check`` and the bench calibrate).
+"""Measuring what a decoding call costs here, at the shapes a run calls (what ``check`` and the bench calibrate).
 
-Each forward runs on top of a cached context, as in decoding: ``CONTEXT_TOKENS`` tokens, the same for every
-shape (the costs do not depend on the context length in this model).
+- :func:`measure_forward_costs`: seconds per forward of one model at (rows, tokens, logits) shapes, each on top of
+  a cached context of the given length(s), as in decoding (``CONTEXT_TOKENS`` by default);
+- :func:`record_blocks` and :func:`measure_rule_seconds`: seconds per rule call at (rule, K, L), timed on real
+  blocks the engine drafted and scored on the pair (every (K, L) a slice of blocks drafted at K_max x L_max);
+- :func:`measure_section_residuals`: what a real decode spends per call in each engine section beyond the
+  forwards and the rule (sampling, cache bookkeeping, the host read), from which ``cost.model.SectionOverheads``
+  fits the overhead of every section at any (K, L).
 """
 
 from __future__ import annotations
 
+import functools
 import statistics
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 import torch
 
@@ -39,8 +45,10 @@ def plan_shapes(Ks: Sequence[int], Ls: Sequence[int], prefill_chunks: Sequence[i
 
 
 def measure_forward_costs(model: torch.nn.Module, shapes: Sequence[tuple[int, int, str]], repeats: int = 2,
-                          context_tokens: int = CONTEXT_TOKENS, vocab_size: int | None = None) -> ForwardCosts:
-    """Median seconds of one cached forward of ``model`` at each (rows, tokens, logits) shape.
+                          context_tokens: int | Sequence[int] = CONTEXT_TOKENS,
+                          vocab_size: int | None = None) -> ForwardCosts:
+    """Median seconds of one cached forward of ``model`` at each (rows, tokens, logits) shape, at each context
+    length of ``context_tokens`` (one or several), and each shape's relative spread over the repeats.
 
     A context of ``context_tokens`` is cached once; before each timed forward the cache is cut back to it
     and repeated over the rows, as the engine repeats the committed prefix over K drafts. The forward is
@@ -51,6 +59,19 @@ def measure_forward_costs(model: torch.nn.Module, shapes: Sequence[tuple[int, in
     (a shared VM measured 120 ms, then 207 ms, for the same decode forward 50 minutes apart) every shape
     sees the same drift, so the costs stay consistent with each other.
     """
+    contexts = [int(context_tokens)] if isinstance(context_tokens, int) else [int(c) for c in context_tokens]
+    points, measured_contexts, spreads = [], [], []
+    for context in contexts:
+        for (rows, tokens, logits), seconds in zip(shapes, _time_shapes(model, shapes, repeats, context, vocab_size)):
+            median = float(statistics.median(seconds))
+            points.append((int(rows), int(tokens), str(logits), median))
+            measured_contexts.append(context)
+            spreads.append((max(seconds) - min(seconds)) / 2 / median if median > 0 else 0.0)
+    return ForwardCosts(tuple(points), tuple(measured_contexts), tuple(spreads))
+
+
+def _time_shapes(model, shapes, repeats: int, context_tokens: int, vocab_size: int | None) -> list[list[float]]:
+    """Seconds of every repeat of every shape on a cached context of ``context_tokens`` (see the caller)."""
     from transformers import DynamicCache
 
     from spectr_repro.engine.cache import crop_to, keep_row, repeat_rows
@@ -80,9 +101,121 @@ def measure_forward_costs(model: torch.nn.Module, shapes: Sequence[tuple[int, in
                 keep_row(cache, 0, rows, device)
                 if attempt:
                     times[index].append(timer.seconds["forward"])
-        points = [(int(rows), int(tokens), str(logits), float(statistics.median(seconds)))
-                  for (rows, tokens, logits), seconds in zip(shapes, times)]
-    return ForwardCosts(tuple(points))
+    return times
 
 
-__all__ = ["CONTEXT_TOKENS", "measure_forward_costs", "plan_shapes"]
+# --------------------------------------------------------------------------------------------------
+# Rule calls on real blocks
+
+
+def record_blocks(target, draft, prompt: torch.Tensor, K: int, L: int, count: int, temperature: float,
+                  vocab_size: int | None = None, prefill_chunk: int | None = None) -> list[tuple]:
+    """``count`` real (draft_tokens [K, L], draft_probs [K, L, V], target_probs [K, L+1, V]) blocks: the engine
+    drafts K x L on the pair and scores them, under a lossless rule (sd at K = 1, spectr above) that advances the
+    text. Real blocks, not synthetic ones: a multi-draft rule's cost depends on how long its drafts stay together
+    (on code the Qwen pair's drafts often coincide for many tokens)."""
+    from spectr_repro.engine import generate
+    from spectr_repro.verify import Verifier, get_verifier
+
+    class Recorder(Verifier):
+        def __init__(self) -> None:
+            super().__init__(check_inputs=False)
+            self.inner = get_verifier("sd" if K == 1 else "spectr", check_inputs=False)
+            self.name, self.single_draft, self.lossless = self.inner.name, self.inner.single_draft, True
+            self.blocks: list[tuple] = []
+
+        def _sample(self, draft_tokens, draft_probs, target_probs, generator, state):
+            if len(self.blocks) < count and draft_tokens.shape[-1] == L:
+                self.blocks.append((draft_tokens.clone(), draft_probs.clone(), target_probs.clone()))
+            return self.inner(draft_tokens, draft_probs, target_probs, generator=generator, state=state)
+
+    recorder = Recorder()
+    generate(target, draft, prompt, method=recorder, K=K, L=L, temperature=temperature,
+             max_new_tokens=(count + 1) * (L + 1) + 1, seed=0, vocab_size=vocab_size, eos_token_ids=(),
+             should_stop=lambda tokens: len(recorder.blocks) >= count, prefill_chunk=prefill_chunk)
+    return recorder.blocks
+
+
+def measure_rule_seconds(blocks: Sequence[tuple], grid: Iterable[tuple[str, int, int]],
+                         repeats: int = 1) -> dict[tuple[str, int, int], float]:
+    """Median seconds of one call of each (rule, K, L) of ``grid`` on the first K drafts and L tokens of each of
+    ``blocks`` (drafted at least that wide and long): one untimed call per block first (buffers, memos), then
+    ``repeats`` timed calls per block. Rules that carry state (gbv) are timed on their first call."""
+    from spectr_repro.verify import get_verifier
+
+    seconds = {}
+    for rule, K, L in grid:
+        verifier = get_verifier(rule, check_inputs=False)
+        device = blocks[0][1].device
+        generator = torch.Generator(device=device).manual_seed(0)
+        times = []
+        for tokens, q, p in blocks:
+            inputs = (tokens[:K, :L], q[:K, :L], p[:K, :L + 1])
+            verifier(*inputs, generator=generator)
+            for _ in range(repeats):
+                call = functools.partial(verifier, *inputs, generator=generator)
+                times.append(_timed(device, call))
+        seconds[(rule, int(K), int(L))] = float(statistics.median(times))
+    return seconds
+
+
+def _timed(device: torch.device, call: Callable[[], object]) -> float:
+    from spectr_repro.engine.timing import SectionTimer
+
+    timer = SectionTimer(device)
+    with timer("call"):
+        call()
+    return timer.seconds["call"]
+
+
+# --------------------------------------------------------------------------------------------------
+# Engine sections beyond the forwards and the rule
+
+
+def measure_section_residuals(target, draft, prompt: torch.Tensor, shapes: Iterable[tuple[int, int]],
+                              target_costs: ForwardCosts, draft_costs: ForwardCosts,
+                              rule_seconds: dict[tuple[str, int, int], float], temperature: float,
+                              calls: int = 4, vocab_size: int | None = None,
+                              prefill_chunk: int | None = None) -> list[dict]:
+    """Per (K, L) of ``shapes``: one real decode of ``calls`` iterations (sd at K = 1, spectr above; EOS off),
+    and per call what each engine section spent beyond what the forwards (``target_costs``, ``draft_costs``,
+    measured at the prompt's context) and the rule (``rule_seconds``) explain; plus AR's per token. The first
+    iteration's scoring runs in the prefill section, so the target's per call is over ``calls - 1``."""
+    from spectr_repro.cost.model import section_forward_seconds
+    from spectr_repro.engine import generate
+
+    context = int(prompt.numel())
+    rows = []
+    for K, L in shapes:
+        rule = "sd" if K == 1 else "spectr"
+        done = [0]
+
+        def stop(tokens, done=done) -> bool:
+            done[0] += 1
+            return done[0] >= calls
+
+        out = generate(target, draft, prompt, method=rule, K=K, L=L, temperature=temperature,
+                       max_new_tokens=calls * (L + 1) + 1, seed=0, vocab_size=vocab_size, eos_token_ids=(),
+                       should_stop=stop, prefill_chunk=prefill_chunk)
+        n, sections = out.target_calls, out.stats["time_s"]
+        forwards = section_forward_seconds(target_costs, draft_costs, K, L, context)
+        timed = sum(v for key, v in sections.items() if key != "total")
+        rows.append({
+            "K": int(K), "L": int(L), "calls": n,
+            "draft": sections.get("draft", 0.0) / n - forwards["draft"],
+            "target": sections.get("target", 0.0) / max(1, n - 1) - forwards["target"],
+            "verify": sections.get("verify", 0.0) / n - rule_seconds.get((rule, int(K), int(L)), 0.0),
+            "other": (sections["total"] - timed) / n,
+        })
+    ar = generate(target, None, prompt, method="ar", max_new_tokens=calls * 4, temperature=temperature, seed=0,
+                  vocab_size=vocab_size, eos_token_ids=(), prefill_chunk=prefill_chunk)
+    sections = ar.stats["time_s"]
+    tokens = max(1, ar.target_calls - 1)
+    rows.append({"K": 0, "L": 0, "calls": ar.target_calls,
+                 "target": sections.get("target", 0.0) / tokens - target_costs.seconds(1, 1, context=context),
+                 "other": (sections["total"] - sum(v for k, v in sections.items() if k != "total")) / tokens})
+    return rows
+
+
+__all__ = ["CONTEXT_TOKENS", "measure_forward_costs", "measure_rule_seconds", "measure_section_residuals",
+           "plan_shapes", "record_blocks"]

@@ -29,8 +29,10 @@ import functools
 import math
 import statistics
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 from omegaconf import DictConfig, OmegaConf
 
 from spectr_repro.cost.calibration import Calibration, ForwardCosts
@@ -51,14 +53,148 @@ def forward_seconds(estimate: dict[str, Any], params: float, bytes_per_param: in
     return float(estimate["overhead_ms"]) / 1e3 + memory + compute
 
 
+def section_forward_seconds(target: ForwardCosts, draft: ForwardCosts, K: int, L: int, context: int | None = None,
+                            batch: int = 1) -> dict[str, float]:
+    """The forwards of one speculative iteration at K drafts of L tokens, by the engine section that runs them
+    (see the module docstring): the draft's (the pending tokens fed once, then L-1 steps over K rows) and the
+    target's (K rows x (L+1) tokens, after the last emitted token fed once at K > 1), on ``context`` cached
+    tokens; ``batch`` prompts decoded together (``engine.generate_batch``) call them with ``batch`` x the rows."""
+    shared_target = target.seconds(batch, 1, context=context) if K > 1 else 0.0
+    return {"draft": draft.seconds(batch, 2, context=context) + (L - 1) * draft.seconds(batch * K, 1, context=context),
+            "target": target.seconds(batch * K, L + 1, "all", context=context) + shared_target}
+
+
 def seconds_per_call(target: ForwardCosts, draft: ForwardCosts, K: int, L: int, overhead_s: float = 0.0,
-                     batch: int = 1) -> float:
+                     batch: int = 1, context: int | None = None) -> float:
     """Seconds of one speculative iteration at K drafts of L tokens from measured forward costs (see the module
-    docstring); ``batch`` prompts decoded together (``engine.generate_batch``) call the same forwards with
-    ``batch`` x the rows."""
-    shared_target = target.seconds(batch, 1) if K > 1 else 0.0
-    return (target.seconds(batch * K, L + 1, "all") + shared_target + draft.seconds(batch, 2)
-            + (L - 1) * draft.seconds(batch * K, 1) + overhead_s)
+    docstring) plus ``overhead_s``; :class:`CallCosts` adds the rule and each section's measured overhead."""
+    return sum(section_forward_seconds(target, draft, K, L, context, batch).values()) + overhead_s
+
+
+SECTIONS = ("draft", "target", "verify", "other")  # the engine's sections of a call (engine.loop), prefill apart
+
+
+@dataclass(frozen=True)
+class SectionOverheads:
+    """What each engine section spends per call beyond the forwards and the rule: sampling the drafts (a softmax
+    over the vocabulary per drafted position), the target's probabilities, cache bookkeeping, the host read.
+    Fitted per section as ``fixed + per_token x K x (L+1)`` (least squares over real decodes at a few (K, L),
+    ``cost.measure.measure_section_residuals``): the per-position work grows with the verified tokens. AR's per
+    token: ``ar`` (its target section beyond the forward, and the rest)."""
+
+    fits: dict[str, tuple[float, float]]  # section -> (fixed seconds, seconds per verified token)
+    ar: dict[str, float]  # "target", "other" -> seconds per token
+
+    def seconds(self, section: str, K: int, L: int) -> float:
+        fixed, per_token = self.fits.get(section, (0.0, 0.0))
+        return fixed + per_token * K * (L + 1)
+
+    @classmethod
+    def fit(cls, residuals: Sequence[dict]) -> SectionOverheads:
+        decodes = [r for r in residuals if r["K"] > 0]
+        ar = next((r for r in residuals if r["K"] == 0), {})
+        sizes = np.array([r["K"] * (r["L"] + 1) for r in decodes], dtype=float)
+        fits = {}
+        for section in SECTIONS:
+            values = np.array([r.get(section, 0.0) for r in decodes], dtype=float)
+            if len(set(sizes.tolist())) >= 2:
+                per_token, fixed = np.polyfit(sizes, values, 1)
+            else:
+                per_token, fixed = 0.0, float(values.mean()) if len(values) else 0.0
+            fits[section] = (float(fixed), float(per_token))
+        return cls(fits, {"target": float(ar.get("target", 0.0)), "other": float(ar.get("other", 0.0))})
+
+    def to_json(self) -> dict[str, Any]:
+        return {"fits": {k: list(v) for k, v in self.fits.items()}, "ar": dict(self.ar)}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> SectionOverheads:
+        return cls({k: (float(v[0]), float(v[1])) for k, v in data["fits"].items()},
+                   {k: float(v) for k, v in data.get("ar", {}).items()})
+
+
+@dataclass(frozen=True)
+class CallCosts:
+    """The one per-call cost model of a pair on a machine: seconds of a speculative call by section (draft,
+    target, verify, other) at (rule, K, L, context), of an AR token, and of a prompt's prefill.
+
+    Sources: forwards from a calibration (``check``) or a roofline (``cost.roofline``), the rules' seconds timed
+    on real blocks (:func:`cost.measure.measure_rule_seconds`), each section's overhead fitted on real decodes
+    (:class:`SectionOverheads`). ``source`` names them; ``relative_spread`` is the relative spread of the
+    measured forwards, which a prediction's interval carries.
+    """
+
+    target: ForwardCosts
+    draft: ForwardCosts
+    rule_seconds: dict[tuple[str, int, int], float] = field(default_factory=dict)
+    overheads: SectionOverheads | None = None
+    source: str = ""
+
+    @property
+    def relative_spread(self) -> float:
+        return max(self.target.spread, self.draft.spread)
+
+    def rule_call_seconds(self, rule: str, K: int, L: int) -> float:
+        """The rule's measured seconds at (K, L); else linear in L between its measured L at that K (the slope of
+        the nearest two beyond them); 0 when the rule was not timed at that K (said by :meth:`missing_rules`)."""
+        if (rule, K, L) in self.rule_seconds:
+            return self.rule_seconds[(rule, K, L)]
+        measured = sorted((l_, s) for (r, k, l_), s in self.rule_seconds.items() if r == rule and k == K)
+        if not measured:
+            return 0.0
+        from spectr_repro.cost.calibration import _interpolate
+
+        return max(0.0, _interpolate(measured, L)) if L >= measured[0][0] else measured[0][1] * L / measured[0][0]
+
+    def missing_rules(self, grid: Iterable[tuple[str, int, int]]) -> list[tuple[str, int]]:
+        timed = {(r, k) for r, k, _ in self.rule_seconds}
+        return sorted({(r, k) for r, k, _ in grid if (r, k) not in timed and r != "ar"})
+
+    def call_sections(self, rule: str, K: int, L: int, context: int | None = None) -> dict[str, float]:
+        """Seconds of one call at (rule, K, L) on ``context`` cached tokens, by engine section."""
+        forwards = section_forward_seconds(self.target, self.draft, K, L, context)
+        sections = {"draft": forwards["draft"], "target": forwards["target"],
+                    "verify": self.rule_call_seconds(rule, K, L), "other": 0.0}
+        if self.overheads is not None:
+            for section in SECTIONS:
+                sections[section] += self.overheads.seconds(section, K, L)
+        return sections
+
+    def call_seconds(self, rule: str, K: int, L: int, context: int | None = None) -> float:
+        return sum(self.call_sections(rule, K, L, context).values())
+
+    def ar_token_sections(self, context: int | None = None) -> dict[str, float]:
+        """Seconds of one AR token by section (the target's forward over one token and the rest)."""
+        extra = self.overheads.ar if self.overheads is not None else {}
+        return {"draft": 0.0, "target": self.target.seconds(1, 1, context=context) + extra.get("target", 0.0),
+                "verify": 0.0, "other": extra.get("other", 0.0)}
+
+    def ar_token_seconds(self, context: int | None = None) -> float:
+        return sum(self.ar_token_sections(context).values())
+
+    def prefill_seconds(self, prompt_tokens: int, with_draft: bool = True) -> float:
+        """The prompt through the target (and the draft): one forward of the whole prompt each."""
+        seconds = self.target.seconds(1, prompt_tokens)
+        return seconds + (self.draft.seconds(1, prompt_tokens) if with_draft else 0.0)
+
+    @classmethod
+    def from_calibration(cls, calibration: Calibration) -> CallCosts:
+        extra = calibration.extra
+        rules = {tuple(_rule_key(key)): float(value) for key, value in (extra.get("rule_seconds") or {}).items()}
+        overheads = SectionOverheads.from_json(extra["section_overheads"]) if extra.get("section_overheads") else None
+        if overheads is None and extra.get("overhead_s_per_call"):
+            overheads = SectionOverheads({"other": (float(extra["overhead_s_per_call"]), 0.0)}, {})
+        return cls(calibration.target, calibration.draft, rules, overheads, calibration.note)
+
+
+def rule_key(rule: str, K: int, L: int) -> str:
+    """(rule, K, L) as a calibration file's key ("sbvf/3/6")."""
+    return f"{rule}/{int(K)}/{int(L)}"
+
+
+def _rule_key(key: str) -> tuple[str, int, int]:
+    rule, K, L = key.rsplit("/", 2)
+    return rule, int(K), int(L)
 
 
 def calls_to_emit(new_tokens: int, tokens_per_call: float) -> float:
@@ -222,6 +358,7 @@ def prefill_pieces(cfg: DictConfig) -> list[int]:
     return [chunk] * (prompt // chunk) + ([prompt % chunk] if prompt % chunk else [])
 
 
-__all__ = ["GB", "calibrated_cell_seconds", "calibrated_prompt_seconds", "calls_to_emit", "cell_seconds",
-           "expected_block_efficiency", "forward_seconds", "model_calls_source", "prefill_pieces", "prompt_seconds",
-           "rule_seconds_per_block", "seconds_per_call", "speculative_prompt_seconds"]
+__all__ = ["GB", "SECTIONS", "CallCosts", "SectionOverheads", "calibrated_cell_seconds", "calibrated_prompt_seconds",
+           "calls_to_emit", "cell_seconds", "expected_block_efficiency", "forward_seconds", "model_calls_source",
+           "prefill_pieces", "prompt_seconds", "rule_key", "rule_seconds_per_block", "section_forward_seconds",
+           "seconds_per_call", "speculative_prompt_seconds"]
