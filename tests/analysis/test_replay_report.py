@@ -178,20 +178,3 @@ def test_agreement_compares_cells_of_the_replay_temperature_only():
 
     assert prompts(agreement_markdown(blocks, table, records([0.4, 0.4, 0.1, 0.7]), 3, 6, resamples=200)) == ["2", "2"]
     assert prompts(agreement_markdown(blocks, table, records([0.4] * 4), 3, 6, resamples=200)) == ["4", "2"]
-
-
-def test_speedup_by_L_reads_the_release_cells_of_one_temperature_on_shared_datasets():
-    """The verdicts' speed-up-by-L series (empty until 2026-12-02: the cells are named by option variant): the
-    release's own variant only, the replay's temperature only, and the datasets every L has (cpu_quick's L
-    ablation is HumanEval only; GSM8K at L=6 would change L=6's mean). Control: the bf16 variant, the T=0.7 cell
-    and GSM8K carry speed-ups that would show if they entered."""
-    from spectr_repro.analysis.replay_report import _speedup_series
-
-    rows = [("spectr_gbv[carry_over=False]", L, 0.4, "humaneval", speedup)
-            for L, speedup in ((4, 1.1), (6, 1.2), (8, 0.9))]
-    rows += [("spectr_gbv[carry_over=False]", 6, 0.4, "gsm8k", 5.0),
-             ("spectr_gbv[carry_over=False]", 6, 0.7, "humaneval", 7.0),
-             ("spectr_gbv[arithmetic=release_bf16,carry_over=False]", 6, 0.4, "humaneval", 9.0)]
-    cells = pd.DataFrame(rows, columns=["method", "L", "temperature", "dataset", "speedup"]).assign(K=3)
-    assert _speedup_series(cells, 3, 0.4) == "L=4: 1.10, L=6: 1.20, L=8: 0.90 (humaneval)"
-    assert "L=6: 4.10" in _speedup_series(cells, 3, None)  # both temperatures' HumanEval cells: (1.2 + 7.0) / 2

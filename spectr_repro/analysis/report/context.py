@@ -8,7 +8,9 @@ Every ValueError (bad input) is raised here, before anything is written.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -24,6 +26,12 @@ from spectr_repro.analysis.load import (
 )
 from spectr_repro.analysis.replay import load_blocks, read_summaries, reference_setting
 from spectr_repro.analysis.replay_report import main_cells
+from spectr_repro.analysis.speedup import predict_speedups
+from spectr_repro.analysis.speedup_cells import cell_agreement, time_breakdown
+from spectr_repro.analysis.speedup_report import SpeedupData
+from spectr_repro.cost.calibration import Calibration, read_calibrations
+from spectr_repro.cost.model import CallCosts
+from spectr_repro.data import typical_prompt_tokens
 from spectr_repro.paper import load_paper_numbers
 
 BIAS_CSV = Path("bias") / "bias.csv"  # written by `python -m spectr_repro bias` (spectr_repro.bias.driver)
@@ -65,6 +73,7 @@ class ReportContext:
     bias: BiasData | None = None
     quality: QualityFiles | Exception | None = None
     theory: Path | None = None
+    speedup: SpeedupData | None = None
     generated: str = field(default_factory=lambda: dt.datetime.now().isoformat(timespec="seconds"))
 
     @property
@@ -116,6 +125,53 @@ def load_replay(results_dirs: list[Path]) -> ReplayData | None:
                       else pd.DataFrame(), K, L)
 
 
+def find_costs(results_dirs: list[Path], model_pair: str, dtype: str | None) -> CallCosts | None:
+    """The call costs of ``model_pair`` (and ``dtype`` when known): the calibration a ``check`` beside the results
+    wrote (``<folder>/check/check.json`` or one level up: ``make reproduce``'s ``results/check``), else this machine's
+    calibration file (``cost.calibration``); the newest with rule timings first. None when neither has the pair."""
+    candidates = []
+    paths = [c for folder in results_dirs for c in (folder / "check" / "check.json",
+                                                    folder.parent / "check" / "check.json")]
+    for path in dict.fromkeys(paths):
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+            candidates.append((Calibration.from_json(data["calibration"]), f"`{path}`"))
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+    candidates += [(calibration, "this machine's calibration file") for calibration in read_calibrations().values()]
+    matching = [(c, where) for c, where in candidates if c.model_pair == model_pair
+                and (dtype in (None, "None") or c.dtype == dtype)]
+    if not matching:
+        return None
+    calibration, where = max(matching, key=lambda item: ("rule_seconds" in item[0].extra, item[0].date,
+                                                         not item[0].random_weights))
+    costs = CallCosts.from_calibration(calibration)
+    return dataclasses.replace(costs, source=f"{costs.source}, from {where}")
+
+
+def load_speedup(results_dirs: list[Path], replay: ReplayData | None, results: Results | None
+                 ) -> SpeedupData | None:
+    """Predicted speed-ups of the replay (when this pair has call costs), checked against the timed cells."""
+    if replay is None or replay.blocks.empty:
+        return None
+    metas = [json.loads(path.read_text()) for root in replay.roots for path in sorted(root.glob("*/replay.json"))]
+    pair = str(replay.blocks["model_pair"].iloc[0])
+    dtypes = {str(meta.get("dtype")) for meta in metas if meta.get("model_pair") == pair}
+    costs = find_costs(results_dirs, pair, dtypes.pop() if len(dtypes) == 1 else None)
+    if costs is None:
+        return None
+    contexts = {str(meta["dataset"]): typical_prompt_tokens(str(meta["dataset"])) + int(meta["max_new_tokens"]) // 2
+                for meta in metas if meta.get("model_pair") == pair}
+    prediction = predict_speedups(replay.blocks[replay.blocks["model_pair"] == pair], costs, contexts)
+    cells = results.cells if results is not None else pd.DataFrame()
+    records = results.records if results is not None else pd.DataFrame()
+    if not cells.empty and "model_pair" in cells:
+        cells = cells[cells["model_pair"] == pair]
+    agreement = cell_agreement(cells, records, costs, prediction) if not cells.empty else pd.DataFrame()
+    breakdown = time_breakdown(cells, records, costs, replay.K, replay.L) if not cells.empty else pd.DataFrame()
+    return SpeedupData(costs, prediction, agreement, breakdown, replay.K, replay.L)
+
+
 def load_bias(results_dirs: list[Path]) -> BiasData | None:
     paths = [folder / BIAS_CSV for folder in results_dirs if (folder / BIAS_CSV).is_file()]
     return BiasData(pd.concat([pd.read_csv(path) for path in paths], ignore_index=True), paths) if paths else None
@@ -150,14 +206,16 @@ def load_context(
     if audit is not None and not audit_path.is_file():
         raise ValueError(f"audit file {str(audit_path)!r} not found")
     report_path = Path(output) if output is not None else folders[0] / "REPORT.md"
+    replay = load_replay(folders)
     return ReportContext(
         folders=folders,
         report_path=report_path,
         results=results,
         paper=None if alone else load_paper_numbers(paper_csv),
         audit=load_audit(audit_path) if audit_path is not None else None,
-        replay=load_replay(folders),
+        replay=replay,
         bias=load_bias(folders),
         quality=None if alone else _quality(folders),
         theory=None if alone else find_theory(folders),
+        speedup=load_speedup(folders, replay, results),
     )

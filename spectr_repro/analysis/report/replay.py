@@ -15,6 +15,7 @@ from spectr_repro.analysis.replay_report import (
     verdict_rows,
 )
 from spectr_repro.analysis.report.context import ReportContext
+from spectr_repro.analysis.speedup_report import speedup_verdict_rows
 
 
 def verdicts_section(context: ReportContext) -> str | None:
@@ -23,14 +24,18 @@ def verdicts_section(context: ReportContext) -> str | None:
         return None
     cells = context.results.cells if context.results is not None else None
     rows = verdict_rows(replay.blocks, replay.table, context.audit.rows if context.audit else None, cells,
-                        main=(replay.K, replay.L))
+                        main=(replay.K, replay.L)) + speedup_verdict_rows(context.speedup)
     frame = pd.DataFrame(rows)[["claim", "paper", "measured", "verdict", "note"]]
     return "\n".join([
         "## Verdicts: the paper's claims against this run", "",
         f"Block-efficiency claims are judged on the shared-block replay ({LABEL}, 95 % intervals over prompts, "
         "paired on the same blocks; average over the replayed datasets). *holds* = every difference excludes 0 in "
         "the claimed direction; *does not hold* = one excludes 0 against it; *undecided* otherwise, with the number "
-        "of prompts that would decide it where the effect size allows.", "",
+        "of prompts that would decide it where the effect size allows. Speed-up claims are judged on speed-ups "
+        "predicted from the same blocks and this machine's measured costs (section *Speed-up*), with the timed "
+        "cells beside them" + ("" if context.speedup is not None else
+                              " — not here: no calibration of this pair (run `python -m spectr_repro check`)")
+        + ".", "",
         frame.to_markdown(index=False), ""])
 
 
