@@ -53,7 +53,7 @@ PAPER_ACCELERATORS = ("A100-80GB", "H100", "H20")
 # bytes of a 6.7B forward at K=3 rows and < 1 % of a 33B one, so the table barely depends on it.
 PAPER_CONTEXT = 512
 # The label every table of this module carries.
-MODEL_LABEL = "roofline model (spec-sheet peaks, ideal kernels, no overhead): an upper bound, not a measurement"
+MODEL_LABEL = "a roofline (spec-sheet peaks, ideal kernels, no overhead): an upper bound on speed"
 
 
 # --------------------------------------------------------------------------------------------------
