@@ -46,6 +46,11 @@ ACCELERATORS_YAML = Path(__file__).resolve().parent / "accelerators.yaml"
 # files: the cost model sits below the commands and imports none of them).
 ARCHITECTURE_CONFIGS = Path(__file__).resolve().parent.parent / "check" / "configs"
 PAPER_MAIN_YAML = Path(__file__).resolve().parent.parent / "conf" / "experiment" / "paper_main.yaml"
+RELEASE_YAML = Path(__file__).resolve().parent.parent / "conf" / "experiment" / "release_humaneval.yaml"
+# The release ran on one H20 (its README); its prompts are HumanEval's (~150 tokens) and it generates 64 tokens, so
+# a forward sits on ~200 cached tokens on average.
+RELEASE_ACCELERATOR = "H20"
+RELEASE_CONTEXT = 200
 # The accelerators the paper's speed-ups are set against (the paper does not name its GPU; the release used an H20).
 PAPER_ACCELERATORS = ("A100-80GB", "H100", "H20")
 # Cached tokens under each forward of the paper's table: a prompt of a few hundred tokens plus, on average, half of
@@ -274,16 +279,54 @@ def allowed_tokens_per_s(target_shape: ModelShape, draft_shape: ModelShape, devi
     return block_efficiency / roofline_seconds_per_call(target, draft, K, L, engine_layout)
 
 
+def forwards_per_call(K: int, L: int, engine_layout: bool = False) -> int:
+    """Model forwards in one call, as ``seconds_per_call`` counts them: the target's call, the draft's pending
+    tokens, L-1 draft steps (+ our engine's separate target forward of the last token at K > 1)."""
+    return L + 1 + (1 if K > 1 and engine_layout else 0)
+
+
+def implied_overhead_s(target_shape: ModelShape, draft_shape: ModelShape, device: Accelerator, K: int, L: int,
+                       block_efficiency: float, context: int, speedup: float, width: int = 2,
+                       engine_layout: bool = False) -> float | None:
+    """The fixed per-forward overhead o (on AR's forward and every forward of a call alike) at which the roofline
+    gives ``speedup``: BE (ar + o) / (call + n o) = speedup, n = :func:`forwards_per_call`, solved for o. None when
+    no o >= 0 does (the speed-up is above the roofline's, or below BE / n, what any overhead tends to)."""
+    target, draft = roofline_call_costs(target_shape, draft_shape, device, K, L, context, width)
+    ar, call = target.seconds(1, 1), roofline_seconds_per_call(target, draft, K, L, engine_layout)
+    n = forwards_per_call(K, L, engine_layout)
+    denominator = block_efficiency - speedup * n
+    if denominator == 0:
+        return None
+    overhead = (speedup * call - block_efficiency * ar) / denominator
+    return overhead if overhead >= 0 else None
+
+
+def implied_overhead_from_tokens_per_s(target_shape: ModelShape, draft_shape: ModelShape, device: Accelerator, K: int,
+                                       L: int, block_efficiency: float, context: int, tokens_per_s: float,
+                                       width: int = 2, engine_layout: bool = False) -> float | None:
+    """The per-forward overhead o at which the roofline gives ``tokens_per_s``: BE / (call + n o) = tokens/s
+    (None when the rate is above the roofline's)."""
+    target, draft = roofline_call_costs(target_shape, draft_shape, device, K, L, context, width)
+    call = roofline_seconds_per_call(target, draft, K, L, engine_layout)
+    overhead = (block_efficiency / tokens_per_s - call) / forwards_per_call(K, L, engine_layout)
+    return overhead if overhead >= 0 else None
+
+
 # --------------------------------------------------------------------------------------------------
 # The paper's reported speed-ups against the roofline
+
+
+def experiment_setting(path: Path) -> tuple[dict[str, int], int]:
+    """(method -> K, L) of an experiment config's grid: the K each method runs at, and the experiment's L."""
+    experiment = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+    method_K = {str(m): int(entry["K"][0]) for entry in experiment["grid"] for m in entry["method"]}
+    return method_K, int(experiment["L"])
 
 
 def paper_setting(path: Path = PAPER_MAIN_YAML) -> tuple[dict[str, int], int]:
     """(method -> K, L) of the paper's main setting, from ``experiment=paper_main``'s grid (K=3 for the multi-draft
     rules, K=1 for sd, bv, gbv; L=12, which the paper states for the 33B pair and we use for both)."""
-    experiment = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
-    method_K = {str(m): int(entry["K"][0]) for entry in experiment["grid"] for m in entry["method"]}
-    return method_K, int(experiment["L"])
+    return experiment_setting(path)
 
 
 def width_of(dtype: str) -> int:
@@ -296,7 +339,9 @@ def paper_speedups_against_roofline(paper: pd.DataFrame | None = None,
     """For each (pair, dataset, method) of the paper with both a block efficiency and a speed-up: the paper's K and
     L, its block efficiency, its reported speed-up, and the speed-up the roofline allows with that block efficiency
     on each accelerator at batch 1 (columns ``allowed_<key>``; no overhead; an ideal call layout), reported /
-    allowed, and on the first accelerator the bound with our engine's call layout (``allowed_engine_layout_<key>``).
+    allowed, the per-forward overhead that would make the roofline give the reported speed-up
+    (``implied_overhead_ms_<key>``), and on the first accelerator the bound with our engine's call layout
+    (``allowed_engine_layout_<key>``).
     A model: ``MODEL_LABEL``."""
     from spectr_repro.models import pair_config
     from spectr_repro.paper import load_paper_numbers
@@ -323,9 +368,49 @@ def paper_speedups_against_roofline(paper: pd.DataFrame | None = None,
             allowed = allowed_speedup(target, draft, device, K, L, float(row.block_efficiency), context, width)
             record[f"allowed_{device.key}"] = allowed
             record[f"reported_over_allowed_{device.key}"] = float(row.speedup) / allowed
+            implied = implied_overhead_s(target, draft, device, K, L, float(row.block_efficiency), context,
+                                         float(row.speedup), width)
+            record[f"implied_overhead_ms_{device.key}"] = None if implied is None else 1e3 * implied
         record[f"allowed_engine_layout_{devices[0].key}"] = allowed_speedup(
             target, draft, devices[0], K, L, float(row.block_efficiency), context, width, engine_layout=True)
         rows.append(record)
+    return pd.DataFrame(rows)
+
+
+def release_tokens_per_s_against_roofline(paper: pd.DataFrame | None = None, device_key: str = RELEASE_ACCELERATOR,
+                                          context: int = RELEASE_CONTEXT) -> pd.DataFrame:
+    """The authors' code release's reported tokens/s (one H20, ``experiment=release_humaneval``: K=7 SpecTr-GBV,
+    K=1 GBV, L=6, float16) beside the tokens/s the roofline of ``device_key`` allows with the release's own block
+    efficiency (no overhead, no prefill), the roofline's AR tokens/s, and the per-forward overhead that would
+    bring the roofline down to the reported rate. Its block efficiency counts tokens
+    generated before truncation (not ours), so "allowed" is for that count. MCSD's tree drafts are not priced."""
+    from spectr_repro.models import pair_config
+    from spectr_repro.paper import load_paper_numbers, release_numbers
+
+    paper = load_paper_numbers() if paper is None else paper
+    release = release_numbers(paper)
+    wide = release.pivot_table(index=["model_pair", "method"], columns="metric", values="value", aggfunc="first")
+    if not {"block_efficiency", "tokens_per_s"} <= set(wide.columns):
+        return pd.DataFrame()
+    wide = wide.dropna(subset=["block_efficiency", "tokens_per_s"]).reset_index()
+    method_K, L = experiment_setting(RELEASE_YAML)
+    device = accelerator(device_key)
+    rows = []
+    for row in wide.itertuples(index=False):
+        if row.method not in method_K:
+            continue
+        pair = pair_config(row.model_pair)
+        target, draft = model_shape(pair, "target"), model_shape(pair, "draft")
+        K, width = method_K[row.method], width_of(str(pair.get("dtype") or "float16"))
+        allowed = allowed_tokens_per_s(target, draft, device, K, L, float(row.block_efficiency), context, width)
+        ar = 1.0 / roofline_forward_seconds(target, device, 1, 1, context, width=width)
+        implied = implied_overhead_from_tokens_per_s(target, draft, device, K, L, float(row.block_efficiency),
+                                                     context, float(row.tokens_per_s), width)
+        rows.append({"model_pair": row.model_pair, "method": row.method, "K": K, "L": L, "device": device.key,
+                     "release_block_efficiency": float(row.block_efficiency),
+                     "release_tokens_per_s": float(row.tokens_per_s), "allowed_tokens_per_s": allowed,
+                     "allowed_ar_tokens_per_s": ar, "reported_over_allowed": float(row.tokens_per_s) / allowed,
+                     "implied_overhead_ms": None if implied is None else 1e3 * implied})
     return pd.DataFrame(rows)
 
 
@@ -354,8 +439,11 @@ def roofline_against_calibration(calibration: Calibration, device: Accelerator, 
 
 
 __all__ = ["ACCELERATORS_YAML", "ARCHITECTURE_CONFIGS", "MODEL_LABEL", "PAPER_ACCELERATORS", "PAPER_CONTEXT",
+           "RELEASE_ACCELERATOR", "RELEASE_CONTEXT", "experiment_setting", "forwards_per_call",
+           "implied_overhead_from_tokens_per_s", "implied_overhead_s",
            "Accelerator", "ModelShape", "accelerator", "allowed_speedup", "allowed_tokens_per_s", "call_shapes",
            "load_accelerators", "measured_accelerator", "model_shape", "pair_shapes", "paper_setting",
-           "paper_speedups_against_roofline", "roofline_against_calibration", "roofline_call_costs",
+           "paper_speedups_against_roofline", "release_tokens_per_s_against_roofline",
+           "roofline_against_calibration", "roofline_call_costs",
            "roofline_forward_costs", "roofline_forward_seconds", "roofline_seconds_per_call", "shape_from_config",
            "width_of"]

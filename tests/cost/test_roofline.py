@@ -20,10 +20,15 @@ from spectr_repro.cost.roofline import (
     ModelShape,
     accelerator,
     allowed_speedup,
+    allowed_tokens_per_s,
+    forwards_per_call,
+    implied_overhead_from_tokens_per_s,
+    implied_overhead_s,
     load_accelerators,
     model_shape,
     pair_shapes,
     paper_speedups_against_roofline,
+    release_tokens_per_s_against_roofline,
     roofline_against_calibration,
     roofline_call_costs,
     roofline_forward_seconds,
@@ -75,6 +80,23 @@ def test_a_call_and_the_allowed_speed_up_by_hand():
     assert allowed_speedup(TARGET, DRAFT, MEMORY_BOUND, 2, 2, 3.0, context=0) == pytest.approx(3 * 108 / 332)
     assert allowed_speedup(TARGET, DRAFT, MEMORY_BOUND, 2, 2, 3.0, context=0,
                            engine_layout=True) == pytest.approx(3 * 108 / 440)
+
+
+def test_the_implied_overhead_by_hand_and_back():
+    """K=1, L=2 on the memory-bound toy: AR 108, a call of 300 in n = 3 forwards, BE 2. The roofline allows 0.72,
+    and as a per-forward overhead o grows, 2 (108 + o) / (300 + 3 o) falls towards BE / n = 0.67. A reported 0.70
+    needs o = (0.70 x 300 - 2 x 108) / (2 - 0.70 x 3) = 60; 0.5 (below 0.67) and 0.8 (above 0.72) need none."""
+    assert forwards_per_call(1, 2) == 3 and forwards_per_call(3, 2) == 3 and forwards_per_call(3, 2, True) == 4
+    overhead = implied_overhead_s(TARGET, DRAFT, MEMORY_BOUND, 1, 2, 2.0, 0, speedup=0.70)
+    assert overhead == pytest.approx(60)
+    assert allowed_speedup(TARGET, DRAFT, MEMORY_BOUND, 1, 2, 2.0, 0, overhead_s=overhead) == pytest.approx(0.70)
+    # Below BE / n no overhead reaches it, and above the roofline's own bound none either.
+    assert implied_overhead_s(TARGET, DRAFT, MEMORY_BOUND, 1, 2, 2.0, 0, speedup=0.5) is None
+    assert implied_overhead_s(TARGET, DRAFT, MEMORY_BOUND, 1, 2, 2.0, 0, speedup=0.8) is None
+    # Tokens/s: BE / (300 + 3 o) = 2 / 480 at o = 60; a rate above the roofline's (2 / 300) has none.
+    assert implied_overhead_from_tokens_per_s(TARGET, DRAFT, MEMORY_BOUND, 1, 2, 2.0, 0, 2 / 480) == pytest.approx(60)
+    assert implied_overhead_from_tokens_per_s(TARGET, DRAFT, MEMORY_BOUND, 1, 2, 2.0, 0, 2 / 299) is None
+    assert allowed_tokens_per_s(TARGET, DRAFT, MEMORY_BOUND, 1, 2, 2.0, 0, overhead_s=60) == pytest.approx(2 / 480)
 
 
 def test_the_allowed_speed_up_grows_with_block_efficiency_and_falls_with_the_drafts_cost():
@@ -179,6 +201,24 @@ def test_the_paper_table_sets_each_reported_speed_up_beside_the_roofline():
     assert paper_speedups_against_roofline(paper[paper["metric"] != "speedup"]).empty
 
 
+def test_the_release_table_prices_its_tokens_per_s_on_an_h20():
+    table = release_tokens_per_s_against_roofline()
+    # Block efficiency and tokens/s are both reported for the 7B pairs' GBV and SpecTr-GBV (MCSD is a tree: not priced).
+    assert sorted(zip(table["model_pair"], table["method"])) == [
+        ("llama2_7b_160m", "gbv"), ("llama2_7b_160m", "spectr_gbv"), ("llama2_7b_68m", "gbv"),
+        ("llama2_7b_68m", "spectr_gbv")]
+    assert dict(zip(table["method"], table["K"])) == {"gbv": 1, "spectr_gbv": 7} and set(table["L"]) == {6}
+    row = table[(table["model_pair"] == "llama2_7b_68m") & (table["method"] == "spectr_gbv")].iloc[0]
+    target, draft = pair_shapes("llama2_7b_68m")
+    h20 = accelerator("H20")
+    allowed = allowed_tokens_per_s(target, draft, h20, 7, 6, 3.17, 200)
+    assert row["allowed_tokens_per_s"] == pytest.approx(allowed)
+    assert row["reported_over_allowed"] == pytest.approx(68.77 / allowed)
+    # The implied overhead brings the roofline down to the reported rate.
+    assert allowed_tokens_per_s(target, draft, h20, 7, 6, 3.17, 200,
+                                overhead_s=row["implied_overhead_ms"] / 1e3) == pytest.approx(68.77)
+
+
 def _calibration(extra: dict) -> Calibration:
     costs = ForwardCosts(((1, 1, "last", 0.05), (3, 13, "all", 0.2)))
     return Calibration(hardware="cpu", model_pair="smollm2_135m_self", dtype="float32", device="test CPU",
@@ -187,7 +227,7 @@ def _calibration(extra: dict) -> Calibration:
 
 def test_the_report_section_renders_from_files(tmp_path):
     from spectr_repro.analysis.report.context import ReportContext
-    from spectr_repro.analysis.report.physics import CPU_CSV, TABLE_CSV, physics_section
+    from spectr_repro.analysis.report.physics import CPU_CSV, RELEASE_CSV, TABLE_CSV, physics_section
     from spectr_repro.paper import load_paper_numbers
 
     context = ReportContext(folders=[tmp_path], report_path=tmp_path / "REPORT.md", paper=load_paper_numbers())
@@ -196,6 +236,7 @@ def test_the_report_section_renders_from_files(tmp_path):
     assert "A model, not a measurement" in text and "SpecTr-GBV" in text
     assert all(f"allowed, {key}" in text for key in PAPER_ACCELERATORS)
     assert len((tmp_path / TABLE_CSV).read_text().splitlines()) == 1 + 8
+    assert len((tmp_path / RELEASE_CSV).read_text().splitlines()) == 1 + 4 and "one H20" in text
     assert "on this machine" not in text and not (tmp_path / CPU_CSV).exists()  # no measured bandwidth yet
 
     write_calibration(_calibration({"memory_bandwidth_gbs": 10.0, "matmul_tflops": 0.5}))

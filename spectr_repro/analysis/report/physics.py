@@ -26,15 +26,18 @@ from spectr_repro.cost.roofline import (
     MODEL_LABEL,
     PAPER_ACCELERATORS,
     PAPER_CONTEXT,
+    RELEASE_CONTEXT,
     accelerator,
     measured_accelerator,
     paper_setting,
     paper_speedups_against_roofline,
+    release_tokens_per_s_against_roofline,
     roofline_against_calibration,
 )
 from spectr_repro.paper import load_paper_numbers
 
 TABLE_CSV = Path("tables") / "physics_roofline.csv"
+RELEASE_CSV = Path("tables") / "physics_roofline_release.csv"
 CPU_CSV = Path("tables") / "physics_roofline_cpu.csv"
 
 
@@ -42,9 +45,14 @@ def _number(value: float) -> str:
     return f"{value:.2f}"
 
 
-def physics_markdown(table: pd.DataFrame) -> str:
+def _optional(value) -> str:
+    return "—" if value is None or pd.isna(value) else f"{value:.1f}"
+
+
+def physics_markdown(table: pd.DataFrame, release: pd.DataFrame | None = None) -> str:
     """The reported-against-allowed table (rows of ``paper_speedups_against_roofline``) as Markdown, with its
-    label, its assumptions and the accelerators' sources."""
+    label, its assumptions and the accelerators' sources; then the code release's tokens/s against the roofline
+    (rows of ``release_tokens_per_s_against_roofline``) when given."""
     if table.empty:
         return "No pair of the paper has both a block efficiency and a speed-up: nothing to set against a roofline.\n"
     devices = [accelerator(key) for key in PAPER_ACCELERATORS]
@@ -56,10 +64,12 @@ def physics_markdown(table: pd.DataFrame) -> str:
         "paper speed-up": table["paper_speedup"].map(_number),
         **{f"allowed, {d.key}": table[f"allowed_{d.key}"].map(_number) for d in devices},
         f"reported / allowed ({reference})": table[f"reported_over_allowed_{reference}"].map(_number),
+        f"implied ms per forward ({reference})": table[f"implied_overhead_ms_{reference}"].map(_optional),
         f"allowed, {first}, our engine's call": table[f"allowed_engine_layout_{first}"].map(_number),
     })
     method_K, L = paper_setting()
     ratio = table[f"reported_over_allowed_{reference}"]
+    implied = table[f"implied_overhead_ms_{reference}"].dropna()
     lines = [
         f"**A model, not a measurement**: {MODEL_LABEL}.",
         "",
@@ -71,15 +81,33 @@ def physics_markdown(table: pd.DataFrame) -> str:
         f"{', '.join(f'{m} {k}' for m, k in sorted(method_K.items()))}; L = {L}); a forward costs "
         "max(bytes / bandwidth, FLOPs / peak), with no per-forward overhead (0 s). The call is the one cost model's "
         "`seconds_per_call`, without (except in the last column) the separate target forward our engine spends on the "
-        "last emitted token at K > 1.",
+        "last emitted token at K > 1. Implied ms per forward: the fixed overhead, added to AR's forward and to each "
+        "of the call's forwards alike, at which this roofline gives exactly the reported speed-up (— where none does).",
+        "",
         f"The paper's reported speed-ups are {ratio.min():.2f}-{ratio.max():.2f} of what an {reference} allows at "
         "batch 1 with its own block efficiencies: the rest is what the roofline leaves out (per-forward overhead, "
         "kernels below peak bandwidth, verification, sampling, the prefill), or a different batch, GPU or "
-        "implementation than this model assumes (the paper names none of them).",
-        "",
-        "Accelerators (spec-sheet peaks from `spectr_repro/cost/accelerators.yaml`, not measured here):",
+        "implementation than this model assumes (the paper names none of them)."
+        + (f" A fixed overhead per forward would account for each row's whole gap: {implied.min():.1f} to "
+           f"{implied.max():.1f} ms, depending on the row." if not implied.empty else ""),
         "",
     ]
+    if release is not None and not release.empty:
+        device = accelerator(str(release["device"].iloc[0]))
+        shown = pd.DataFrame({
+            "pair": release["model_pair"], "method": [METHOD_LABELS.get(m, m) for m in release["method"]],
+            "K": release["K"], "L": release["L"], "release BE": release["release_block_efficiency"].map(_number),
+            "release tok/s": release["release_tokens_per_s"].map(_number),
+            f"allowed tok/s, {device.key}": release["allowed_tokens_per_s"].map(lambda v: f"{v:.0f}"),
+            f"AR allowed tok/s, {device.key}": release["allowed_ar_tokens_per_s"].map(lambda v: f"{v:.0f}"),
+            "reported / allowed": release["reported_over_allowed"].map(_number),
+            "implied ms per forward": release["implied_overhead_ms"].map(_optional),
+        })
+        lines += [f"The authors' code release reports tokens/s on one {device.key} (`experiment=release_humaneval`, "
+                  "float16, its own block-efficiency definition: tokens generated before truncation); against the "
+                  f"same roofline on that {device.key} ({RELEASE_CONTEXT} cached tokens, no prefill, no overhead):", "",
+                  markdown(shown), ""]
+    lines += ["Accelerators (spec-sheet peaks from `spectr_repro/cost/accelerators.yaml`, not measured here):", ""]
     lines += [f"- {d.key}: {d.name}, {d.bandwidth_gbs:,.0f} GB/s, {d.bf16_tflops:,.0f} dense bf16 TFLOP/s; "
               f"{'verified' if d.verified else 'not verified against the vendor sheet'}, recorded {d.recorded}; "
               f"{d.source}" for d in devices]
@@ -127,11 +155,14 @@ def cpu_markdown(calibrations: dict[str, Calibration]) -> tuple[str, pd.DataFram
 def physics_section(context: ReportContext) -> str | None:
     paper = context.paper if context.paper is not None else load_paper_numbers()
     table = paper_speedups_against_roofline(paper)
+    release = release_tokens_per_s_against_roofline(paper)
     (context.out_dir / TABLE_CSV).parent.mkdir(parents=True, exist_ok=True)
     table.to_csv(context.out_dir / TABLE_CSV, index=False)
+    release.to_csv(context.out_dir / RELEASE_CSV, index=False)
     lines = ["## The paper's speed-ups against physics", "",
              "What a roofline allows at batch 1 with the paper's own block efficiencies, beside the speed-ups it "
-             f"reports (`{TABLE_CSV}`).", "", physics_markdown(table)]
+             f"reports (`{TABLE_CSV}`; the release's tokens/s: `{RELEASE_CSV}`).", "",
+             physics_markdown(table, release)]
     machine = cpu_markdown(read_calibrations())
     if machine is not None:
         text, frame = machine
@@ -142,4 +173,5 @@ def physics_section(context: ReportContext) -> str | None:
     return "\n".join(lines)
 
 
-__all__ = ["CPU_CSV", "TABLE_CSV", "cpu_markdown", "machine_device", "physics_markdown", "physics_section"]
+__all__ = ["CPU_CSV", "RELEASE_CSV", "TABLE_CSV", "cpu_markdown", "machine_device", "physics_markdown",
+           "physics_section"]
