@@ -49,15 +49,10 @@ def _optional(value) -> str:
     return "—" if value is None or pd.isna(value) else f"{value:.1f}"
 
 
-def physics_markdown(table: pd.DataFrame, release: pd.DataFrame | None = None) -> str:
-    """The reported-against-allowed table (rows of ``paper_speedups_against_roofline``) as Markdown, with its
-    label, its assumptions and the accelerators' sources; then the code release's tokens/s against the roofline
-    (rows of ``release_tokens_per_s_against_roofline``) when given."""
-    if table.empty:
-        return "No pair of the paper has both a block efficiency and a speed-up: nothing to set against a roofline.\n"
-    devices = [accelerator(key) for key in PAPER_ACCELERATORS]
-    first, reference = devices[0].key, "H100" if "H100" in PAPER_ACCELERATORS else devices[0].key
-    shown = pd.DataFrame({
+def _paper_shown(table: pd.DataFrame, devices, reference: str) -> pd.DataFrame:
+    """The paper table's displayed columns, formatted."""
+    first = devices[0].key
+    return pd.DataFrame({
         "pair": table["model_pair"], "dataset": table["dataset"],
         "method": [METHOD_LABELS.get(m, m) for m in table["method"]], "K": table["K"], "L": table["L"],
         "paper BE": table["paper_block_efficiency"].map(_number),
@@ -67,14 +62,14 @@ def physics_markdown(table: pd.DataFrame, release: pd.DataFrame | None = None) -
         f"implied ms per forward ({reference})": table[f"implied_overhead_ms_{reference}"].map(_optional),
         f"allowed, {first}, our engine's call": table[f"allowed_engine_layout_{first}"].map(_number),
     })
+
+
+def _paper_notes(table: pd.DataFrame, reference: str) -> list[str]:
+    """What the paper table assumes, and what it says (from its numbers)."""
     method_K, L = paper_setting()
     ratio = table[f"reported_over_allowed_{reference}"]
     implied = table[f"implied_overhead_ms_{reference}"].dropna()
-    lines = [
-        f"**A model, not a measurement**: {MODEL_LABEL}.",
-        "",
-        markdown(shown),
-        "",
+    return [
         f"Allowed = AR's seconds per token (one target forward) over the speculative call's seconds per token (seconds "
         f"per call / the paper's block efficiency), batch 1, bfloat16 weights and KV cache, {PAPER_CONTEXT} cached "
         f"tokens under each forward, the paper's main setting (K from `experiment=paper_main`: "
@@ -92,22 +87,40 @@ def physics_markdown(table: pd.DataFrame, release: pd.DataFrame | None = None) -
            f"{implied.max():.1f} ms, depending on the row." if not implied.empty else ""),
         "",
     ]
-    if release is not None and not release.empty:
-        device = accelerator(str(release["device"].iloc[0]))
-        shown = pd.DataFrame({
-            "pair": release["model_pair"], "method": [METHOD_LABELS.get(m, m) for m in release["method"]],
-            "K": release["K"], "L": release["L"], "release BE": release["release_block_efficiency"].map(_number),
-            "release tok/s": release["release_tokens_per_s"].map(_number),
-            f"allowed tok/s, {device.key}": release["allowed_tokens_per_s"].map(lambda v: f"{v:.0f}"),
-            f"AR allowed tok/s, {device.key}": release["allowed_ar_tokens_per_s"].map(lambda v: f"{v:.0f}"),
-            "reported / allowed": release["reported_over_allowed"].map(_number),
-            "implied ms per forward": release["implied_overhead_ms"].map(_optional),
-        })
-        lines += [f"The authors' code release reports tokens/s on one {device.key} (`experiment=release_humaneval`, "
-                  "float16, its own block-efficiency definition: tokens generated before truncation); against the "
-                  f"same roofline on that {device.key} ({RELEASE_CONTEXT} cached tokens, no prefill, no overhead):", "",
-                  markdown(shown), ""]
-    lines += ["Accelerators (spec-sheet peaks from `spectr_repro/cost/accelerators.yaml`, not measured here):", ""]
+
+
+def release_markdown(release: pd.DataFrame) -> list[str]:
+    """The code release's tokens/s against the roofline of its GPU (rows of
+    ``release_tokens_per_s_against_roofline``), as Markdown lines ([] when there are none)."""
+    if release is None or release.empty:
+        return []
+    device = accelerator(str(release["device"].iloc[0]))
+    shown = pd.DataFrame({
+        "pair": release["model_pair"], "method": [METHOD_LABELS.get(m, m) for m in release["method"]],
+        "K": release["K"], "L": release["L"], "release BE": release["release_block_efficiency"].map(_number),
+        "release tok/s": release["release_tokens_per_s"].map(_number),
+        f"allowed tok/s, {device.key}": release["allowed_tokens_per_s"].map(lambda v: f"{v:.0f}"),
+        f"AR allowed tok/s, {device.key}": release["allowed_ar_tokens_per_s"].map(lambda v: f"{v:.0f}"),
+        "reported / allowed": release["reported_over_allowed"].map(_number),
+        "implied ms per forward": release["implied_overhead_ms"].map(_optional),
+    })
+    return [f"The authors' code release reports tokens/s on one {device.key} (`experiment=release_humaneval`, "
+            "float16, its own block-efficiency definition: tokens generated before truncation); against the "
+            f"same roofline on that {device.key} ({RELEASE_CONTEXT} cached tokens, no prefill, no overhead):", "",
+            markdown(shown), ""]
+
+
+def physics_markdown(table: pd.DataFrame, release: pd.DataFrame | None = None) -> str:
+    """The reported-against-allowed table (rows of ``paper_speedups_against_roofline``) as Markdown, with its
+    label, its assumptions and the accelerators' sources; then the code release's tokens/s against the roofline
+    (rows of ``release_tokens_per_s_against_roofline``) when given."""
+    if table.empty:
+        return "No pair of the paper has both a block efficiency and a speed-up: nothing to set against a roofline.\n"
+    devices = [accelerator(key) for key in PAPER_ACCELERATORS]
+    reference = "H100" if "H100" in PAPER_ACCELERATORS else devices[0].key
+    lines = [f"**A model, not a measurement**: {MODEL_LABEL}.", "", markdown(_paper_shown(table, devices, reference)),
+             "", *_paper_notes(table, reference), *release_markdown(release),
+             "Accelerators (spec-sheet peaks from `spectr_repro/cost/accelerators.yaml`, not measured here):", ""]
     lines += [f"- {d.key}: {d.name}, {d.bandwidth_gbs:,.0f} GB/s, {d.bf16_tflops:,.0f} dense bf16 TFLOP/s; "
               f"{'verified' if d.verified else 'not verified against the vendor sheet'}, recorded {d.recorded}; "
               f"{d.source}" for d in devices]
@@ -174,4 +187,4 @@ def physics_section(context: ReportContext) -> str | None:
 
 
 __all__ = ["CPU_CSV", "RELEASE_CSV", "TABLE_CSV", "cpu_markdown", "machine_device", "physics_markdown",
-           "physics_section"]
+           "physics_section", "release_markdown"]
