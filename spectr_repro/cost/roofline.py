@@ -289,8 +289,9 @@ def implied_overhead_s(target_shape: ModelShape, draft_shape: ModelShape, device
                        block_efficiency: float, context: int, speedup: float, width: int = 2,
                        engine_layout: bool = False) -> float | None:
     """The fixed per-forward overhead o (on AR's forward and every forward of a call alike) at which the roofline
-    gives ``speedup``: BE (ar + o) / (call + n o) = speedup, n = :func:`forwards_per_call`, solved for o. None when
-    no o >= 0 does (the speed-up is above the roofline's, or below BE / n, what any overhead tends to)."""
+    gives ``speedup``: BE (ar + o) / (call + n o) = speedup, n = :func:`forwards_per_call`, solved for o. As o grows
+    the speed-up moves from the roofline's towards BE / n; None when ``speedup`` is not between the two (no o >= 0
+    gives it)."""
     target, draft = roofline_call_costs(target_shape, draft_shape, device, K, L, context, width)
     ar, call = target.seconds(1, 1), roofline_seconds_per_call(target, draft, K, L, engine_layout)
     n = forwards_per_call(K, L, engine_layout)
