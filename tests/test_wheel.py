@@ -47,6 +47,7 @@ def test_the_wheel_carries_configs_and_paper_numbers(wheel):
     assert "spectr_repro/conf/model_pair/tiny_random.yaml" in names
     assert "spectr_repro/conf/hydra/launcher/slurm.yaml" in names
     assert "spectr_repro/paper_numbers.csv" in names
+    assert "spectr_repro/cost/accelerators.yaml" in names  # the roofline's spec-sheet figures
     assert not any(name.startswith(("tests/", "conf/")) for name in names)
 
 

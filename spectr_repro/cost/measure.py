@@ -217,5 +217,51 @@ def measure_section_residuals(target, draft, prompt: torch.Tensor, shapes: Itera
     return rows
 
 
-__all__ = ["CONTEXT_TOKENS", "measure_forward_costs", "measure_rule_seconds", "measure_section_residuals",
-           "plan_shapes", "record_blocks"]
+def measure_memory_bandwidth(size_bytes: int = 1 << 30, repeats: int = 5, device: str | torch.device = "cpu") -> float:
+    """This machine's memory read bandwidth in bytes/s: a float32 tensor of ``size_bytes`` (1 GiB: far beyond any
+    cache) summed, the median of ``repeats`` timed reads after one untimed one (the pages are touched, the
+    threads started). A sum reads every byte once and writes nothing, as a decode forward streams its weights;
+    a copy would also write (and, on most CPUs, read the destination first), mixing in other traffic."""
+    from spectr_repro.engine.timing import SectionTimer
+
+    data = torch.ones(max(1, size_bytes // 4), dtype=torch.float32, device=device)
+    seconds = []
+    for attempt in range(repeats + 1):
+        timer = SectionTimer(data.device)
+        with timer("read"):
+            data.sum()
+        if attempt:
+            seconds.append(timer.seconds["read"])
+    return data.numel() * 4 / statistics.median(seconds)
+
+
+def measure_matmul_flops(size: int = 2048, dtype: torch.dtype = torch.bfloat16, repeats: int = 3,
+                         device: str | torch.device = "cpu") -> float:
+    """This machine's matmul rate in FLOP/s in ``dtype``: a ``size`` x ``size`` product (2 size^3 FLOPs), the median
+    of ``repeats`` after one untimed (kernel selection). The compute roof of this machine's roofline."""
+    from spectr_repro.engine.timing import SectionTimer
+
+    generator = torch.Generator().manual_seed(0)
+    a, b = (torch.randn(size, size, generator=generator).to(device=device, dtype=dtype) for _ in range(2))
+    seconds = []
+    for attempt in range(repeats + 1):
+        timer = SectionTimer(a.device)
+        with timer("matmul"):
+            a @ b
+        if attempt:
+            seconds.append(timer.seconds["matmul"])
+    return 2.0 * size**3 / statistics.median(seconds)
+
+
+def machine_roofline_figures(device: str | torch.device = "cpu",
+                             dtype: torch.dtype = torch.bfloat16) -> dict[str, float]:
+    """The two roofs of this machine, as a calibration entry's extra fields (``Calibration.extra``): read bandwidth
+    in GB/s and matmul rate in TFLOP/s in ``dtype``. ``check`` stores them beside its forward costs so that the
+    report can set the roofline of this machine against the forwards it calibrated."""
+    return {"memory_bandwidth_gbs": measure_memory_bandwidth(device=device) / 1e9,
+            "matmul_tflops": measure_matmul_flops(dtype=dtype, device=device) / 1e12}
+
+
+__all__ = ["CONTEXT_TOKENS", "machine_roofline_figures", "measure_forward_costs", "measure_matmul_flops",
+           "measure_memory_bandwidth", "measure_rule_seconds", "measure_section_residuals", "plan_shapes",
+           "record_blocks"]

@@ -28,6 +28,7 @@ from spectr_repro.analysis.report.context import ReportContext, load_context
 from spectr_repro.analysis.report.environment import environment_section, integrity_section, settings_section
 from spectr_repro.analysis.report.pairs import pair_sections
 from spectr_repro.analysis.report.paper import paper_section
+from spectr_repro.analysis.report.physics import physics_section
 from spectr_repro.analysis.report.quality import quality_section
 from spectr_repro.analysis.report.replay import replay_section, verdicts_section
 from spectr_repro.analysis.report.speedup import speedup_section
@@ -46,8 +47,8 @@ def header_section(context: ReportContext) -> str:
 
 # The verdicts open the report; the replayed Table 1 comes before the trajectory one.
 SECTIONS = [header_section, verdicts_section, environment_section, integrity_section, settings_section,
-            replay_section, speedup_section, pair_sections, paper_section, audit_section, quality_section,
-            theory_section, bias_section]
+            replay_section, speedup_section, pair_sections, paper_section, physics_section, audit_section,
+            quality_section, theory_section, bias_section]
 
 
 def render(context: ReportContext) -> str:
