@@ -39,11 +39,16 @@ def compose(argv: Sequence[str]):
 
 def run_shapes(base, cells, quick: bool = False) -> dict[str, Any]:
     """K, L, prefill chunks and prompt batch sizes of the cells of the base config's pair (the base config's
-    alone without a grid). ``quick``: only the smallest and largest L and prefill chunk (the costs between
-    are interpolated, see ``cost.calibration``)."""
+    alone without a grid), and the K and L of the experiment's replay (``replay.datasets`` set): its tokens per
+    call become predicted speed-ups at the seconds per call measured here. ``quick``: only the smallest and
+    largest L and prefill chunk (the costs between are interpolated, see ``cost.calibration``)."""
     from spectr_repro.data import typical_prompt_tokens
 
     Ks, Ls, chunks, batches = {1, int(base.K)}, {int(base.L)}, set(), {1}
+    replay = base.get("replay") or {}
+    if replay.get("datasets"):  # an experiment's replay (config.yaml's default block names none)
+        Ks.update(int(k) for k in [*(replay.get("K") or []), replay.get("reference_K") or base.K])
+        Ls.update(int(n) for n in [*(replay.get("L") or []), replay.get("reference_L") or base.L])
     for cfg in cells:
         if cfg.choices.model_pair != base.choices.model_pair:
             continue
