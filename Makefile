@@ -75,6 +75,9 @@ reproduce: $(INSTALLED)
 	$(foreach experiment,$(REPRODUCE_EXPERIMENTS),$(PY) -m spectr_repro sweep experiment=$(experiment) && ) true
 	@# Block efficiency of every rule, K and L on shared blocks (its replay: block); REPORT.md's verdicts come from it.
 	$(PY) -m spectr_repro replay experiment=$(firstword $(REPRODUCE_EXPERIMENTS))
+	@# PRESET=paper: the seconds per call of the predicted speed-ups, measured with the real weights (check's default)
+	@# at the shapes of the replay's K and L and of the timed cells; the report predicts from them, the cells check.
+	$(if $(filter paper,$(PRESET)),$(PY) -m spectr_repro check experiment=paper_main)
 	$(PY) -m spectr_repro theory
 	$(PY) -m spectr_repro audit
 	@# Quality parity (HumanEval runs model-written code in the sandbox; without bwrap/unshare it refuses and

@@ -14,7 +14,12 @@ TIMING_TOLERANCE = 0.05  # section times vs synchronised wall time (issue 26)
 
 def calibration_item(checker: Checker, base, pair_cfg, loaded: LoadedPair, shapes, quick: bool, device_name: str):
     from spectr_repro.cost import Calibration, calibration_dtype, today
-    from spectr_repro.cost.measure import CONTEXT_TOKENS, measure_forward_costs, plan_shapes
+    from spectr_repro.cost.measure import (
+        CONTEXT_TOKENS,
+        machine_roofline_figures,
+        measure_forward_costs,
+        plan_shapes,
+    )
 
     wanted = plan_shapes(shapes["Ks"], shapes["Ls"], shapes["prefill_chunks"], shapes["batch_sizes"])
     repeats = 3  # medians of 3 rounds, quick too: one timed forward per shape once read 880 ms for a 320 ms shape
@@ -28,7 +33,9 @@ def calibration_item(checker: Checker, base, pair_cfg, loaded: LoadedPair, shape
             hardware=str(base.choices.hardware), model_pair=str(base.choices.model_pair),
             dtype=calibration_dtype(base), device=device_name, date=today(),
             random_weights=loaded.what.startswith("random"), target=target, draft=draft,
-            extra={"repeats": repeats, "shapes": shapes})
+            extra={"repeats": repeats, "shapes": shapes,
+                   # this machine's two roofs, for the report's roofline against these calibrated forwards
+                   **machine_roofline_figures(next(loaded.target.parameters()).device, loaded.target.dtype)})
         detail = (f"{len(wanted['target'])} target and {len(wanted['draft'])} draft shapes on {context} cached "
                   f"tokens; decode "
                   f"{1e3 * target.seconds(1, 1):.1f} / {1e3 * draft.seconds(1, 1):.1f} ms (target / draft)")

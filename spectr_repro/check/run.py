@@ -62,9 +62,9 @@ def run_shapes(base, cells, quick: bool = False) -> dict[str, Any]:
         chunk = int(cfg.hardware.get("prefill_chunk") or prompt)
         chunks.update([min(chunk, prompt)] + ([prompt % chunk] if prompt > chunk and prompt % chunk else []))
     replay = base.get("replay") or {}
-    if replay:
-        Ks.update(int(k) for k in replay.get("K") or [])
-        Ls.update(int(v) for v in replay.get("L") or [])
+    if replay.get("datasets"):  # an experiment's replay (config.yaml's default block names none)
+        Ks.update(int(k) for k in [*(replay.get("K") or []), replay.get("reference_K") or base.K])
+        Ls.update(int(v) for v in [*(replay.get("L") or []), replay.get("reference_L") or base.L])
         methods.update(str(m) for m in replay.get("methods") or VERIFIERS)
         prompts += [typical_prompt_tokens(name) for name in replay.get("datasets") or []]
     chunks.add(32)  # the runner's warm-up prompt

@@ -1,7 +1,8 @@
 """The shared-block replay's part of ``plan``: what ``python -m spectr_repro replay <same arguments>`` costs.
 
 An experiment that declares a ``replay:`` block (cpu_quick, paper_main; ``make reproduce`` runs its replay
-after the sweep) gets one line beside the timed cells, and a total. The groups (pair, dataset,
+after the sweep) gets its lines beside the timed cells (``plan`` adds the calibration its predictions need and
+the total, ``spectr_repro.plan``). The groups (pair, dataset,
 temperature, ...) and their folders are the replay driver's own (``replay.driver.parse``, ``group_folder``,
 ``prompt_finished``); prompts already finished there are counted and not planned again. Per prompt left:
 
@@ -79,6 +80,10 @@ class ReplayPlan:
     rule_seconds_per_block: float | None = None
     rules_note: str = "rules not estimated (no finished replay here)"
     error: str = ""  # the replay refuses these arguments
+    arguments: tuple[str, ...] = ()  # the command's arguments (``check`` calibrates the same experiment)
+    K_values: tuple[int, ...] = ()  # the replay's grid of K and L (and its reference's): the shapes whose
+    L_values: tuple[int, ...] = ()  # seconds per call its predictions need (``spectr_repro.plan.calibration``)
+    configs: list[DictConfig] = field(default_factory=list)  # one per group (dataset x temperature)
 
     @property
     def model_seconds(self) -> float:
@@ -130,16 +135,20 @@ def plan_replays(commands: Sequence[tuple[Sequence[str], str | None]], measured:
         by_pair: dict[tuple[str, str], list] = {}
         for cfg, settings in groups:
             by_pair.setdefault((cfg.choices.model_pair, cfg.choices.hardware), []).append((cfg, settings))
-        plans.extend(_plan_pair(command, members, measured) for members in by_pair.values())
+        plans.extend(_plan_pair(command, members, measured, tuple(argv)) for members in by_pair.values())
     return plans
 
 
-def _plan_pair(command: str, groups: list, measured: dict[tuple, float]) -> ReplayPlan:
+def _plan_pair(command: str, groups: list, measured: dict[tuple, float], arguments: tuple[str, ...] = ()
+               ) -> ReplayPlan:
     """The replay groups of one pair and hardware (one experiment's folder)."""
     cfg, settings = groups[0]
     plan = ReplayPlan(command, pair=cfg.choices.model_pair, hardware=cfg.choices.hardware, K_max=settings.K_max,
                       L_max=settings.L_max, reference=f"{settings.reference} K={settings.reference_K} "
-                      f"L={settings.reference_L}", folder=replay_root(cfg))
+                      f"L={settings.reference_L}", folder=replay_root(cfg), arguments=arguments,
+                      K_values=tuple(sorted({*settings.K_values, settings.reference_K})),
+                      L_values=tuple(sorted({*settings.L_values, settings.reference_L})),
+                      configs=[group_cfg for group_cfg, _ in groups])
     calibration = calibration_for(cfg)
     plan.model_note = model_calls_source(cfg, calibration)
     folders, blocks = [], []
@@ -228,16 +237,9 @@ def format_replay(plan: ReplayPlan) -> list[str]:
     return lines
 
 
-def replay_lines(replays: Sequence[ReplayPlan], cells_seconds: float) -> list[str]:
-    """The replays' own lines and the total of cells and replays (a replay the command refuses is left out)."""
-    if not replays:
-        return []
-    lines = [line for replay in replays for line in format_replay(replay)]
-    if any(not replay.error for replay in replays):
-        replay_seconds = sum(replay.seconds for replay in replays)
-        lines.append(f"Total: timed cells {format_duration(cells_seconds)} + replay {format_duration(replay_seconds)} "
-                     f"= {format_duration(cells_seconds + replay_seconds)}")
-    return lines
+def replay_lines(replays: Sequence[ReplayPlan]) -> list[str]:
+    """The replays' own lines (``plan`` adds the calibration and the total)."""
+    return [line for replay in replays for line in format_replay(replay)]
 
 
 __all__ = ["ReplayGroup", "ReplayPlan", "declares_replay", "format_replay", "plan_replays", "replay_lines",

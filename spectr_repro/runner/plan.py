@@ -12,8 +12,9 @@ measured in the folder, else (L+1)/2). When the folder already holds finished AR
 hardware, their measured seconds per token rescale that pair's estimates (the "calibration" line says which
 one was used).
 
-An experiment with a ``replay:`` block also gets its shared-block replay's cost, apart, and the total: the
-``plan`` command (``spectr_repro.plan``) adds them (``spectr_repro.replay.plan``).
+An experiment with a ``replay:`` block also gets its shared-block replay's cost (``spectr_repro.replay.plan``)
+and its calibration's (``spectr_repro.plan.calibration``), apart, and the total of the three: the ``plan``
+command (``spectr_repro.plan``) adds them.
 
 Nothing here loads a model or a dataset; reading the HF cache and the results folder is all it does.
 """

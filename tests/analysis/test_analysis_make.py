@@ -49,3 +49,17 @@ def test_make_reproduce_paper_preset_runs_the_paper_grid_without_cpu_models():
         lines, "report results/paper_main results/ablation_K results/ablation_L results/ablation_T"
     )
     assert not any("make_models.py" in line for line in lines)
+
+
+def test_make_reproduce_paper_preset_calibrates_with_the_real_weights_after_the_sweep():
+    """PRESET=paper measures the seconds per call of its predicted speed-ups (`check`, real weights: its
+    default) after the sweep and the replay, before the report; the cpu_quick path has no such step."""
+    def real_weight_checks(lines):
+        return [i for i, line in enumerate(lines) if "-m spectr_repro check " in line and "random_weights" not in line]
+
+    lines = _dry_run("PRESET=paper")
+    (calibration,) = real_weight_checks(lines)
+    assert "check experiment=paper_main" in lines[calibration] and "check.quick" not in lines[calibration]
+    assert _position(lines, "sweep experiment=ablation_T") < _position(lines, "replay experiment=paper_main")
+    assert _position(lines, "replay experiment=paper_main") < calibration < _position(lines, "spectr_repro report")
+    assert real_weight_checks(_dry_run()) == []

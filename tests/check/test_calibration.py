@@ -103,3 +103,18 @@ def test_calibrated_batched_cells_decode_their_untimed_prompts_together():
     seconds = calibrated_cell_seconds(batched, calibration, 3.0, groups)
     two_alone = calibrated_cell_seconds(OmegaConf.merge(alone, {"num_prompts": 2}), calibration, 3.0)
     assert two_alone + per_prompt < seconds < two_alone + 6 * per_prompt
+
+
+def test_check_calibrates_the_shapes_of_the_experiments_replay():
+    """`check experiment=paper_main` (make reproduce PRESET=paper) measures every K and L the replay predicts
+    speed-ups at, not only those of the few timed cells; without a replay block only the cells' shapes."""
+    from spectr_repro.check.run import compose, run_shapes
+
+    base, cells = compose(["experiment=paper_main", "hardware=cpu", "model_pair=deepseek_33b_1.3b",
+                           "dataset=humaneval"])
+    shapes = run_shapes(base, cells)
+    replay = OmegaConf.to_container(base.replay)
+    assert set(shapes["Ks"]) == {1, *replay["K"]} and set(shapes["Ls"]) == set(replay["L"])
+    assert set(replay["L"]) - {c.L for c in cells}, "the replay's L grid is wider than the timed cells'"
+    plain, plain_cells = compose(["hardware=cpu", "K=3", "L=8"])  # config.yaml's replay names no dataset
+    assert run_shapes(plain, plain_cells) == {**run_shapes(plain, plain_cells), "Ks": [1, 3], "Ls": [8]}

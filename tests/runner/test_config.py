@@ -95,22 +95,19 @@ def test_comma_lists_expand_to_the_product(composer):
 
 def test_experiment_grid_and_user_axes(composer):
     # (dataset fixed on the command line to keep the test fast: each group choice is one composition)
-    grid_cells = expand(composer, parse_arguments(["experiment=ablation_K", "dataset=lm1b"]), use_grid=True)
-    multi = {c.K for c in grid_cells if c.method.name == "spectr_gbv"}
-    assert multi == {1, 3, 5, 7}
-    assert {c.K for c in grid_cells if c.method.name == "sd"} == {1}  # single-draft sub-grid at K=1
-    # every rule but sbvf (our research rule, docs/sbvf.md) and mpbv (a later peer, docs/methods.md): the paper
-    # grids keep the paper's comparison
-    assert {c.method.name for c in grid_cells} == set(VERIFIERS) - {"sbvf", "mpbv"}
-    assert len(grid_cells) == 4 * 4 + 3
+    grid_cells = expand(composer, parse_arguments(["experiment=ablation_L", "dataset=lm1b"]), use_grid=True)
+    # ablation_L's checking cells (issue 34): the multi-draft rules at K=3 and sd in its own sub-grid at K=1
+    assert {(c.method.name, c.K, c.L) for c in grid_cells} == {
+        *((m, 3, L) for m in ("spectr", "spectr_gbv", "sbvf") for L in (4, 24)), ("sd", 1, 4), ("sd", 1, 24)}
+    assert len(grid_cells) == 4 * 2
     # An axis on the command line replaces that axis in every sub-grid.
     assert {c.choices.dataset for c in grid_cells} == {"lm1b"}
-    narrowed = expand(composer, parse_arguments(["experiment=ablation_K", "K=3", "dataset=gsm8k",
+    narrowed = expand(composer, parse_arguments(["experiment=ablation_L", "K=3", "dataset=gsm8k",
                                                  "method=spectr_gbv,sd"]), True)
     assert {(c.method.name, c.K) for c in narrowed} == {("spectr_gbv", 3), ("sd", 3)}
     assert {c.choices.dataset for c in narrowed} == {"gsm8k"}
     # `run` ignores the grid: one cell.
-    assert len(expand(composer, parse_arguments(["experiment=ablation_K"]), use_grid=False)) == 1
+    assert len(expand(composer, parse_arguments(["experiment=ablation_L"]), use_grid=False)) == 1
 
 
 def test_plan_adds_one_ar_cell_per_group_and_skips_single_draft_at_k_above_1(composer):

@@ -14,10 +14,11 @@ from tests.runner.runner_helpers import line_starting
 def test_paper_main_plan_offline(offline, capsys):
     assert main_plan(["experiment=paper_main", f"output_dir={offline / 'results'}"]) == 0
     text = capsys.readouterr().out
-    assert "Cells: 80 (10 AR baselines), 0 finished" in text and "80 to compute" in text
+    # checking cells (issue 34): sd, spectr, spectr_gbv, sbvf x 2 datasets x 2 pairs, and an AR cell per group
+    assert "Cells: 20 (4 AR baselines), 0 finished" in text and "20 to compute" in text
     columns = [c.strip() for c in line_starting(text, "| deepseek_33b_1.3b").strip("|").split("|")]
-    assert columns[:3] == ["deepseek_33b_1.3b", "cuda", "40"] and columns[8] == "40"  # cells, to compute
-    assert columns[9:11] == ["4,000", "1,024,000"]  # 40 cells x 100 prompts, x 256 tokens at most
+    assert columns[:3] == ["deepseek_33b_1.3b", "cuda", "10"] and columns[8] == "10"  # cells, to compute
+    assert columns[9:11] == ["200", "51,200"]  # 10 cells x 20 prompts, x 256 tokens at most
     assert "deepseek-ai/deepseek-coder-33b-instruct@main 66.6 GB" in text
     assert "to download: 82.8 GB" in text and "(enough)" in text
     assert "Estimated time:" in text and "A100-80GB (assumed, not measured)" in text
@@ -26,11 +27,11 @@ def test_paper_main_plan_offline(offline, capsys):
 
 @pytest.mark.slow
 def test_paper_preset_plan_offline(offline, capsys):
-    """What `make reproduce PRESET=paper` prints first: the four experiments, 445 cells, 83 GB once."""
+    """What `make reproduce PRESET=paper` prints first: the four experiments' checking cells, 83 GB once."""
     assert main_plan(["experiment=paper_main,ablation_K,ablation_L,ablation_T",
                       f"output_dir={offline / 'results'}"]) == 0
     text = capsys.readouterr().out
-    assert "Cells: 445 (35 AR baselines)" in text and "to download: 82.8 GB" in text
+    assert "Cells: 40 (8 AR baselines)" in text and "to download: 82.8 GB" in text
 
 
 def test_full_disk_shows_in_the_plan(offline, monkeypatch, capsys):

@@ -50,10 +50,14 @@ def test_cpu_quick_plan_prints_its_replay(offline, capsys):
     assert "10 prompts, 0 finished, 10 to replay, 100 blocks" in detail
     assert "reference sbv K=3 L=6: 3.50 tokens per block, (L+1)/2 (5 groups)" in detail
     assert f"in {out / 'cpu_quick' / 'replay'}" in detail
-    cells = re.search(r"^Estimated time: (.+?) at batch size 1", text, re.M).group(1)
-    replay = re.search(r"est\. (.+?) \(model calls", line).group(1)
-    assert _lines(text, "Total:") == [f"Total: timed cells {cells} + replay {replay} = " + _lines(
-        text, "Total:")[0].rsplit("= ", 1)[1]]
+    # the total: replay + calibration (`check` of the same experiment) + timed cells, in hours, summed
+    (calibration,) = _lines(text, "Calibration (")
+    assert f"`python -m spectr_repro check experiment=cpu_quick output_dir={out}`" in calibration
+    (total,) = _lines(text, "Total:")
+    hours = [float(v) for v in re.findall(r"([\d.]+) h\b", total)][:4]
+    assert total.startswith(f"Total: {hours[0]:.2f} h = replay {hours[1]:.2f} h + calibration {hours[2]:.2f} h + "
+                            f"timed cells {hours[3]:.2f} h")
+    assert hours[0] == pytest.approx(sum(hours[1:]), abs=0.015)
     assert not out.exists(), "a plan writes nothing"
 
 
@@ -148,10 +152,10 @@ def test_paper_main_plan_prints_its_replay_and_the_total(offline, capsys):
     detail = _detail_line(text)
     # the paper gives no sbv block efficiency: (12+1)/2 = 6.5, ceil(256 / 6.5) = 40 blocks per prompt
     assert "deepseek_33b_1.3b on cuda: 1,500 prompts, 0 finished, 1,500 to replay, 60,000 blocks" in detail
-    total = _lines(text, "Total: timed cells")
+    total = _lines(text, "Total:")
     assert len(total) == 1
-    hours = [float(v) for v in re.findall(r"([\d.]+) h", total[0])]
-    assert len(hours) == 3 and hours[0] + hours[1] == pytest.approx(hours[2], abs=0.11)
+    hours = [float(v) for v in re.findall(r"([\d.]+) h\b", total[0])][:4]
+    assert len(hours) == 4 and hours[0] == pytest.approx(sum(hours[1:]), abs=0.015)
 
 
 def test_the_calibration_prices_the_replay_calls(offline, capsys, no_calibration):

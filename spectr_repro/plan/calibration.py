@@ -1,0 +1,139 @@
+"""The calibration's part of ``plan``: what ``python -m spectr_repro check <experiment>`` with the real weights
+costs, for each pair and hardware whose replay the predicted speed-ups come from.
+
+A speed-up is predicted as the replay's tokens per call over the seconds per call measured here (issue 34):
+the calibration times one forward of target and draft at every shape those calls use, at every K and L of
+the replay's grid and of the timed cells (``cost.measure.plan_shapes``). ``cost.measure.measure_forward_costs``
+runs, per model, one forward over its cached context, two untimed decode forwards, then every shape once per
+round in ``CHECK_ROUNDS`` rounds (a warm-up round and ``check``'s timed repeats). Each forward costs what the
+cost model says (this machine's calibration when one exists, else ``hardware.estimate``'s roofline), and the
+weights are read once from the local disk (``LOAD_GBS``). The correctness items ``check`` also runs (the draft
+model in float32, a few dozen tokens) are left out: they are small against the loading.
+
+Nothing here loads a model.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from omegaconf import DictConfig, OmegaConf
+
+from spectr_repro.cost import calibration_for, forward_seconds, model_calls_source
+from spectr_repro.cost.measure import CONTEXT_TOKENS, plan_shapes
+from spectr_repro.cost.model import GB, _params, _width, prefill_pieces
+from spectr_repro.runner.plan import format_duration, pair_config_of
+
+CHECK_REPEATS = 3  # check.costs.calibration_item's rounds that are timed (medians of 3)
+CHECK_ROUNDS = CHECK_REPEATS + 1  # plus the warm-up round (kernel selection) measure_forward_costs runs first
+WARMUP_TOKENS = 32  # the runner's warm-up prompt, a prefill shape check measures as well
+# Assumed, not measured: safetensors read from a local NVMe SSD into host memory, then copied to the device;
+# 1 GB/s is below a data-centre NVMe's sequential read (2-7 GB/s), so the loading is not under-priced.
+LOAD_GBS = 1.0
+
+
+@dataclass
+class CalibrationPlan:
+    command: str
+    pair: str
+    hardware: str
+    Ks: tuple[int, ...]
+    Ls: tuple[int, ...]
+    target_shapes: int
+    draft_shapes: int
+    forward_seconds: float | None  # None: no cost model for this hardware (not estimated)
+    weight_bytes: int
+    source: str  # where the forwards' seconds come from
+
+    @property
+    def load_seconds(self) -> float:
+        return self.weight_bytes / (LOAD_GBS * GB)
+
+    @property
+    def seconds(self) -> float:
+        return (self.forward_seconds or 0.0) + self.load_seconds
+
+
+def calibration_shapes(replay_configs: Sequence[DictConfig], replay_Ks: Iterable[int], replay_Ls: Iterable[int],
+                       cells: Iterable[DictConfig]) -> dict:
+    """The K, L, prefill chunks and prompt batch sizes to calibrate for one pair: the replay's grid and the
+    pair's timed cells (their K and L, AR's aside), the datasets' prefill chunks and the warm-up prompt."""
+    base = replay_configs[0]
+    Ks, Ls = {1, int(base.K), *map(int, replay_Ks)}, {int(base.L), *map(int, replay_Ls)}
+    chunks, batches = {WARMUP_TOKENS}, {1}
+    for cfg in cells:
+        if cfg.method.name != "ar":  # AR's K and L are placeholders: it calls the target on one token
+            Ks.add(int(cfg.K))
+            Ls.add(int(cfg.L))
+    for cfg in [*replay_configs, *cells]:
+        chunks.update(prefill_pieces(cfg))
+        batches.add(int(cfg.hardware.get("batch_prompts") or 1))
+    return {"Ks": sorted(Ks), "Ls": sorted(Ls), "prefill_chunks": sorted(chunks), "batch_sizes": sorted(batches)}
+
+
+def plan_calibration(command: str, replay_configs: Sequence[DictConfig], replay_Ks: Iterable[int],
+                     replay_Ls: Iterable[int], cells: Sequence[DictConfig] = ()) -> CalibrationPlan:
+    """The calibration of the pair and hardware of ``replay_configs`` (one replay's groups) at its K x L grid
+    and at the shapes of ``cells`` (the timed cells of the same pair and hardware)."""
+    cfg = replay_configs[0]
+    mine = [c for c in cells if (c.choices.model_pair, c.choices.hardware) == (cfg.choices.model_pair,
+                                                                                cfg.choices.hardware)]
+    shapes = calibration_shapes(replay_configs, replay_Ks, replay_Ls, mine)
+    wanted = plan_shapes(shapes["Ks"], shapes["Ls"], shapes["prefill_chunks"], shapes["batch_sizes"])
+    pair = pair_config_of(cfg)
+    calibration = calibration_for(cfg)
+    seconds = 0.0
+    for role in ("target", "draft"):
+        one = _forward_cost(cfg, pair, role, calibration)
+        if one is None:
+            seconds = None
+            break
+        # the context, two untimed decode forwards, then every shape once a round
+        seconds += one(1, CONTEXT_TOKENS, "last") + 2 * one(1, 1, "last") + CHECK_ROUNDS * sum(
+            one(rows, tokens, logits) for rows, tokens, logits in wanted[role])
+    return CalibrationPlan(command=command, pair=str(cfg.choices.model_pair), hardware=str(cfg.choices.hardware),
+                           Ks=tuple(shapes["Ks"]), Ls=tuple(shapes["Ls"]), target_shapes=len(wanted["target"]),
+                           draft_shapes=len(wanted["draft"]), forward_seconds=seconds,
+                           weight_bytes=_weight_bytes(pair), source=model_calls_source(cfg, calibration))
+
+
+def _forward_cost(cfg: DictConfig, pair: dict, role: str, calibration):
+    """Seconds of one forward of ``role`` at (rows, tokens, logits): measured here, else the roofline (None
+    without ``hardware.estimate``)."""
+    if calibration is not None:
+        return calibration.costs(role).seconds
+    if cfg.hardware.get("estimate") is None:
+        return None
+    estimate = OmegaConf.to_container(cfg.hardware.estimate, resolve=True)
+    params, width = _params(pair, role), _width(cfg, pair)
+    return lambda rows, tokens, logits: forward_seconds(estimate, params, width, rows * tokens)
+
+
+def _weight_bytes(pair: dict) -> int:
+    """Bytes of both checkpoints as shipped (``params_b`` x 2: bfloat16/float16); 0 for a pair built in code."""
+    from spectr_repro import models
+
+    if pair.get("source") == "tiny":
+        return 0
+    return sum(models.checkpoint_bytes(pair, role) or 0 for role in ("target", "draft"))
+
+
+def check_command(arguments: Sequence[str]) -> str:
+    """The ``check`` command that calibrates what ``replay <arguments>`` replays (real weights: the default)."""
+    kept = [a for a in arguments if a.lstrip("+~").split("=", 1)[0].split(".", 1)[0] != "replay"]
+    return f"python -m spectr_repro check {' '.join(kept)}".strip()
+
+
+def format_calibration(plan: CalibrationPlan) -> list[str]:
+    forwards = ("not estimated" if plan.forward_seconds is None else format_duration(plan.forward_seconds))
+    return [f"Calibration (`{plan.command}`, real weights): {plan.pair} on {plan.hardware}, est. "
+            f"{format_duration(plan.seconds)} (forwards {forwards} + loading {format_duration(plan.load_seconds)})",
+            f"  {plan.target_shapes} target and {plan.draft_shapes} draft shapes (K {', '.join(map(str, plan.Ks))}"
+            f" x L {', '.join(map(str, plan.Ls))}, prefill chunks, decode) x {CHECK_ROUNDS} rounds "
+            f"({CHECK_REPEATS} timed + 1 warm-up); forwards: {plan.source}; loading: "
+            f"{plan.weight_bytes / GB:.1f} GB at an assumed {LOAD_GBS:g} GB/s from the local disk"]
+
+
+__all__ = ["CHECK_REPEATS", "CHECK_ROUNDS", "LOAD_GBS", "CalibrationPlan", "calibration_shapes", "check_command",
+           "format_calibration", "plan_calibration"]
