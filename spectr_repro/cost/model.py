@@ -260,14 +260,14 @@ def _paper_block_efficiency() -> dict[tuple[str, str, str], float]:
 # A prompt, a cell
 
 
-def _params(pair: dict, role: str) -> float:
+def model_parameters(pair: dict, role: str) -> float:
     """Parameters of the pair's ``role`` model: ``params_b`` of its config; the tiny pair's are ~1e5."""
     if pair.get("source") == "tiny":
         return 1e5
     return float((pair.get(role) or {}).get("params_b") or 1.0) * 1e9
 
 
-def _width(cfg: DictConfig, pair: dict) -> int:
+def bytes_per_parameter(cfg: DictConfig, pair: dict) -> int:
     dtype = str(cfg.hardware.get("dtype") or pair.get("dtype") or "float32")
     return 4 if dtype == "float32" else 2
 
@@ -282,7 +282,7 @@ def cell_seconds(cfg: DictConfig, pair: dict, block_efficiency: float, calibrati
     if cfg.hardware.get("estimate") is None:
         return None
     estimate = OmegaConf.to_container(cfg.hardware.estimate, resolve=True)
-    target, width = _params(pair, "target"), _width(cfg, pair)
+    target, width = model_parameters(pair, "target"), bytes_per_parameter(cfg, pair)
     prompt = typical_prompt_tokens(cfg.choices.dataset)
     tokens = cfg.max_new_tokens
     if cfg.method.name == "ar":
@@ -301,7 +301,8 @@ def speculative_prompt_seconds(cfg: DictConfig, pair: dict, K: int, L: int, iter
     if cfg.hardware.get("estimate") is None:
         return None
     estimate = OmegaConf.to_container(cfg.hardware.estimate, resolve=True)
-    target, draft, width = _params(pair, "target"), _params(pair, "draft"), _width(cfg, pair)
+    target, draft = model_parameters(pair, "target"), model_parameters(pair, "draft")
+    width = bytes_per_parameter(cfg, pair)
     prompt = typical_prompt_tokens(cfg.choices.dataset)
     prefill = forward_seconds(estimate, target, width, prompt) + forward_seconds(estimate, draft, width, prompt)
     target_call = forward_seconds(estimate, target, width, K * (L + 1))
@@ -358,7 +359,7 @@ def prefill_pieces(cfg: DictConfig) -> list[int]:
     return [chunk] * (prompt // chunk) + ([prompt % chunk] if prompt % chunk else [])
 
 
-__all__ = ["GB", "SECTIONS", "CallCosts", "SectionOverheads", "calibrated_cell_seconds", "calibrated_prompt_seconds",
-           "calls_to_emit", "cell_seconds", "expected_block_efficiency", "forward_seconds", "model_calls_source",
-           "prefill_pieces", "prompt_seconds", "rule_key", "rule_seconds_per_block", "section_forward_seconds",
-           "seconds_per_call", "speculative_prompt_seconds"]
+__all__ = ["GB", "SECTIONS", "CallCosts", "SectionOverheads", "bytes_per_parameter", "calibrated_cell_seconds",
+           "calibrated_prompt_seconds", "calls_to_emit", "cell_seconds", "expected_block_efficiency", "forward_seconds",
+           "model_calls_source", "model_parameters", "prefill_pieces", "prompt_seconds", "rule_key",
+           "rule_seconds_per_block", "section_forward_seconds", "seconds_per_call", "speculative_prompt_seconds"]

@@ -22,7 +22,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from spectr_repro.cost import calibration_for, forward_seconds, model_calls_source
 from spectr_repro.cost.measure import CONTEXT_TOKENS, plan_shapes
-from spectr_repro.cost.model import GB, _params, _width, prefill_pieces
+from spectr_repro.cost.model import GB, bytes_per_parameter, model_parameters, prefill_pieces
 from spectr_repro.runner.plan import format_duration, pair_config_of
 
 CHECK_REPEATS = 3  # check.costs.calibration_item's rounds that are timed (medians of 3)
@@ -106,7 +106,7 @@ def _forward_cost(cfg: DictConfig, pair: dict, role: str, calibration):
     if cfg.hardware.get("estimate") is None:
         return None
     estimate = OmegaConf.to_container(cfg.hardware.estimate, resolve=True)
-    params, width = _params(pair, role), _width(cfg, pair)
+    params, width = model_parameters(pair, role), bytes_per_parameter(cfg, pair)
     return lambda rows, tokens, logits: forward_seconds(estimate, params, width, rows * tokens)
 
 

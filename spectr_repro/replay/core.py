@@ -95,6 +95,7 @@ def block_estimates(
     options: dict[str, dict[str, Any]] | None = None,
     mode: str = "auto",
     row_groups: str = "disjoint",
+    sampled: Sequence[str] = (),
 ) -> list[BlockEstimate]:
     """Tokens per target call of every (method, K, L) on sub-blocks of one block.
 
@@ -104,7 +105,9 @@ def block_estimates(
     draft rules then use row 0). ``generator`` seeds the Monte-Carlo draws (one seed per draw, shared by
     every rule: common random numbers). ``options``: per-rule options for ``get_verifier``. ``mode``:
     "auto" (exact where the rule has it, else Monte-Carlo), "monte_carlo" (always the sampler) or "law"
-    (every rule through its exact law: small vocabularies only).
+    (every rule through its exact law: small vocabularies only). ``sampled``: rules taken by their sampler's draws
+    even where they have a closed form (the release's exact scan is a programme over the rejected prefixes, whose
+    states grow quickly with L: on the Qwen pair at K=3, L=24 one block took minutes).
     """
     if mode not in MODES:
         raise ValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
@@ -122,7 +125,7 @@ def block_estimates(
     controls = {VERIFIERS[m].shares_draws_with for m in methods} - {None} if mode == "auto" else set()
     verifiers = {m: get_verifier(m, **{"check_inputs": False, **options.get(m, {})}) for m in {*methods, *controls}}
     block = (draft_tokens, draft_probs, target_probs)
-    closed = _ClosedForms(verifiers, block, sorted(set(L_values))) if mode == "auto" else None
+    closed = _ClosedForms(verifiers, block, sorted(set(L_values)), set(sampled)) if mode == "auto" else None
     estimates = []
     for method, K, L in grid(methods, K_values, L_values):
         groups = range(K_max // K if row_groups == "disjoint" else 1)
@@ -155,9 +158,12 @@ class _ClosedForms:
     """Each rule's closed form on the sub-blocks of one block, computed once per (rule, K, row group) for every L
     asked (``expected_emitted_by_length``: rules share work across L); None for a rule without one."""
 
-    def __init__(self, verifiers: dict[str, Any], block, lengths: list[int]) -> None:
+    def __init__(self, verifiers: dict[str, Any], block, lengths: list[int], sampled: set[str] = frozenset()
+                 ) -> None:
         self.verifiers, self.block, self.lengths = verifiers, block, lengths
-        self.values: dict[tuple[str, int, int], dict[int, float] | None] = {}
+        self.values: dict[tuple[str, int, int], dict[int, float] | None] = {
+            (method, K, group): None for method in sampled for K in range(1, block[0].shape[0] + 1)
+            for group in range(block[0].shape[0])}  # no closed form asked: the sampler's draws
 
     def value(self, method: str, K: int, L: int, group: int = 0) -> float | None:
         key = (method, K, group)

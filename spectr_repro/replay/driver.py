@@ -54,6 +54,7 @@ class ReplaySettings:
     draws: int
     num_prompts: int
     row_groups: str = "disjoint"
+    sampled: tuple[str, ...] = ()  # rules taken by their sampler's draws (replay.sampled), not their closed form
 
     @property
     def K_max(self) -> int:
@@ -66,7 +67,8 @@ class ReplaySettings:
     def as_dict(self) -> dict[str, Any]:
         return {"methods": list(self.methods), "K": list(self.K_values), "L": list(self.L_values),
                 "reference": self.reference, "reference_K": self.reference_K, "reference_L": self.reference_L,
-                "draws": self.draws, "row_groups": self.row_groups}
+                "draws": self.draws, "row_groups": self.row_groups,
+                **({"sampled": list(self.sampled)} if self.sampled else {})}
 
 
 # --------------------------------------------------------------------------------------------------
@@ -123,8 +125,13 @@ def settings_of(cfg: DictConfig, grid: dict[str, list[str]]) -> ReplaySettings:
     row_groups = replay.get("row_groups", "disjoint")
     if row_groups not in ROW_GROUPS:
         raise UsageError(f"replay.row_groups must be one of {', '.join(ROW_GROUPS)}, got {row_groups!r}")
+    sampled = tuple(str(m) for m in replay.get("sampled") or ())
+    unknown = [m for m in sampled if m not in methods]
+    if unknown:
+        raise UsageError(f"replay.sampled names rules the replay does not run: {', '.join(unknown)} "
+                         f"(it runs {', '.join(methods)})")
     return ReplaySettings(tuple(dict.fromkeys(methods)), K_values, L_values, reference, int(reference_K),
-                          int(reference_L), int(draws), int(num_prompts), str(row_groups))
+                          int(reference_L), int(draws), int(num_prompts), str(row_groups), sampled)
 
 
 def parse(argv: Sequence[str]) -> list[tuple[DictConfig, ReplaySettings]]:
@@ -172,7 +179,7 @@ class ReplayingReference(Verifier):
         s = self.settings
         start = time.perf_counter()  # the estimates end in host reads: the clock sees their device work too
         estimates = block_estimates(draft_tokens, draft_probs, target_probs, s.methods, s.K_values, s.L_values,
-                                    s.draws, self.generator, row_groups=s.row_groups)
+                                    s.draws, self.generator, row_groups=s.row_groups, sampled=s.sampled)
         K, L = s.reference_K, s.reference_L
         result = self.reference(draft_tokens[:K, :L], draft_probs[:K, :L], target_probs[:K, :L + 1],
                                 generator=generator, state=state)
