@@ -73,11 +73,12 @@ reproduce: $(INSTALLED)
 	$(PY) -m spectr_repro plan experiment=$(subst $(space),$(comma),$(REPRODUCE_EXPERIMENTS))
 	@if [ "$(PRESET)" = "cpu_quick" ]; then $(MAKE) models; fi
 	$(foreach experiment,$(REPRODUCE_EXPERIMENTS),$(PY) -m spectr_repro sweep experiment=$(experiment) && ) true
+	@# The seconds per call of the predicted speed-ups, measured with the real weights (check's default) right after
+	@# the timed cells, at the shapes of the replay's K and L and of the cells: forwards, every rule's call on real
+	@# blocks, each engine section's overhead. The report predicts from them (results/check/check.json); the cells check.
+	$(PY) -m spectr_repro check experiment=$(firstword $(REPRODUCE_EXPERIMENTS)) $(if $(filter paper,$(PRESET)),,check.quick=true)
 	@# Block efficiency of every rule, K and L on shared blocks (its replay: block); REPORT.md's verdicts come from it.
 	$(PY) -m spectr_repro replay experiment=$(firstword $(REPRODUCE_EXPERIMENTS))
-	@# PRESET=paper: the seconds per call of the predicted speed-ups, measured with the real weights (check's default)
-	@# at the shapes of the replay's K and L and of the timed cells; the report predicts from them, the cells check.
-	$(if $(filter paper,$(PRESET)),$(PY) -m spectr_repro check experiment=paper_main)
 	$(PY) -m spectr_repro theory
 	$(PY) -m spectr_repro audit
 	@# Quality parity (HumanEval runs model-written code in the sandbox; without bwrap/unshare it refuses and

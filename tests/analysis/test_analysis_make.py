@@ -51,15 +51,19 @@ def test_make_reproduce_paper_preset_runs_the_paper_grid_without_cpu_models():
     assert not any("make_models.py" in line for line in lines)
 
 
-def test_make_reproduce_paper_preset_calibrates_with_the_real_weights_after_the_sweep():
-    """PRESET=paper measures the seconds per call of its predicted speed-ups (`check`, real weights: its
-    default) after the sweep and the replay, before the report; the cpu_quick path has no such step."""
+def test_make_reproduce_calibrates_with_the_real_weights_after_the_sweep():
+    """Every preset measures the seconds per call of its predicted speed-ups (`check`, real weights: its default)
+    right after the timed cells and before the report (PRESET=paper in full, cpu_quick quick: its smallest and
+    largest L); the random-weight check that gates the run comes first."""
     def real_weight_checks(lines):
         return [i for i, line in enumerate(lines) if "-m spectr_repro check " in line and "random_weights" not in line]
 
     lines = _dry_run("PRESET=paper")
     (calibration,) = real_weight_checks(lines)
     assert "check experiment=paper_main" in lines[calibration] and "check.quick" not in lines[calibration]
-    assert _position(lines, "sweep experiment=ablation_T") < _position(lines, "replay experiment=paper_main")
-    assert _position(lines, "replay experiment=paper_main") < calibration < _position(lines, "spectr_repro report")
-    assert real_weight_checks(_dry_run()) == []
+    assert _position(lines, "sweep experiment=ablation_T") < calibration < _position(lines, "spectr_repro report")
+    lines = _dry_run()
+    (calibration,) = real_weight_checks(lines)
+    assert "check experiment=cpu_quick" in lines[calibration] and "check.quick=true" in lines[calibration]
+    assert _position(lines, "make_models.py") < _position(lines, "sweep experiment=cpu_quick") < calibration
+    assert calibration < _position(lines, "spectr_repro report")
