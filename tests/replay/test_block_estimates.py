@@ -192,3 +192,23 @@ def test_control_variate_is_unbiased_where_the_fallback_matters():
     assert 0 < band < 0.05
     assert abs(estimate.tokens - law["sbvf"]) < band
     assert abs(law["sbv"] - law["sbvf"]) > band
+
+
+def test_a_sampled_rule_is_drawn_beside_the_others_exact_values():
+    """replay.sampled: the release by its sampler's draws (its exact scan grows quickly with L), sd still exact;
+    the draws' mean is E[tau] + 1 within 4 standard errors (400 draws, tau + 1 in [1, 3]: sd <= 1, so 4/sqrt(400)
+    = 0.2 bounds the error at ~4 sigma); without ``sampled`` the release is exact (control)."""
+    target, draft = toy_pair(4, seed=3)
+    (_, tokens), *_ = list(draft_tuples(draft, (), 2, 2))
+    draft_probs, target_probs = block_tensors(target, draft, (), tokens)
+    generator = torch.Generator().manual_seed(0)
+    sampled = block_estimates(tokens, draft_probs, target_probs, ["sd", "spectr_gbv"], [1, 2], [2], draws=400,
+                              generator=generator, sampled=["spectr_gbv"])
+    exact = block_estimates(tokens, draft_probs, target_probs, ["sd", "spectr_gbv"], [1, 2], [2], draws=400,
+                            generator=torch.Generator().manual_seed(0))
+    by_key = {(e.method, e.K, e.L): e for e in sampled}
+    for reference in exact:
+        estimate = by_key[(reference.method, reference.K, reference.L)]
+        assert reference.estimator == "exact"
+        assert estimate.estimator == ("monte_carlo" if reference.method == "spectr_gbv" else "exact")
+        assert abs(estimate.tokens - reference.tokens) < (0.2 if reference.method == "spectr_gbv" else 1e-12)

@@ -75,6 +75,7 @@ def test_other_settings_in_the_same_folder_are_refused(tmp_path, capsys):
     (["replay.draws=0"], "draws"),
     (["K=a"], "integers"),
     (["dataset=nope"], "dataset"),
+    (["method=sd", "K=1", "replay.sampled=[spectr_gbv]"], "replay.sampled names rules the replay does not run"),
 ])
 def test_bad_input_is_one_message_and_exit_2_before_loading(tmp_path, capsys, arguments, message):
     assert run(tmp_path, *arguments) == 2
