@@ -8,6 +8,16 @@ from spectr_repro.analysis.format import markdown, relative, unique_text
 from spectr_repro.analysis.load import METHOD_LABELS, METHOD_ORDER, ordered
 from spectr_repro.analysis.report.context import ReportContext
 
+# Where the released SpecTr-GBV rule's bias comes from: the exact decomposition of docs/theory.md
+# (`python -m spectr_repro theory --decomposition`, 2026-12-03), one sentence beside the rule's verdict.
+RELEASE_BIAS_SOURCE = (
+    "its bias comes from the correction (and at K = 1 the missing carry-over): the release draws it as if its "
+    "scan accepted each prefix with the conditionally independent coupling's probability, which the scan does at "
+    "K = 1 but misses by up to 0.12 at K >= 2; h never leaves [0, 1] in exact arithmetic, and a correction and "
+    "carried target taken from the scan's actual law (capped at the target) make it exactly lossless "
+    "(docs/theory.md of the repository, \"Where the released rule's bias comes from\")"
+)
+
 # The columns the audit contract names, plus its flags; per-toy details stay in AUDIT.md / audit.json.
 AUDIT_COLUMNS = ["rule", "K", "options", "exact_tv", "exact_tv_vs_default", "p_value", "mc_tv", "verdict",
                  "claimed_lossless", "harness_lossless", "flags"]
@@ -84,7 +94,8 @@ def _verdict_lines(table: pd.DataFrame) -> list[str]:
         claimed = ""
         if "claimed_lossless" in rule_rows:
             claimed = f" (claimed lossless: {unique_text(rule_rows['claimed_lossless'])})"
-        lines.append(f"- **{METHOD_LABELS.get(rule, rule)}**{claimed}: {verdicts}")
+        source = f"; {RELEASE_BIAS_SOURCE}" if rule == "spectr_gbv" and "NOT lossless" in verdicts else ""
+        lines.append(f"- **{METHOD_LABELS.get(rule, rule)}**{claimed}: {verdicts}{source}")
     return lines + [""]
 
 
