@@ -22,6 +22,8 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+import pandas as pd
+
 from spectr_repro.theory import audit as audit_mod
 from spectr_repro.theory.claims import (
     FULL_THEORY_TOYS,
@@ -82,6 +84,8 @@ def main_theory(argv: Sequence[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     df.to_csv(out / "theory.csv", index=False)
     gen.to_csv(out / "generation.csv", index=False)
+    # The claims for REPORT.md's audit section (analysis reads files, never this package).
+    pd.DataFrame(checks, columns=["claim", "verdict", "evidence"]).to_csv(out / "claims.csv", index=False)
     write_figure(df, out / "theory.png")
     (out / "THEORY.md").write_text(theory_markdown(df, gen, checks, elapsed, N))
     print(f"theory: wrote {out / 'THEORY.md'} ({elapsed:.0f} s)")

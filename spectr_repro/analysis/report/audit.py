@@ -53,7 +53,24 @@ def audit_section(context: ReportContext) -> str | None:
                   "spectr_gbv `arithmetic=release_*`: how far the release's half-precision rows and float32 "
                   "arithmetic move the law from the float64 replica's).", ""]
     lines += peer_lines(audit.peers)
+    lines += claims_lines(context.theory)
     return "\n".join(lines)
+
+
+def claims_lines(theory_md) -> list[str]:
+    """The paper's theory claims checked exactly on toys: ``claims.csv`` beside THEORY.md (written by
+    ``python -m spectr_repro theory``), one row per claim; nothing without it."""
+    if theory_md is None or not (theory_md.parent / "claims.csv").is_file():
+        return []
+    claims = pd.read_csv(theory_md.parent / "claims.csv").fillna("")
+    return [
+        "The paper's theory claims, checked exactly on toy models (`python -m spectr_repro theory`, "
+        "claims.csv beside THEORY.md): its bound for conditionally independent couplings against the LP limit of "
+        "any valid rule and against what each rule reaches, monotone in K, the limit as K grows, K = 1 equals GBV.",
+        "",
+        markdown(claims[["claim", "verdict", "evidence"]].astype(str)),
+        "",
+    ]
 
 
 def _scientific(value) -> str:
