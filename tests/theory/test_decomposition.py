@@ -4,6 +4,7 @@ the two facts the table rests on (h never leaves [0, 1] in exact arithmetic; the
 
 from __future__ import annotations
 
+import pandas as pd
 import pytest
 import torch
 
@@ -122,3 +123,14 @@ def test_unknown_step_and_residual_are_rejected():
         SpecTrGBV(residual="paper")
     with pytest.raises(ValueError, match="reproduces the release"):
         SpecTrGBV(residual="coupling", arithmetic="release_fp16")
+
+
+def test_the_command_writes_the_table_and_refuses_a_bad_k(tmp_path, capsys):
+    from spectr_repro.theory.cli import main_theory
+
+    assert main_theory(["--decomposition", "--max-k", "5", "--out", str(tmp_path / "bad")]) == 2
+    assert "--max-k in 1..3" in capsys.readouterr().err and not (tmp_path / "bad").exists()
+    assert main_theory(["--decomposition", "--quick", "--max-k", "1", "--out", str(tmp_path)]) == 0
+    table = (tmp_path / "DECOMPOSITION.md").read_text()
+    assert "| V=2,L=2,seed=0 | 1 |" in table and "capped" in table
+    assert set(pd.read_csv(tmp_path / "decomposition.csv").step) == {*dec.STEPS, dec.NEGATIVE_CONTROL}
