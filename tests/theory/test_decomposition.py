@@ -134,3 +134,12 @@ def test_the_command_writes_the_table_and_refuses_a_bad_k(tmp_path, capsys):
     table = (tmp_path / "DECOMPOSITION.md").read_text()
     assert "| V=2,L=2,seed=0 | 1 |" in table and "capped" in table
     assert set(pd.read_csv(tmp_path / "decomposition.csv").step) == {*dec.STEPS, dec.NEGATIVE_CONTROL}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("toy", dec.DECOMPOSITION_TOYS, ids=lambda toy: toy.label())
+@pytest.mark.parametrize("K", [1, 2, 3])
+def test_on_the_audit_toys_the_final_step_is_lossless_and_the_release_is_not(toy, K):
+    """The table of docs/theory.md, its first and last columns (minutes per case at K = 3 on 2 cores)."""
+    assert _tv(dec.FINAL_STEP, toy, K) < EXACT_TV
+    assert _tv("release", toy, K) > BIASED
