@@ -28,9 +28,10 @@ BIAS_METHOD = (
     "marks rules proven lossless on toys. acceptance: SD's first-token acceptance, sum_y min(p, q), mean over "
     "contexts. The TV estimate is the TV on those bins (a lower bound of the first token's TV; here the mean "
     "over contexts; per-context values and bootstrap intervals in bias.csv). Verdicts: a rule's verdict is the "
-    "pooled test's (one test per method and setting, level 0.05). Per-context verdicts carry Holm's correction over "
-    "the contexts of their method and setting (family-wise error 0.05): uncorrected, a lossless rule would read "
-    "'bias detected' at one of 16 contexts 56 % of the time; the figure's context is chosen among Holm's rejections."
+    "pooled test's (one test per method and setting, level 0.05). A single context counts as a detection only under "
+    "Holm's correction over the contexts of its method and setting (family-wise error 0.05): uncorrected, a lossless "
+    "rule would read 'bias detected' at one of 16 contexts 56 % of the time. The figure's context is chosen among "
+    "Holm's rejections."
 )
 
 FAMILY = ("model_pair", "dataset", "method", "K", "L", "temperature", "draft_temperature")  # one pooled test each
