@@ -140,7 +140,7 @@ def test_the_command_writes_the_table_and_refuses_a_bad_k(tmp_path, capsys):
 @pytest.mark.parametrize("toy", dec.DECOMPOSITION_TOYS, ids=lambda toy: toy.label())
 @pytest.mark.parametrize("K", [1, 2, 3])
 def test_on_the_audit_toys_the_final_step_is_lossless_and_the_release_is_not(toy, K):
-    """The table of docs/theory.md, its first and last columns (the six cases together took 29 s on the shared
-    2-core machine, 2026-12-03; slow because K = 3 cases take several seconds each)."""
+    """The table of docs/theory.md, its first and last columns (slow: K = 3 enumerates up to 3^6 draft sets at every
+    context the oracle reaches)."""
     assert _tv(dec.FINAL_STEP, toy, K) < EXACT_TV
     assert _tv("release", toy, K) > BIASED
