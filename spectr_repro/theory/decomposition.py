@@ -268,20 +268,24 @@ def coupling_gap(oracle: MarginalOracle) -> float:
 
 
 def h_excursion_stats(target: ToyLM, draft: ToyLM, K: int, L: int) -> dict[str, float]:
-    """Where the release's h leaves [0, 1] in a first iteration: the probability (over draft sets) that some test
-    slot of the block has h outside [0, 1], the share of slots that do (weighted by the draft sets' probability),
-    and the smallest and largest h seen."""
+    """Where the release's h leaves [0, 1] in a first iteration (``SpecTrGBV.h_excursions``, beyond 1e-9 round-off):
+    the probability (over draft sets) that some slot of the block has a defined h outside [0, 1], the share of slots
+    that do (weighted by the draft sets' probability), the smallest and largest defined h seen, and the probability
+    that some slot is 0/0 in exact arithmetic with a rounded value outside [0, 1] (harmless: see docs/theory.md)."""
     rule = SpecTrGBV(check_inputs=False)
-    any_out, slots_out, low, high = 0.0, 0.0, 0.0, 1.0
+    any_out, slots_out, any_undefined, low, high = 0.0, 0.0, 0.0, 0.0, 1.0
     for prob, tokens in draft_tuples(draft, (), K, L):
         draft_probs, target_probs = block_tensors(target, draft, (), tokens)
         excursions = rule.h_excursions(tokens, draft_probs, target_probs)
+        if len(rule.h_excursions(tokens, draft_probs, target_probs, undefined=True)) > len(excursions):
+            any_undefined += prob
         if excursions:
             any_out += prob
             slots_out += prob * len(excursions) / (K * L)
             values = [h for _, _, h in excursions]
             low, high = min(low, *values), max(high, *values)
-    return {"p_block_h_outside": any_out, "share_slots_h_outside": slots_out, "h_min": low, "h_max": high}
+    return {"p_block_h_outside": any_out, "share_slots_h_outside": slots_out, "h_min": low, "h_max": high,
+            "p_block_h_undefined": any_undefined}
 
 
 def step_decoded_law(step: str, target: ToyLM, draft: ToyLM, K: int, L: int, n_tokens: int = 3) -> dict:
@@ -345,10 +349,12 @@ def decomposition_markdown(df: pd.DataFrame, n_tokens: int) -> str:
         lines.append(f"| {toy} | {K} | " + " | ".join(cells) + " |")
     lines += ["", "Diagnostics: where h leaves [0, 1] (first iteration, release) and the scan's accepted-prefix law B "
               "against the coupling the correction assumes.", "",
-              "| toy | K | P(block has h ∉ [0,1]) | share of test slots | h min | h max | max_s abs(B − coupling) "
-              "| min_s C(s) = T − B |", "|---|---|---|---|---|---|---|---|"]
+              "| toy | K | P(block has h ∉ [0,1]) | share of test slots | h min | h max | P(block has a 0/0 h, rounded "
+              "outside [0,1]) | max_s abs(B − coupling) | min_s C(s) = T − B |",
+              "|---|---|---|---|---|---|---|---|---|"]
     oracle = df[df.step == "marginal"]
     for row in oracle.itertuples():
         lines.append(f"| {row.toy} | {row.K} | {row.p_block_h_outside:.3g} | {row.share_slots_h_outside:.3g} | "
-                     f"{row.h_min:.3g} | {row.h_max:.3g} | {row.max_coupling_gap:.3g} | {row.min_carried_mass:.3g} |")
+                     f"{row.h_min:.3g} | {row.h_max:.3g} | {row.p_block_h_undefined:.3g} | "
+                     f"{row.max_coupling_gap:.3g} | {row.min_carried_mass:.3g} |")
     return "\n".join(lines) + "\n"

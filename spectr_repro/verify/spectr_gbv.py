@@ -348,18 +348,33 @@ class SpecTrGBV(Verifier):
         h_table = self._h_table(effective, draft_probs, P, Q, K, L)
         return self._scan_law(draft_tokens.tolist(), h_table, K, L)
 
-    def h_excursions(self, draft_tokens, draft_probs, target_probs, state=None) -> list[tuple[int, int, float]]:
+    def h_excursions(self, draft_tokens, draft_probs, target_probs, state=None, undefined: bool = False,
+                     tolerance: float = 1e-9) -> list[tuple[int, int, float]]:
         """Where the h this rule computes on a block leaves [0, 1], before any clamping: (draft j, prefix length
         i + 1, h) for every test slot (every prefix of every draft, whether the scan reaches it or not), NaN
-        included. h outside [0, 1] is what ``clamp_h`` clamps; the release's test u < h clamps it implicitly."""
+        included. h outside [0, 1] is what ``clamp_h`` clamps; the release's test u < h clamps it implicitly.
+
+        In exact arithmetic h is in [0, 1] wherever it is defined (docs/theory.md); it is 0/0 where its denominator
+        vanishes (e.g. K = 1, P >= Q and Q·q_v <= P·p_v for every v), and there round-off decides its value. Such
+        slots are left out unless ``undefined=True``: they are recognised by recomputing the denominator in float64
+        from the products, |denominator| <= 1e-9·(1 − (1 − Q)^K). ``tolerance``: h within [−tolerance, 1 + tolerance]
+        counts as inside (round-off of a value at 0 or 1)."""
         K, L = draft_tokens.shape
         raw = SpecTrGBV(carry_over=self.carry_over, arithmetic=self.arithmetic, residual=self.residual,
                         check_inputs=False)  # the same rule with h as computed
         draft_probs, target_probs = raw._rows_for_arithmetic(draft_probs, target_probs)
         effective, P, Q = raw._block(draft_tokens, draft_probs, target_probs, state)
         h_table = raw._h_table(effective, draft_probs, P, Q, K, L)
-        return [(j, i + 1, h) for j, row in enumerate(h_table) for i, h in enumerate(row)
-                if not 0.0 <= h <= 1.0]
+        out = []
+        for j, row in enumerate(h_table):
+            for i, h in enumerate(row):
+                if -tolerance <= h <= 1.0 + tolerance:
+                    continue
+                if undefined or i == L - 1 or not _vanishing_denominator(
+                        effective.row(j, i + 1).double(), draft_probs[j, i + 1].double(), float(P[j, i + 1]),
+                        float(Q[j, i + 1]), K):
+                    out.append((j, i + 1, h))
+        return out
 
     def first_token_law(self, draft_tokens, draft_probs, target_probs) -> FirstTokenLaw:
         """Exact, from a fresh state: the scan's law of (tau, selected) puts P(tau >= 1, selected = k) on draft k's
@@ -404,6 +419,15 @@ class SpecTrGBV(Verifier):
                 key = (tokens, new_state)
                 merged[key] = merged.get(key, 0.0) + weight * p_last
         return [Outcome(p, tokens, st) for (tokens, st), p in merged.items()]
+
+
+def _vanishing_denominator(target_row, draft_row, P: float, Q: float, K: int) -> bool:
+    """Whether h's denominator 1 − (1 − Q)^K − Σ_v P·p_v·(1 − (1 − c_v)^K) of a prefix is 0 up to round-off
+    (float64, relative to 1 − (1 − Q)^K): h is then 0/0 in exact arithmetic."""
+    coverage = 1 - (1 - Q) ** K
+    c = torch.clamp(Q * draft_row / (P * target_row + EPS), max=1)
+    denominator = coverage - P * float((target_row * (1 - (1 - c) ** K)).sum())
+    return abs(denominator) <= 1e-9 * coverage
 
 
 # --- the release's arithmetic (arithmetic="release_*"): float32 operations in the release's order --------

@@ -144,3 +144,18 @@ def test_on_the_audit_toys_the_final_step_is_lossless_and_the_release_is_not(toy
     context the oracle reaches)."""
     assert _tv(dec.FINAL_STEP, toy, K) < EXACT_TV
     assert _tv("release", toy, K) > BIASED
+
+
+def test_0_over_0_slots_are_set_apart_from_excursions():
+    """V=2, L=3, K=1: some blocks have a prefix with P >= Q and Q·q_v <= P·p_v for every v, where h is 0/0 and its
+    rounded value leaves [0, 1]; h_excursions reports them only when asked (undefined=True), and the toy's
+    defined h never leave [0, 1]."""
+    toy = ToySpec(2, 3, 1)
+    target, draft = toy.pair()
+    rule = SpecTrGBV(check_inputs=False)
+    undefined_blocks = 0
+    for _, tokens in dec.draft_tuples(draft, (), 1, toy.L):
+        draft_probs, target_probs = dec.block_tensors(target, draft, (), tokens)
+        assert rule.h_excursions(tokens, draft_probs, target_probs) == []
+        undefined_blocks += bool(rule.h_excursions(tokens, draft_probs, target_probs, undefined=True))
+    assert undefined_blocks > 0
