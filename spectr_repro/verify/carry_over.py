@@ -18,6 +18,9 @@ The frame target depends on P(v) and Q(v) only through their ratio, so a frame s
     power 1:  (P·T − Q·q)₊                              (GBV)
     power K:  P·T·(1 − min(1, Q·q / (P·T))^K)           (the released SpecTr-GBV correction at K drafts;
                                                          equal to the power-1 form at K = 1)
+    power K, ``coupling``:  P·T·(1 − min(1, Q·q / (P·T)))^K   (the target mass the paper's conditionally
+                                                         independent coupling leaves at each token: the
+                                                         decomposition of docs/theory.md; also = power 1 at K = 1)
 
 State is a small frozen dataclass so that callers (the engine, the exact-law kit) can hash and thread
 it without knowing what is inside; ``None`` means "no frame alive: the next target is plain p".
@@ -39,6 +42,7 @@ class CarryFrame:
     log_ratio: float  # log P(v) − log Q(v) over the tokens v emitted since that iteration began
     remaining: int  # how many more tokens (rows) this frame governs
     power: int = 1  # residual form, see the module docstring
+    coupling: bool = False  # power K in the coupling form (1 − c)^K instead of the release's 1 − c^K
 
 
 @dataclass(frozen=True)
@@ -71,7 +75,7 @@ def check_state(state, L: int, name: str) -> tuple[CarryFrame, ...]:
 
 
 def residual_weights(prev: torch.Tensor, draft: torch.Tensor, log_ratio: torch.Tensor,
-                     power: int) -> torch.Tensor:
+                     power: int, coupling: bool = False) -> torch.Tensor:
     """Unnormalised frame target: prev, draft [..., V]; log_ratio [...] = log P − log Q (float64).
 
     Computed in the rows' dtype (float32 in the engine): only the per-row coefficients come from the
@@ -93,6 +97,8 @@ def residual_weights(prev: torch.Tensor, draft: torch.Tensor, log_ratio: torch.T
     ratio = torch.mul(draft, torch.exp(-log_ratio).to(dtype)).div_(prev.clamp_min(tiny))
     ratio = torch.where(prev > 0, ratio, torch.ones((), dtype=dtype, device=prev.device))
     ratio = ratio.clamp_(max=1).nan_to_num_(1.0)
+    if coupling:
+        return prev * integer_power(1 - ratio, power)
     return prev * (1 - integer_power(ratio, power))
 
 
@@ -115,21 +121,23 @@ def integer_power(base: torch.Tensor, exponent: int, out: torch.Tensor | None = 
 
 
 def frame_chain(base: torch.Tensor, draft: torch.Tensor, log_ratios: list[torch.Tensor],
-                powers: list[int]) -> list[torch.Tensor]:
+                powers: list[int], couplings: list[bool] | None = None) -> list[torch.Tensor]:
     """Targets T_0 = base, T_f = frame f applied to T_{f−1}, for the frames alive at one row.
 
     base, draft: [..., V]; log_ratios: one [...] float64 tensor per frame (oldest first).
     """
     chain = [base]
-    for log_ratio, power in zip(log_ratios, powers):
-        chain.append(apply_frame(chain[-1], draft, log_ratio, power))
+    couplings = couplings if couplings is not None else [False] * len(powers)
+    for log_ratio, power, coupling in zip(log_ratios, powers, couplings):
+        chain.append(apply_frame(chain[-1], draft, log_ratio, power, coupling))
     return chain
 
 
-def apply_frame(prev: torch.Tensor, draft: torch.Tensor, log_ratio: torch.Tensor, power: int) -> torch.Tensor:
+def apply_frame(prev: torch.Tensor, draft: torch.Tensor, log_ratio: torch.Tensor, power: int,
+                coupling: bool = False) -> torch.Tensor:
     """norm(frame residual of ``prev``) [..., V]; a row whose residual has no mass (a probability-0 history)
     keeps ``prev``. On the device, no host read: the fallback is arithmetic on the totals, not a branch."""
-    return normalize(residual_weights(prev, draft, log_ratio, power), fallback=prev)
+    return normalize(residual_weights(prev, draft, log_ratio, power, coupling), fallback=prev)
 
 
 @dataclass
@@ -209,7 +217,7 @@ def effective_targets(draft_tokens: torch.Tensor, draft_probs: torch.Tensor, tar
         log_ratios[f_idx, :, : n + 1] = ratios
         # apply_frame, written into the rows in place (warm memory; same arithmetic as normalize):
         # below <- weights / total, or below itself where the residual has no mass.
-        weights = residual_weights(below, draft_probs[:, :n], ratios[:, :n], frame.power)
+        weights = residual_weights(below, draft_probs[:, :n], ratios[:, :n], frame.power, frame.coupling)
         total = weights.sum(-1, keepdim=True)
         no_mass = total <= 0
         torch.addcmul(weights.div_(total + no_mass), below, no_mass, out=below)
@@ -219,7 +227,8 @@ def effective_targets(draft_tokens: torch.Tensor, draft_probs: torch.Tensor, tar
 
 def next_state(effective: EffectiveTargets, draft_probs: torch.Tensor, target_probs: torch.Tensor,
                draft_index: int, num_accepted: int, last_token: int | torch.Tensor,
-               new_frame_log_ratio: float | torch.Tensor | None, power: int, L: int) -> CarryOverState | None:
+               new_frame_log_ratio: float | torch.Tensor | None, power: int, L: int,
+               coupling: bool = False) -> CarryOverState | None:
     """State after emitting draft ``draft_index``'s first ``num_accepted`` tokens and ``last_token``.
 
     ``new_frame_log_ratio``: log P − log Q through the correction token (None after a bonus token);
@@ -243,7 +252,7 @@ def next_state(effective: EffectiveTargets, draft_probs: torch.Tensor, target_pr
         draft_row = draft_probs[draft_index, tau]
         # Levels below the alive frames: raw, then each alive frame but the newest applied (oldest first).
         chain = frame_chain(target_probs[draft_index, tau], draft_row, list(row_ratios[:-1].unbind()),
-                            [frames[f].power for f in alive[:-1]])
+                            [frames[f].power for f in alive[:-1]], [frames[f].coupling for f in alive[:-1]])
         token = torch.as_tensor(last_token, device=draft_row.device).reshape(1)
         below = torch.cat([level.gather(0, token) for level in chain]).double()  # [A]
         extended = row_ratios + below.log() - draft_row.gather(0, token).double().log()
@@ -253,8 +262,8 @@ def next_state(effective: EffectiveTargets, draft_probs: torch.Tensor, target_pr
         values.append(torch.as_tensor(new_frame_log_ratio, dtype=torch.float64, device=draft_probs.device)
                       .reshape(1))
     numbers = torch.cat(values).tolist()
-    kept = [CarryFrame(numbers[i], frames[f_idx].remaining - consumed, frames[f_idx].power)
+    kept = [CarryFrame(numbers[i], frames[f_idx].remaining - consumed, frames[f_idx].power, frames[f_idx].coupling)
             for i, f_idx in enumerate(survivors)]
     if new_frame:
-        kept.append(CarryFrame(numbers[-1], L - consumed, power))
+        kept.append(CarryFrame(numbers[-1], L - consumed, power, coupling))
     return CarryOverState(tuple(kept))

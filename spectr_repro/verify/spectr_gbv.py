@@ -54,6 +54,15 @@ correction is the first token drawn from the carried target. At K = 1, φ(a) = 1
 is (P·p − Q·q)₊), ``seen`` never triggers with one draft, and the power-1 frame is GBV's: the rule then
 equals ``gbv`` (up to the eps guards, which only act on degenerate 0/0 inputs).
 
+The decomposition of the release's bias (docs/theory.md, ``python -m spectr_repro theory --decomposition``)
+corrects it one step at a time through two more options, both off by default (the release):
+``clamp_h=True`` clamps every h to [0, 1] before its test (the law cannot move: a uniform u < h already
+accepts always when h > 1 and never when h < 0; the step shows that h leaving [0, 1] is not where the bias
+comes from); ``residual="coupling"`` draws the correction from P·p(v)·(1 − min(1, Q·q(v)/(P·p(v))))^K, the
+target mass the paper's conditionally independent coupling leaves at v (the power on 1 − c, the form the
+numerator of h sums), instead of the release's 1 − min(...)^K; with ``carry_over=True`` the carried frames use
+the same form. ``h_excursions`` reports where h leaves [0, 1] on a block.
+
 Shapes: draft_tokens [K, L], draft_probs [K, L, V], target_probs [K, L+1, V] (see verify.base).
 """
 
@@ -72,6 +81,7 @@ EPS = 1e-20  # the release's guard on every division
 # arithmetic option -> dtype the release holds its probability rows in (None: the float64 replica).
 ARITHMETICS = {"float64": None, "release_fp16": torch.float16, "release_bf16": torch.bfloat16,
                "release_fp32": torch.float32}
+RESIDUALS = ("release", "coupling")  # the correction's form: 1 − c^K (as released) or (1 − c)^K
 
 
 class SpecTrGBV(Verifier):
@@ -80,16 +90,21 @@ class SpecTrGBV(Verifier):
     claimed_lossless = True
     single_draft = False
 
-    def __init__(self, carry_over: bool = False, arithmetic: str = "float64", check_inputs: bool = True) -> None:
+    def __init__(self, carry_over: bool = False, arithmetic: str = "float64", clamp_h: bool = False,
+                 residual: str = "release", check_inputs: bool = True) -> None:
         super().__init__(check_inputs=check_inputs)
         self.carry_over = bool(carry_over)
         if arithmetic not in ARITHMETICS:
             raise ValueError(f"spectr_gbv: arithmetic must be one of {', '.join(ARITHMETICS)}, got {arithmetic!r}")
-        if carry_over and arithmetic != "float64":
+        if residual not in RESIDUALS:
+            raise ValueError(f"spectr_gbv: residual must be one of {', '.join(RESIDUALS)}, got {residual!r}")
+        if (carry_over or residual != "release") and arithmetic != "float64":
             raise ValueError(f"spectr_gbv: arithmetic={arithmetic!r} reproduces the release, which has no "
-                             "carry-over; use carry_over=False with it")
+                             "carry-over and the release's residual; use it with the default options")
         self.arithmetic = arithmetic
         self.row_dtype = ARITHMETICS[arithmetic]  # None: the float64 replica
+        self.clamp_h = bool(clamp_h)
+        self.residual = residual
 
     # --- the rule -------------------------------------------------------------------------------------
 
@@ -111,10 +126,14 @@ class SpecTrGBV(Verifier):
     def _full_block_h(self, P, Q, K: int) -> torch.Tensor:
         """h of each draft's full block [K] (float64): P·(1 − φ(min(1, Q/P))) / (1 − φ(Q))."""
         if self.row_dtype is not None:
-            return _release_full_block_h(P[:, -1], Q[:, -1], K)
+            return self._clamped(_release_full_block_h(P[:, -1], Q[:, -1], K))
         P_L, Q_L = P[:, -1], Q[:, -1]
         c_full = torch.clamp(Q_L / (P_L + EPS), max=1)
-        return P_L * (1 - (1 - c_full) ** K) / (1 - (1 - Q_L) ** K + EPS)
+        return self._clamped(P_L * (1 - (1 - c_full) ** K) / (1 - (1 - Q_L) ** K + EPS))
+
+    def _clamped(self, h: torch.Tensor) -> torch.Tensor:
+        """h clamped to [0, 1] with ``clamp_h`` (the test u < h cannot tell the difference), else as computed."""
+        return h.clamp(0, 1) if self.clamp_h else h
 
     def _prefix_h(self, target_rows, draft_rows, P, Q, K: int) -> torch.Tensor:
         """h of prefixes from their rows: target_rows, draft_rows [n, V] = p, q after each prefix;
@@ -128,7 +147,7 @@ class SpecTrGBV(Verifier):
         is < 1e−25 or p_v is negligible. 1 − c_v is formed as max(0, (b·p_v + e − a·q_v)/(b·p_v + e)).
         """
         if self.row_dtype is not None:
-            return _release_prefix_h(target_rows, draft_rows, P, Q, K)
+            return self._clamped(_release_prefix_h(target_rows, draft_rows, P, Q, K))
         scale = torch.stack([Q, P, torch.full_like(P, EPS)]).amax(0)
         a, b, e = ((x / scale).to(target_rows.dtype).unsqueeze(-1) for x in (Q, P, torch.full_like(P, EPS)))
         n, V = target_rows.shape
@@ -141,7 +160,7 @@ class SpecTrGBV(Verifier):
         c = torch.clamp(Q / (P + EPS), max=1)
         numerator = P * (S - (1 - c) ** K)
         denominator_h = 1 - (1 - Q) ** K - P * (sum_p - S)
-        return numerator / (denominator_h + EPS)
+        return self._clamped(numerator / (denominator_h + EPS))
 
     def _buffers(self, n: int, V: int, dtype, device) -> tuple[torch.Tensor, torch.Tensor]:
         """Two scratch tensors [n, V], kept between calls (the engine calls once per iteration with the
@@ -185,6 +204,8 @@ class SpecTrGBV(Verifier):
         a, b, e = ((x / scale).to(dtype).unsqueeze(-1) for x in (Q, P, torch.full_like(P, EPS)))
         P_v = torch.mul(target_rows, b)
         c = torch.mul(draft_rows, a).div_(P_v + e).clamp_(max=1)
+        if self.residual == "coupling":  # P_v·(1 − c)^K: what the coupling leaves at v
+            return P_v.mul_(integer_power(c.neg_().add_(1), K))
         return P_v.addcmul_(P_v, integer_power(c, K), value=-1)  # P_v·(1 − c^K)
 
     def _correction_law(self, target_rows, draft_rows, P, Q, K: int):
@@ -208,7 +229,8 @@ class SpecTrGBV(Verifier):
             num = float(P[selected, tau]) * float(effective.row(selected, tau)[last_token])
             den = float(Q[selected, tau]) * float(draft_probs[selected, tau, last_token])
             new_frame = (math.log(num) if num > 0 else -math.inf) - (math.log(den) if den > 0 else -math.inf)
-        return next_state(effective, draft_probs, target_probs, selected, tau, last_token, new_frame, K, L)
+        return next_state(effective, draft_probs, target_probs, selected, tau, last_token, new_frame, K, L,
+                          coupling=self.residual == "coupling")
 
     def _sample(self, draft_tokens, draft_probs, target_probs, generator, state) -> VerifyResult:
         K, L = draft_tokens.shape
@@ -315,6 +337,45 @@ class SpecTrGBV(Verifier):
         mean = sum(weight * (tau + 1) for (tau, _), weight in law.items())
         return torch.tensor(mean, dtype=torch.float64, device=draft_probs.device)
 
+    def scan_law(self, draft_tokens, draft_probs, target_probs, state=None) -> dict[tuple[int, int], float]:
+        """Exact law of (τ, selected draft) after the scan, the rule's uniforms integrated: {(τ, j): probability}.
+
+        The accepted prefix is draft j's first τ tokens. Used by the decomposition (spectr_repro.theory) to build
+        the law of the selection actually made over every draft set."""
+        K, L = draft_tokens.shape
+        draft_probs, target_probs = self._rows_for_arithmetic(draft_probs, target_probs)
+        effective, P, Q = self._block(draft_tokens, draft_probs, target_probs, state)
+        h_table = self._h_table(effective, draft_probs, P, Q, K, L)
+        return self._scan_law(draft_tokens.tolist(), h_table, K, L)
+
+    def h_excursions(self, draft_tokens, draft_probs, target_probs, state=None, undefined: bool = False,
+                     tolerance: float = 1e-9) -> list[tuple[int, int, float]]:
+        """Where the h this rule computes on a block leaves [0, 1], before any clamping: (draft j, prefix length
+        i + 1, h) for every test slot (every prefix of every draft, whether the scan reaches it or not), NaN
+        included. h outside [0, 1] is what ``clamp_h`` clamps; the release's test u < h clamps it implicitly.
+
+        In exact arithmetic h is in [0, 1] wherever it is defined (docs/theory.md); it is 0/0 where its denominator
+        vanishes (e.g. K = 1, P >= Q and Q·q_v <= P·p_v for every v), and there round-off decides its value. Such
+        slots are left out unless ``undefined=True``: they are recognised by recomputing the denominator in float64
+        from the products, |denominator| <= 1e-9·(1 − (1 − Q)^K). ``tolerance``: h within [−tolerance, 1 + tolerance]
+        counts as inside (round-off of a value at 0 or 1)."""
+        K, L = draft_tokens.shape
+        raw = SpecTrGBV(carry_over=self.carry_over, arithmetic=self.arithmetic, residual=self.residual,
+                        check_inputs=False)  # the same rule with h as computed
+        draft_probs, target_probs = raw._rows_for_arithmetic(draft_probs, target_probs)
+        effective, P, Q = raw._block(draft_tokens, draft_probs, target_probs, state)
+        h_table = raw._h_table(effective, draft_probs, P, Q, K, L)
+        out = []
+        for j, row in enumerate(h_table):
+            for i, h in enumerate(row):
+                if -tolerance <= h <= 1.0 + tolerance:
+                    continue
+                if undefined or i == L - 1 or not _vanishing_denominator(
+                        effective.row(j, i + 1).double(), draft_probs[j, i + 1].double(), float(P[j, i + 1]),
+                        float(Q[j, i + 1]), K):
+                    out.append((j, i + 1, h))
+        return out
+
     def first_token_law(self, draft_tokens, draft_probs, target_probs) -> FirstTokenLaw:
         """Exact, from a fresh state: the scan's law of (tau, selected) puts P(tau >= 1, selected = k) on draft k's
         first token; tau = 0 (nothing accepted, draft 0's frame with P = Q = 1) emits the depth-0 correction
@@ -358,6 +419,15 @@ class SpecTrGBV(Verifier):
                 key = (tokens, new_state)
                 merged[key] = merged.get(key, 0.0) + weight * p_last
         return [Outcome(p, tokens, st) for (tokens, st), p in merged.items()]
+
+
+def _vanishing_denominator(target_row, draft_row, P: float, Q: float, K: int) -> bool:
+    """Whether h's denominator 1 − (1 − Q)^K − Σ_v P·p_v·(1 − (1 − c_v)^K) of a prefix is 0 up to round-off
+    (float64, relative to 1 − (1 − Q)^K): h is then 0/0 in exact arithmetic."""
+    coverage = 1 - (1 - Q) ** K
+    c = torch.clamp(Q * draft_row / (P * target_row + EPS), max=1)
+    denominator = coverage - P * float((target_row * (1 - (1 - c) ** K)).sum())
+    return abs(denominator) <= 1e-9 * coverage
 
 
 # --- the release's arithmetic (arithmetic="release_*"): float32 operations in the release's order --------

@@ -27,8 +27,14 @@ BIAS_METHOD = (
     "`control_lenient_sd` accepts with min(1, 2p/q) (deliberately biased; exact TV shown); `exact TV` 0 "
     "marks rules proven lossless on toys. acceptance: SD's first-token acceptance, sum_y min(p, q), mean over "
     "contexts. The TV estimate is the TV on those bins (a lower bound of the first token's TV; here the mean "
-    "over contexts; per-context values and bootstrap intervals in bias.csv)."
+    "over contexts; per-context values and bootstrap intervals in bias.csv). Verdicts: a rule's verdict is the "
+    "pooled test's (one test per method and setting, level 0.05). A single context counts as a detection only under "
+    "Holm's correction over the contexts of its method and setting (family-wise error 0.05): uncorrected, a lossless "
+    "rule would read 'bias detected' at one of 16 contexts 56 % of the time. The figure's context is chosen among "
+    "Holm's rejections."
 )
+
+FAMILY = ("model_pair", "dataset", "method", "K", "L", "temperature", "draft_temperature")  # one pooled test each
 
 
 def bias_section(context: ReportContext) -> str | None:
@@ -60,10 +66,22 @@ def worst_context(table: pd.DataFrame) -> pd.Series | None:
     rules = table[~table.context.astype(str).str.startswith("pooled") & ~table.method.str.startswith("control")]
     if rules.empty:
         return None
-    detected = rules[rules.verdict.astype(str).str.startswith("bias detected")]
+    detected = rules[holm_rejected(rules)]
     if not detected.empty:
         return detected.sort_values("tv_estimate", ascending=False).iloc[0]
     return rules.sort_values(["p_value", "tv_estimate"], ascending=[True, False]).iloc[0]
+
+
+def holm_rejected(contexts: pd.DataFrame, alpha: float = 0.05) -> pd.Series:
+    """Per-context rows (no pooled rows) -> bool Series: rejected by Holm's step-down over the contexts of the same
+    method and setting (statsmodels' multipletests), at family-wise level ``alpha``."""
+    from statsmodels.stats.multitest import multipletests
+
+    rejected = pd.Series(False, index=contexts.index)
+    for _, family in contexts.groupby(list(FAMILY), dropna=False):
+        rejected.loc[family.index] = multipletests(family.p_value.astype(float).to_numpy(), alpha=alpha,
+                                                   method="holm")[0]
+    return rejected
 
 
 def _context_record(bias: BiasData, row: pd.Series) -> dict | None:
