@@ -211,5 +211,7 @@ def test_the_report_decides_speed_up_from_a_replay_and_a_calibration_beside_it(t
     assert "Fastest lossless configuration predicted here" in section and "spectr_gbv K=3 L=4" in section
     assert (tmp_path / "default" / "figures" / "speedup_vs_L.png").is_file()
     predictions = pd.read_csv(tmp_path / "default" / "tables" / "speedup_predictions.csv")
+    assert (tmp_path / "default" / "replay" / "replay_speedups.csv").read_text() == (
+        tmp_path / "default" / "tables" / "speedup_predictions.csv").read_text()
     assert {"sd", "gbv", "spectr", "spectr_gbv"} <= set(predictions["method"])
     assert (predictions["ci_low"] <= predictions["speedup"]).all()

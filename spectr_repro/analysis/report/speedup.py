@@ -16,6 +16,7 @@ from spectr_repro.analysis.speedup_report import (
 )
 
 PREDICTIONS_CSV = "speedup_predictions.csv"
+REPLAY_CSV = "replay_speedups.csv"
 AGREEMENT_CSV = "speedup_agreement.csv"
 BREAKDOWN_CSV = "time_breakdown.csv"
 
@@ -28,6 +29,8 @@ def speedup_section(context: ReportContext) -> str | None:
     tables = out_dir / "tables"
     tables.mkdir(parents=True, exist_ok=True)
     data.prediction.table.to_csv(tables / PREDICTIONS_CSV, index=False)
+    for root in context.replay.roots if context.replay is not None else []:
+        data.prediction.table.to_csv(root / REPLAY_CSV, index=False)  # beside replay_summary.csv
     lines = ["## Speed-up, predicted from shared blocks and measured costs", "",
              "Speed-up over AR of the decoding loop = replayed tokens per target call × AR's seconds per token / "
              f"seconds per call. Costs: {data.costs.source}: forwards at the call's shapes and context, every rule's "
