@@ -149,7 +149,6 @@ def group_settings(cfgs: Sequence[DictConfig]) -> list[tuple[dict, DictConfig, l
 class Progress:
     """What this run has done so far: what a stop by signal reports."""
 
-    planned: int = 0  # settings of the command
     computed: int = 0  # contexts measured and written by this run
     earlier: int = 0  # contexts finished before this run
     current: str | None = None  # the context being measured
@@ -172,7 +171,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     started = time.perf_counter()
     pairs = PairCache()  # settings of one pair share it: loaded once
-    progress = Progress(planned=len(group_settings(cfgs)))
+    progress = Progress()
     try:
         with stop_on_signals():
             for setting, cfg, methods in group_settings(cfgs):
