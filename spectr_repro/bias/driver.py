@@ -263,28 +263,27 @@ def run_setting(setting: dict, cfg: DictConfig, methods: list[str], pairs: PairC
     contexts = _CONTEXTS[key]
     all_methods = [*methods, *estimators.CONTROLS]
     verified = _start_setting(folder, setting)
-    bar = tqdm(total=len(contexts) * setting["samples"], desc=f"bias K={setting['K']} T={setting['temperature']:g}",
-               unit="draft set", file=sys.stderr)
-    for number, (name, ids) in enumerate(contexts):
-        directory = folder / _safe(name)
-        missing = _missing_methods(directory, all_methods, verified)
-        if not missing:
-            progress.earlier += 1
-            bar.update(setting["samples"])
-            continue
-        progress.current = f"{setting_id(setting)}/{name}"
-        results = measure_context(pair, cfg, setting, ids, missing, number, bar)
-        try:
-            write_context(directory, {method: {**record, "context": name, "context_tokens": len(ids),
-                                               "top_strings": [pair.tokenizer.decode([token])
-                                                               for token in record["top_tokens"]]}
-                                      for method, record in results.items()})
-            write_csv(bias_folder(cfg))
-        except OSError as error:
-            raise ResourceError(f"cannot write context {name} into {directory}: {error}") from error
-        progress.computed += 1
-        progress.current = None
-    bar.close()
+    with tqdm(total=len(contexts) * setting["samples"], desc=f"bias K={setting['K']} T={setting['temperature']:g}",
+              unit="draft set", file=sys.stderr) as bar:
+        for number, (name, ids) in enumerate(contexts):
+            directory = folder / _safe(name)
+            missing = _missing_methods(directory, all_methods, verified)
+            if not missing:
+                progress.earlier += 1
+                bar.update(setting["samples"])
+                continue
+            progress.current = f"{setting_id(setting)}/{name}"
+            results = measure_context(pair, cfg, setting, ids, missing, number, bar)
+            try:
+                write_context(directory, {method: {**record, "context": name, "context_tokens": len(ids),
+                                                   "top_strings": [pair.tokenizer.decode([token])
+                                                                   for token in record["top_tokens"]]}
+                                          for method, record in results.items()})
+                write_csv(bias_folder(cfg))
+            except OSError as error:
+                raise ResourceError(f"cannot write context {name} into {directory}: {error}") from error
+            progress.computed += 1
+            progress.current = None
 
 
 def _start_setting(folder: Path, setting: dict) -> bool:

@@ -458,43 +458,42 @@ def _run_group(pairs, runner, cfg: DictConfig, settings: ReplaySettings, progres
     examples = pairs.examples(cfg_prompts, pair.tokenizer)
     force = bool(cfg.force)
     label = f"replay {cfg.choices.dataset} T={float(cfg.temperature):g}"
-    bar = tqdm(list(enumerate(examples)), desc=label, unit="prompt", file=sys.stderr, dynamic_ncols=True)
-    for index, example in bar:
-        directory = prompt_directory(folder, index)
-        if not force and _finished(directory, folder, progress):
-            progress.earlier += 1
-            continue
-        try:
-            claim = runner.claim(directory)
-        except OSError as error:
-            raise ResourceError(f"cannot write into {directory}: {error}") from error
-        if not claim.acquired:
-            continue  # another live runner replays it
-        try:
-            state = prompt_state(directory)  # another runner may have finished it between our look and the claim
-            if state.status in FINISHED and not force:
+    with tqdm(list(enumerate(examples)), desc=label, unit="prompt", file=sys.stderr, dynamic_ncols=True) as bar:
+        for index, example in bar:
+            directory = prompt_directory(folder, index)
+            if not force and _finished(directory, folder, progress):
                 progress.earlier += 1
                 continue
-            if state.status in ("damaged", "partial"):
-                moved = set_aside(directory, folder)
-                tqdm.write(f"warning: {state.problem}; its files are set aside in {moved} and prompt {index} is "
-                           f"replayed again", file=sys.stderr)
-            (directory / DONE_FILE).unlink(missing_ok=True)
-            progress.current = directory
-            input_ids = encode_prompt(pair.tokenizer, example)[0].tolist()
-            stops = tuple(getattr(example, "stop_strings", ()) or ())
-            blocks, summary = replay_prompt(pair, input_ids, settings, cfg, seed=int(cfg.seed) * 100_003 + index,
-                                            should_stop=stop_checker(pair.tokenizer, stops))
             try:
-                write_prompt(directory, blocks, {"prompt_id": str(example.id), "index": index, **summary})
+                claim = runner.claim(directory)
             except OSError as error:
-                raise ResourceError(f"cannot write prompt {index} into {directory}: {error}") from error
-            progress.computed += 1
-            progress.current = None
-        finally:
-            runner.release(directory)
-        bar.set_postfix(blocks=summary["blocks"])
-    bar.close()
+                raise ResourceError(f"cannot write into {directory}: {error}") from error
+            if not claim.acquired:
+                continue  # another live runner replays it
+            try:
+                state = prompt_state(directory)  # another runner may have finished it between our look and the claim
+                if state.status in FINISHED and not force:
+                    progress.earlier += 1
+                    continue
+                if state.status in ("damaged", "partial"):
+                    moved = set_aside(directory, folder)
+                    tqdm.write(f"warning: {state.problem}; its files are set aside in {moved} and prompt {index} is "
+                               f"replayed again", file=sys.stderr)
+                (directory / DONE_FILE).unlink(missing_ok=True)
+                progress.current = directory
+                input_ids = encode_prompt(pair.tokenizer, example)[0].tolist()
+                stops = tuple(getattr(example, "stop_strings", ()) or ())
+                blocks, summary = replay_prompt(pair, input_ids, settings, cfg, seed=int(cfg.seed) * 100_003 + index,
+                                                should_stop=stop_checker(pair.tokenizer, stops))
+                try:
+                    write_prompt(directory, blocks, {"prompt_id": str(example.id), "index": index, **summary})
+                except OSError as error:
+                    raise ResourceError(f"cannot write prompt {index} into {directory}: {error}") from error
+                progress.computed += 1
+                progress.current = None
+            finally:
+                runner.release(directory)
+            bar.set_postfix(blocks=summary["blocks"])
 
 
 def _finished(directory: Path, folder: Path, progress: Progress) -> bool:
