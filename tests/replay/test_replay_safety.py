@@ -141,7 +141,6 @@ def fill(folder: Path) -> Path:
     return filler
 
 
-@pytest.mark.slow  # a fresh process or two replays: 30-60 s on the shared 2-core machine
 def test_a_full_disk_stops_with_one_message_and_keeps_the_finished_prompts(tmp_path, small_tmpfs, monkeypatch,
                                                                             capsys):
     real = driver.replay_prompt
