@@ -85,7 +85,7 @@ def test_a_damaged_record_is_named_left_out_set_aside_and_recomputed(tmp_path, c
     assert prompt_state(damaged).status == "finished" and blocks_text(damaged) == before
 
 
-@pytest.mark.slow  # a fresh process or two replays: 30-60 s on the shared 2-core machine
+@pytest.mark.slow  # replays in processes of their own (model load each time)
 def test_a_kill_between_the_records_and_done_json_is_found_and_recomputed(tmp_path, capsys):
     prelude = """
 import os, signal
@@ -173,7 +173,7 @@ def replayed_count(output: str) -> int:
     return int(re.search(r"(\d+) prompt\(s\) replayed", output).group(1))
 
 
-@pytest.mark.slow  # a fresh process or two replays: 30-60 s on the shared 2-core machine
+@pytest.mark.slow  # replays in processes of their own (model load each time)
 def test_two_runners_on_one_folder_replay_each_prompt_once(tmp_path):
     arguments = [*BASE, "num_prompts=4", "max_new_tokens=8"]
     runners = [subprocess_replay(tmp_path, arguments) for _ in range(2)]
@@ -186,7 +186,7 @@ def test_two_runners_on_one_folder_replay_each_prompt_once(tmp_path):
     assert not list(tmp_path.glob("default/replay/*/prompts/*/claim.json"))  # every claim released
 
 
-@pytest.mark.slow  # a replay in its own process, stopped and resumed: 30-40 s on the shared 2-core machine
+@pytest.mark.slow  # a replay in its own process, stopped, then resumed
 @pytest.mark.parametrize("sent, status, name", [(signal.SIGTERM, 143, "SIGTERM"), (signal.SIGINT, 130, "SIGINT")])
 def test_a_stop_by_signal_says_what_is_kept_and_how_to_resume(tmp_path, capsys, sent, status, name):
     arguments = [*BASE, "num_prompts=3", "max_new_tokens=40"]
