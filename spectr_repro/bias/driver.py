@@ -483,10 +483,10 @@ def read_records_checked(folder: Path) -> tuple[list[dict], list[str]]:
     """(records, what was left out): a context whose done.json does not vouch for its files (damaged, or stopped
     before it finished) is left out whole; in settings written before done.json, each unreadable file."""
     records, left_out = [], []
-    for setting_path in sorted(Path(folder).glob("contexts/*/setting.json")):
-        setting = _json_or_none(setting_path)
+    for setting_folder in sorted(p for p in Path(folder).glob("contexts/*") if p.is_dir()):
+        setting = _json_or_none(setting_folder / "setting.json")  # absent or without the marker: written before
         verified = isinstance(setting, dict) and setting.get("records_integrity") == INTEGRITY
-        for directory in sorted(p for p in setting_path.parent.iterdir() if p.is_dir()):
+        for directory in sorted(p for p in setting_folder.iterdir() if p.is_dir()):
             problem = context_problem(directory) if verified else None
             if problem is not None:
                 left_out.append(f"left out context {directory.name}: {problem}")
