@@ -355,14 +355,15 @@ def check_writable(output_dir: str, folders: Iterable[str | Path] = ()) -> Path:
     return path
 
 
-def check_device(device) -> None:
-    """hardware=cuda on a machine without a visible GPU: say so before loading anything."""
+def check_device(device, instead: str = "hardware=cpu") -> None:
+    """hardware=cuda on a machine without a visible GPU: say so before loading anything (``instead``: the option
+    that picks the CPU in the command's own syntax)."""
     if device and str(device).startswith("cuda"):
         import torch
 
         if not torch.cuda.is_available():
             raise UsageError(f"hardware device {device!r} but no CUDA device is visible to torch "
-                             f"({torch.__version__}); use hardware=cpu")
+                             f"({torch.__version__}); use {instead}")
 
 
 def context_window(pair_cfg: DictConfig | dict) -> tuple[int, str] | None:

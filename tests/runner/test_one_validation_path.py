@@ -53,6 +53,15 @@ def test_check_refuses_the_same_input(tmp_path, capsys):
     assert TOO_LONG in capsys.readouterr().err
 
 
+def test_bench_refuses_a_device_that_is_not_here(tmp_path, capsys):
+    if torch.cuda.is_available():
+        pytest.skip("CUDA is available here: --device cuda is valid input")
+    assert cli(["bench", "--quick", "--device", "cuda", "--out", str(tmp_path / "bench.json")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert NO_CUDA in err and err.endswith("use --device cpu") and len(err.splitlines()) == 1
+    assert not (tmp_path / "bench.json").exists()
+
+
 def test_the_block_bound_is_the_context_window_less_one(tmp_path, capsys):
     """L = window - 1 is the longest block the pair holds (a context token before it); one more is refused."""
     window, _ = context_window({"name": "tiny_random", "source": "tiny"})
