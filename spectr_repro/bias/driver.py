@@ -279,11 +279,14 @@ def run_setting(setting: dict, cfg: DictConfig, methods: list[str], pairs: PairC
                                                    "top_strings": [pair.tokenizer.decode([token])
                                                                    for token in record["top_tokens"]]}
                                           for method, record in results.items()})
-                write_csv(bias_folder(cfg))
             except OSError as error:
                 raise ResourceError(f"cannot write context {name} into {directory}: {error}") from error
-            progress.computed += 1
+            progress.computed += 1  # kept from here on: a stop while the table is rebuilt below loses nothing
             progress.current = None
+            try:
+                write_csv(bias_folder(cfg))
+            except OSError as error:
+                raise ResourceError(f"cannot write {bias_folder(cfg) / 'bias.csv'}: {error}") from error
 
 
 def _start_setting(folder: Path, setting: dict) -> bool:
