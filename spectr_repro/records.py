@@ -208,6 +208,51 @@ def records_digest(text: str) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
+# ---- integrity of a finished unit's files (a replay prompt, a bias context): its done.json lists them -------------
+def file_integrity(text: str) -> dict[str, Any]:
+    """What a done.json records of one file it vouches for: its sha256 and its number of lines."""
+    return {"sha256": records_digest(text), "lines": text.count("\n")}
+
+
+def first_bad_line(text: str) -> tuple[int, str] | None:
+    """(line number, why) of the first line of a JSON-lines text that is not one JSON value, or None."""
+    for number, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            return number, "empty line"
+        try:
+            json.loads(line)
+        except json.JSONDecodeError as error:
+            return number, f"not valid JSON ({error.msg})"
+    if text and not text.endswith("\n"):
+        return text.count("\n") + 1, "cut before its end of line"
+    return None
+
+
+def integrity_problems(directory: Path, files: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    """How the files of ``directory`` differ from what its done.json vouches for (``files``: name -> its
+    :func:`file_integrity`); [] when every one is there as written. Each problem names the file (and the line)."""
+    problems = []
+    for name, expected in files.items():
+        path = Path(directory) / name
+        try:
+            text = path.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            problems.append(f"{path}: missing (done.json lists it)")
+            continue
+        except (OSError, UnicodeDecodeError) as error:
+            problems.append(f"{path}: unreadable ({type(error).__name__}: {error})")
+            continue
+        actual = file_integrity(text)
+        if actual == {"sha256": expected.get("sha256"), "lines": expected.get("lines")}:
+            continue
+        bad = first_bad_line(text) if name.endswith((".jsonl", ".json")) else None
+        where = f"{path}:{bad[0]}: {bad[1]}; " if bad else f"{path}: "
+        problems.append(f"{where}{actual['lines']} line(s) where done.json records {expected.get('lines')}"
+                        if actual["lines"] != expected.get("lines") else
+                        f"{where}not the file done.json vouches for (sha256 differs)")
+    return problems
+
+
 def summary_disagreements(summary: Mapping[str, Any], records: Sequence[Mapping[str, Any]],
                           records_text: str | None = None) -> list[str]:
     """How a summary disagrees with its records ([] when they agree): count, prompt ids, totals, digest.
@@ -327,7 +372,8 @@ def read_cells(results_dir: str | Path) -> list[CellFiles]:
 
 __all__ = [
     "RECORDS_FILE", "REQUIRED_SUMMARY_KEYS", "SCHEMA_VERSION", "SUMMARY_FILE", "CellFiles", "CellSummary",
-    "PromptRecord", "RecordTotals", "SchemaError", "as_json", "cell_folders", "field_names", "flatten_numbers",
+    "PromptRecord", "RecordTotals", "SchemaError", "as_json", "cell_folders", "field_names", "file_integrity",
+    "first_bad_line", "flatten_numbers", "integrity_problems",
     "is_timed", "iter_records", "pooled_metrics", "read_cells", "read_records", "read_summary", "record_from_json",
     "record_totals", "records_digest", "summary_disagreements", "summary_from_json", "table_columns",
 ]

@@ -13,13 +13,17 @@ Comparators: the release (spectr_gbv) at the same (K, L); SD at K = 1 and the sa
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 
 import pandas as pd
 
 from spectr_repro.analysis.format import AVERAGE, COMPARATORS, interval_text
 from spectr_repro.analysis.stats import RESAMPLES, mean_of_ratios, paired_comparison
+from spectr_repro.records import integrity_problems
 from spectr_repro.verify import VERIFIERS, method_labels
+
+log = logging.getLogger(__name__)
 
 GROUP_KEYS = ["model_pair", "temperature"]
 CELL_KEYS = ["method", "K", "L"]
@@ -29,24 +33,68 @@ LABEL = "tokens per target call on shared blocks"
 
 
 def load_blocks(root: str | Path) -> pd.DataFrame:
-    """Long table, one row per (block, method, K, L), of every finished prompt under ``root``."""
-    rows = []
+    """Long table, one row per (block, method, K, L), of every finished prompt under ``root`` that can be read
+    (what could not is logged, each naming its file and line: :func:`read_blocks` returns it)."""
+    frame, left_out = read_blocks(root)
+    for problem in left_out:
+        log.warning(problem)
+    return frame
+
+
+def read_blocks(root: str | Path) -> tuple[pd.DataFrame, list[str]]:
+    """(:func:`load_blocks`'s table, what was left out of it): a prompt whose blocks.jsonl is not the file its
+    done.json vouches for (sha256, line count), or that cannot be parsed, is left out whole and named with the file
+    and line; a group whose replay.json cannot be read is left out and named; prompts finished before done.json
+    recorded the sha256 are read unverified (said once per group)."""
+    rows, left_out = [], []
     for meta_path in sorted(Path(root).glob("*/replay.json")):
-        meta = json.loads(meta_path.read_text())
+        try:
+            meta = json.loads(meta_path.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+            left_out.append(f"left out {meta_path.parent}: {meta_path} cannot be read ({error})")
+            continue
+        unverified = 0
         for done_path in sorted(meta_path.parent.glob("prompts/*/done.json")):
             blocks_path = done_path.parent / "blocks.jsonl"
             if not blocks_path.exists():
                 continue
-            prompt = json.loads(done_path.read_text())
-            for line in blocks_path.read_text().splitlines():
-                block = json.loads(line)
-                for method, K, L, tokens, estimator, draws in block["values"]:
-                    rows.append((meta["model_pair"], meta["dataset"], float(meta["temperature"]),
-                                 prompt["prompt_id"], block["iteration"], block["reference_tokens"], method,
-                                 int(K), int(L), float(tokens), estimator, int(draws)))
+            prompt_rows, problem, verified = _prompt_rows(meta, done_path, blocks_path)
+            if problem is not None:
+                left_out.append(f"left out prompt {done_path.parent.name} of {meta_path.parent.name}: {problem}")
+                continue
+            unverified += not verified
+            rows += prompt_rows
+        if unverified:
+            left_out.append(f"note: {unverified} prompt(s) of {meta_path.parent} were written before done.json "
+                            f"recorded their blocks' sha256: read unverified")
     columns = ["model_pair", "dataset", "temperature", "prompt_id", "iteration", "reference_tokens", *CELL_KEYS,
                "tokens", "estimator", "draws"]
-    return pd.DataFrame(rows, columns=columns)
+    return pd.DataFrame(rows, columns=columns), left_out
+
+
+def _prompt_rows(meta: dict, done_path: Path, blocks_path: Path) -> tuple[list[tuple], str | None, bool]:
+    """(rows, None, verified) of one finished prompt, or ([], the problem naming file and line, False)."""
+    try:
+        prompt = json.loads(done_path.read_text(encoding="utf-8"))
+        text = blocks_path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        return [], f"cannot read {done_path} or {blocks_path} ({error})", False
+    files = prompt.get("records") if isinstance(prompt, dict) else None
+    if isinstance(files, dict) and files:
+        problems = integrity_problems(done_path.parent, files)
+        if problems:
+            return [], "; ".join(problems), False
+    rows = []
+    for number, line in enumerate(text.splitlines(), 1):
+        try:
+            block = json.loads(line)
+            for method, K, L, tokens, estimator, draws in block["values"]:
+                rows.append((meta["model_pair"], meta["dataset"], float(meta["temperature"]), prompt["prompt_id"],
+                             block["iteration"], block["reference_tokens"], method, int(K), int(L), float(tokens),
+                             estimator, int(draws)))
+        except (json.JSONDecodeError, KeyError, TypeError, ValueError) as error:
+            return [], f"{blocks_path}:{number}: cannot be read ({type(error).__name__}: {error})", False
+    return rows, None, isinstance(files, dict) and bool(files)
 
 
 def _per_prompt(frame: pd.DataFrame) -> pd.DataFrame:
@@ -143,25 +191,35 @@ def _verdict(interval) -> str:
 
 
 def write_summaries(root: str | Path, resamples: int = RESAMPLES) -> str:
-    """Write replay_summary.csv and replay_differences.csv under ``root``; return a markdown digest."""
+    """Write replay_summary.csv and replay_differences.csv under ``root`` from every prompt that can be read; return
+    a markdown digest, followed by one line per prompt or group left out (naming its file and line)."""
     root = Path(root)
-    frame = load_blocks(root)
+    frame, left_out = read_blocks(root)
     table, diffs = summary(frame, resamples), differences(frame, resamples=resamples)
     table.to_csv(root / SUMMARY_FILE, index=False)
     diffs.to_csv(root / DIFFERENCES_FILE, index=False)
-    return summary_markdown(table)
+    digest = summary_markdown(table)
+    return digest + "".join(f"\n{problem}" for problem in left_out)
 
 
 def reference_setting(roots: list[str | Path] | str | Path) -> tuple[int, int] | None:
     """The (K, L) the reference trajectories ran at (``replay.json``), when every group under ``roots`` agrees:
     the setting the experiment was built around (cpu_quick: sbv K=3 L=6 beside its L = 4, 6, 8 grid)."""
     roots = [roots] if isinstance(roots, (str, Path)) else roots
-    metas = [json.loads(path.read_text()) for root in roots for path in sorted(Path(root).glob("*/replay.json"))]
-    settings = {(meta.get("reference_K"), meta.get("reference_L")) for meta in metas}
+    metas = [_json_or_none(path) for root in roots for path in sorted(Path(root).glob("*/replay.json"))]
+    settings = {(meta.get("reference_K"), meta.get("reference_L")) for meta in metas if isinstance(meta, dict)}
     if len(settings) != 1 or None in next(iter(settings)):
         return None
     K, L = settings.pop()
     return int(K), int(L)
+
+
+def _json_or_none(path: Path):
+    """A JSON file's value, None when it cannot be read (read_blocks names such a file)."""
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return None
 
 
 def read_summaries(root: str | Path) -> tuple[pd.DataFrame, pd.DataFrame] | None:
@@ -196,5 +254,5 @@ def summary_markdown(table: pd.DataFrame, dataset: str | None = None) -> str:
     return title + "\n\n" + wide.fillna("-").to_markdown()
 
 
-__all__ = ["AVERAGE", "LABEL", "differences", "load_blocks", "read_summaries", "reference_setting", "summary",
-           "summary_markdown", "write_summaries"]
+__all__ = ["AVERAGE", "LABEL", "differences", "load_blocks", "read_blocks", "read_summaries", "reference_setting",
+           "summary", "summary_markdown", "write_summaries"]

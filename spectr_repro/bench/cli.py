@@ -236,6 +236,9 @@ def main(argv: list[str] | None = None) -> int:
 
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     try:
+        from spectr_repro.runner.config import check_device
+
+        check_device(device, "--device cpu")  # the message every command that loads models gives, before any loads
         preset, hardware = compose_preset(args.preset or ("quick" if args.quick else "full"), device.split(":")[0])
     except UsageError as error:
         print(f"error: {error}", file=sys.stderr)

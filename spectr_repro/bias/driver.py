@@ -13,21 +13,27 @@ applied to the SAME draft sets and target rows. p(.|context) is the target's row
 forward. Estimators and the test: :mod:`spectr_repro.bias.estimators`.
 
 Output: ``<output_dir>/<experiment>/bias/bias.csv`` (rebuilt from one JSON per (setting, context, method)
-under ``bias/contexts/``, written as each context finishes: a rerun skips finished contexts, so an
-interrupted run resumes). Bad input: one message, exit 2, before any model loads, nothing written.
+under ``bias/contexts/``, written as each context finishes, then the context's ``done.json`` with each file's
+sha256 and line count: a rerun skips finished contexts, so an interrupted run resumes; a damaged or partial
+context is named, its files set aside under ``bias/set_aside/`` (never deleted) and measured again; a file the
+table cannot read is named and left out). Bad input: one message, exit 2, before any model loads, nothing
+written (:func:`spectr_repro.runner.config.check_before_loading`, the checks every command shares). SIGTERM and
+SIGINT say what is kept and how to resume.
 """
 
 from __future__ import annotations
 
 import copy
+import datetime
 import hashlib
 import json
+import logging
 import math
 import os
-import signal
 import sys
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
@@ -36,10 +42,12 @@ from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
 from spectr_repro.bias import estimators
+from spectr_repro.errors import ResourceError
+from spectr_repro.records import file_integrity, integrity_problems
 from spectr_repro.runner.config import (
     Composer,
     UsageError,
-    check_device,
+    check_before_loading,
     check_writable,
     expand,
     parse_arguments,
@@ -48,12 +56,16 @@ from spectr_repro.runner.config import (
     validate,
 )
 from spectr_repro.runner.pairs import PairCache
+from spectr_repro.runner.signals import Terminated, stop_name, stop_on_signals, stop_status
 from spectr_repro.verify import VERIFIERS, get_verifier
 
 CSV_COLUMNS = ["model_pair", "dataset", "method", "K", "L", "temperature", "draft_temperature", "context",
                "samples", "tv_estimate", "interval", "p_value", "detectable_tv", "verdict", "estimator",
                "acceptance", "exact_tv"]
 TOP_TOKENS = 12  # tokens kept per (method, context) for the report's figure
+DONE_FILE = "done.json"  # a context is finished when its done.json vouches for its records
+INTEGRITY = 1  # setting.json's ``records_integrity``: its contexts have a done.json (absent: written before 2026-12-03)
+log = logging.getLogger(__name__)
 
 
 def bias_folder(cfg: DictConfig) -> Path:
@@ -133,51 +145,67 @@ def group_settings(cfgs: Sequence[DictConfig]) -> list[tuple[dict, DictConfig, l
     return list(groups.values())
 
 
+@dataclass
+class Progress:
+    """What this run has done so far: what a stop by signal reports."""
+
+    computed: int = 0  # contexts measured and written by this run
+    earlier: int = 0  # contexts finished before this run
+    current: str | None = None  # the context being measured
+
+    def stopped_message(self, stop: BaseException, folder: Path) -> str:
+        dropped = (f"the context being measured ({self.current}) was dropped and starts over"
+                   if self.current is not None else "no context was being measured")
+        return (f"stopped by {stop_name(stop)}: kept {self.computed} context(s) measured in this run and "
+                f"{self.earlier} finished before, in {folder}; {dropped}; rerun the same command to resume.")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if print_help_if_asked(argv, __doc__):
         return 0
     try:
-        args = parse_arguments(argv)
-        if args.launcher_overrides:
-            raise UsageError("bias runs in one process (hydra/launcher overrides apply to `sweep` only)")
-        with Composer() as composer:
-            cfgs = expand(composer, args, use_grid=True)
-        for cfg in cfgs:
-            validate(cfg)
-            check_bias_config(cfg)
-        for cfg in cfgs:
-            check_device(cfg.hardware.get("device"))
-            check_writable(cfg.output_dir, [bias_folder(cfg)])
+        cfgs = parse(argv)
     except UsageError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-    previous = signal.signal(signal.SIGTERM, _raise_keyboard_interrupt) if _main_thread() else None
     started = time.perf_counter()
     pairs = PairCache()  # settings of one pair share it: loaded once
+    progress = Progress()
     try:
-        for setting, cfg, methods in group_settings(cfgs):
-            run_setting(setting, cfg, methods, pairs)
-    except KeyboardInterrupt:
-        print(f"\nstopped: finished contexts are kept under {bias_folder(cfgs[0])}; the context being computed "
-              "starts over. Rerun the same command to resume.", file=sys.stderr)
-        return 130
-    finally:
-        if previous is not None:
-            signal.signal(signal.SIGTERM, previous)
-    path = write_csv(bias_folder(cfgs[0]))
+        with stop_on_signals():
+            for setting, cfg, methods in group_settings(cfgs):
+                run_setting(setting, cfg, methods, pairs, progress)
+            try:
+                path = write_csv(bias_folder(cfgs[0]))
+            except OSError as error:
+                raise ResourceError(f"cannot write {bias_folder(cfgs[0]) / 'bias.csv'}: {error}") from error
+    except ResourceError as error:
+        print(f"error: {error}\n(finished contexts are kept; fix the above and rerun the same command)",
+              file=sys.stderr)
+        return 1
+    except (KeyboardInterrupt, Terminated) as stop:
+        print("\n" + progress.stopped_message(stop, bias_folder(cfgs[0])), file=sys.stderr)
+        return stop_status(stop)
     print(f"bias: {path} (wall time {time.perf_counter() - started:.0f} s)")
     return 0
 
 
-def _main_thread() -> bool:
-    import threading
-
-    return threading.current_thread() is threading.main_thread()
-
-
-def _raise_keyboard_interrupt(signum, frame):
-    raise KeyboardInterrupt
+def parse(argv: Sequence[str]) -> list[DictConfig]:
+    """The command's cell configs, checked like every command that loads models (UsageError, nothing loaded)."""
+    args = parse_arguments(argv)
+    if args.launcher_overrides:
+        raise UsageError("bias runs in one process (hydra/launcher overrides apply to `sweep` only)")
+    with Composer() as composer:
+        cfgs = expand(composer, args, use_grid=True)
+    for cfg in cfgs:
+        validate(cfg)
+        check_bias_config(cfg)
+    # every draft set is a whole block of L tokens (never cut by max_new_tokens)
+    check_before_loading(cfgs, block_L=[int(cfg.L) for cfg in cfgs])
+    for cfg in cfgs:
+        check_writable(cfg.output_dir, [bias_folder(cfg)])
+    return cfgs
 
 
 # --------------------------------------------------------------------------------------------------
@@ -222,7 +250,9 @@ def contexts_of(pair, cfg: DictConfig, examples) -> list[tuple[str, list[int]]]:
 _CONTEXTS: dict[tuple, list[tuple[str, list[int]]]] = {}  # this process's contexts, by what fixes them
 
 
-def run_setting(setting: dict, cfg: DictConfig, methods: list[str], pairs: PairCache) -> None:
+def run_setting(setting: dict, cfg: DictConfig, methods: list[str], pairs: PairCache,
+                progress: Progress | None = None) -> None:
+    progress = progress or Progress()
     folder = bias_folder(cfg) / "contexts" / setting_id(setting)
     pair = pairs.pair(cfg)
     examples = pairs.examples(cfg, pair.tokenizer)
@@ -232,23 +262,107 @@ def run_setting(setting: dict, cfg: DictConfig, methods: list[str], pairs: PairC
         _CONTEXTS[key] = contexts_of(pair, cfg, examples)
     contexts = _CONTEXTS[key]
     all_methods = [*methods, *estimators.CONTROLS]
-    bar = tqdm(total=len(contexts) * setting["samples"], desc=f"bias K={setting['K']} T={setting['temperature']:g}",
-               unit="draft set", file=sys.stderr)
-    for number, (name, ids) in enumerate(contexts):
-        directory = folder / _safe(name)
-        missing = [m for m in all_methods if not (directory / f"{m}.json").exists()]
-        if not missing:
-            bar.update(setting["samples"])
-            continue
-        results = measure_context(pair, cfg, setting, ids, missing, number, bar)
-        directory.mkdir(parents=True, exist_ok=True)
-        for method, record in results.items():
-            record.update(context=name, context_tokens=len(ids),
-                          top_strings=[pair.tokenizer.decode([token]) for token in record["top_tokens"]])
-            _write_json(directory / f"{method}.json", record)
-        _write_json(folder / "setting.json", setting)
-        write_csv(bias_folder(cfg))
-    bar.close()
+    verified = _start_setting(folder, setting)
+    with tqdm(total=len(contexts) * setting["samples"], desc=f"bias K={setting['K']} T={setting['temperature']:g}",
+              unit="draft set", file=sys.stderr) as bar:
+        for number, (name, ids) in enumerate(contexts):
+            directory = folder / _safe(name)
+            missing = _missing_methods(directory, all_methods, verified)
+            if not missing:
+                progress.earlier += 1
+                bar.update(setting["samples"])
+                continue
+            progress.current = f"{setting_id(setting)}/{name}"
+            results = measure_context(pair, cfg, setting, ids, missing, number, bar)
+            try:
+                write_context(directory, {method: {**record, "context": name, "context_tokens": len(ids),
+                                                   "top_strings": [pair.tokenizer.decode([token])
+                                                                   for token in record["top_tokens"]]}
+                                          for method, record in results.items()})
+            except OSError as error:
+                raise ResourceError(f"cannot write context {name} into {directory}: {error}") from error
+            progress.computed += 1  # kept from here on: a stop while the table is rebuilt below loses nothing
+            progress.current = None
+            try:
+                write_csv(bias_folder(cfg))
+            except OSError as error:
+                raise ResourceError(f"cannot write {bias_folder(cfg) / 'bias.csv'}: {error}") from error
+
+
+def _start_setting(folder: Path, setting: dict) -> bool:
+    """Write setting.json (marking that its contexts get a done.json) unless the folder holds contexts written before
+    that; True when the setting's contexts are verified by their done.json."""
+    path = folder / "setting.json"
+    old = _json_or_none(path) if path.exists() else None
+    legacy = path.exists() and not (isinstance(old, dict) and old.get("records_integrity") == INTEGRITY)
+    if legacy and any(folder.glob("*/*.json")):
+        log.warning(f"{folder} holds contexts measured before done.json recorded their sha256: kept as finished, "
+                    f"unverified")
+        return False
+    try:
+        _write_json(path, {**setting, "records_integrity": INTEGRITY})
+    except OSError as error:
+        raise ResourceError(f"cannot write into {folder}: {error}") from error
+    return True
+
+
+def _missing_methods(directory: Path, methods: list[str], verified: bool) -> list[str]:
+    """The methods still to measure at a context. Verified settings: all of them unless its done.json vouches for
+    its files; a damaged or partial context is named and its files set aside first (never deleted)."""
+    if not verified:  # written before done.json: what is there counts
+        return [m for m in methods if not (directory / f"{m}.json").exists()]
+    problem = context_problem(directory)
+    if problem is None:
+        return [m for m in methods if not (directory / f"{m}.json").exists()]
+    if directory.exists() and any(directory.iterdir()):
+        moved = set_aside(directory)
+        tqdm.write(f"warning: {problem}; its files are set aside in {moved} and the context is measured again",
+                   file=sys.stderr)
+    return list(methods)
+
+
+def context_problem(directory: Path) -> str | None:
+    """None when the context's done.json vouches for its files, else what is wrong (naming the file)."""
+    done_path = directory / DONE_FILE
+    if not done_path.exists():
+        return f"{directory}: no {DONE_FILE} (stopped before the context finished)"
+    done = _json_or_none(done_path)
+    files = done.get("records") if isinstance(done, dict) else None
+    if not isinstance(files, dict) or not files:
+        return f"{done_path}: cannot be read as a context's done.json"
+    problems = integrity_problems(directory, files)
+    return "; ".join(problems) if problems else None
+
+
+def set_aside(directory: Path) -> Path:
+    """Move a context folder to ``bias/set_aside/<setting>/<context>-<UTC time>`` (out of the table's way)."""
+    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%S%f")
+    target = directory.parents[2] / "set_aside" / directory.parent.name / f"{directory.name}-{stamp}"
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        os.replace(directory, target)
+    except OSError as error:
+        raise ResourceError(f"cannot set aside the damaged context {directory} into {target}: {error}") from error
+    return target
+
+
+def write_context(directory: Path, records: dict[str, dict]) -> None:
+    """One JSON per method, then done.json with each file's sha256 and line count (last: the context is finished)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    texts = {f"{method}.json": json.dumps(record) for method, record in records.items()}
+    for name, text in texts.items():
+        _write_text(directory / name, text)
+    done = _json_or_none(directory / DONE_FILE) if (directory / DONE_FILE).exists() else None
+    files = dict(done.get("records") or {}) if isinstance(done, dict) else {}
+    files.update({name: file_integrity(text) for name, text in texts.items()})
+    _write_text(directory / DONE_FILE, json.dumps({"records": files}, indent=2) + "\n")
+
+
+def _json_or_none(path: Path):
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return None
 
 
 def _safe(name: str) -> str:
@@ -256,9 +370,17 @@ def _safe(name: str) -> str:
 
 
 def _write_json(path: Path, payload: dict) -> None:
+    _write_text(path, json.dumps(payload))
+
+
+def _write_text(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
     temporary = path.with_suffix(".tmp")
-    temporary.write_text(json.dumps(payload))
-    os.replace(temporary, path)  # atomic: a killed run never leaves half a record
+    try:
+        temporary.write_text(text, encoding="utf-8")
+        os.replace(temporary, path)  # atomic: a killed run never leaves half a record
+    finally:
+        temporary.unlink(missing_ok=True)
 
 
 @torch.inference_mode()
@@ -352,10 +474,35 @@ def _record(method: str, draws, p0, q0, setting: dict, generator) -> dict:
 
 
 def read_records(folder: Path) -> list[dict]:
-    records = []
-    for path in sorted(Path(folder).glob("contexts/*/*/*.json")):
-        records.append(json.loads(path.read_text()))
+    """Every readable (setting, context, method) record under ``folder``; what cannot be read is logged, naming
+    the file (:func:`read_records_checked`)."""
+    records, left_out = read_records_checked(folder)
+    for problem in left_out:
+        log.warning(problem)
     return records
+
+
+def read_records_checked(folder: Path) -> tuple[list[dict], list[str]]:
+    """(records, what was left out): a context whose done.json does not vouch for its files (damaged, or stopped
+    before it finished) is left out whole; in settings written before done.json, each unreadable file."""
+    records, left_out = [], []
+    for setting_folder in sorted(p for p in Path(folder).glob("contexts/*") if p.is_dir()):
+        setting = _json_or_none(setting_folder / "setting.json")  # absent or without the marker: written before
+        verified = isinstance(setting, dict) and setting.get("records_integrity") == INTEGRITY
+        for directory in sorted(p for p in setting_folder.iterdir() if p.is_dir()):
+            problem = context_problem(directory) if verified else None
+            if problem is not None:
+                left_out.append(f"left out context {directory.name}: {problem}")
+                continue
+            for path in sorted(directory.glob("*.json")):
+                if path.name == DONE_FILE:
+                    continue
+                record = _json_or_none(path)
+                if isinstance(record, dict):
+                    records.append(record)
+                else:
+                    left_out.append(f"left out {path}: not valid JSON")
+    return records, left_out
 
 
 def bias_table(folder: Path) -> pd.DataFrame:
@@ -407,5 +554,6 @@ def write_csv(folder: Path) -> Path:
     return path
 
 
-__all__ = ["CSV_COLUMNS", "bias_folder", "bias_table", "check_bias_config", "contexts_of", "group_settings",
-           "main", "measure_context", "read_records", "run_setting", "setting_id", "setting_of", "write_csv"]
+__all__ = ["CSV_COLUMNS", "Progress", "bias_folder", "bias_table", "check_bias_config", "context_problem",
+           "contexts_of", "group_settings", "main", "measure_context", "parse", "read_records", "read_records_checked",
+           "run_setting", "set_aside", "setting_id", "setting_of", "write_context", "write_csv"]

@@ -8,8 +8,6 @@ from collections.abc import Sequence
 from dataclasses import asdict
 from typing import Any
 
-import torch
-
 from spectr_repro.check.checker import Checker
 from spectr_repro.check.correctness import correctness_items, correctness_models, load_models
 from spectr_repro.check.costs import calibration_item, call_costs_item, prediction_item, timing_item
@@ -19,7 +17,7 @@ from spectr_repro.errors import ResourceError
 
 def compose(argv: Sequence[str]):
     """(base config, every cell config) of the command line, through the runner's Hydra machinery."""
-    from spectr_repro.runner.config import Composer, UsageError, expand, parse_arguments, validate
+    from spectr_repro.runner.config import Composer, UsageError, check_before_loading, expand, parse_arguments
 
     args = parse_arguments(argv)
     if args.sweeps:
@@ -29,11 +27,7 @@ def compose(argv: Sequence[str]):
     with Composer() as composer:
         cells = expand(composer, args, use_grid=True)  # first: it refuses unknown nested keys by name
         base = composer.compose(args.fixed)
-    for cfg in [base, *cells]:
-        validate(cfg)
-    device = str(base.hardware.device)
-    if device.startswith("cuda") and not torch.cuda.is_available():
-        raise UsageError(f"hardware device {device!r} but no CUDA device is visible to torch; use hardware=cpu")
+    check_before_loading([base, *cells])  # the checks every command that loads models shares
     return base, cells
 
 

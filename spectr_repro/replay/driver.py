@@ -12,22 +12,29 @@ decoder meets. Blocks are always drafted whole (L_max): a replay value is never 
 the trajectory (max_new_tokens, EOS, a stop string) only decides how many blocks a prompt contributes.
 
 Records: ``<output_dir>/<experiment>/replay/<group>/prompts/<index>/blocks.jsonl`` (one line per block)
-and ``done.json`` (written last: a prompt is finished when it exists); ``replay.json`` holds the group's
-settings. Prompts are claimed like cells (several runners over one folder compute each prompt once), an
-interrupted replay resumes with the prompts it had not finished. The summary (``replay_summary.csv``,
+and ``done.json`` (written last, with the sha256 and line count of blocks.jsonl: a prompt is finished when
+its blocks are the ones done.json vouches for); ``replay.json`` holds the group's settings. Prompts are
+claimed like cells (several runners over one folder compute each prompt once), an interrupted replay resumes
+with the prompts it had not finished, and a damaged or partial prompt is named, its files set aside under
+``<group>/set_aside/`` (never deleted) and replayed again. SIGTERM and SIGINT say what is kept and how to
+resume. The summary (``replay_summary.csv``,
 ``replay_differences.csv``) is rebuilt at the end from every finished prompt of the folders (a larger
 num_prompts extends a replay in its folder: the seeded prompt selection keeps its first prompts).
-Bad input: one message, exit 2, before any model loads.
+Bad input: one message, exit 2, before any model loads (the checks of every command that loads models:
+:func:`spectr_repro.runner.config.check_before_loading`, with the replay's num_prompts and L_max).
 """
 
 from __future__ import annotations
 
+import contextlib
+import datetime
 import hashlib
 import json
+import os
 import sys
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -35,8 +42,20 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from tqdm.auto import tqdm
 
+from spectr_repro.errors import ResourceError
+from spectr_repro.records import file_integrity, integrity_problems
 from spectr_repro.replay.core import ROW_GROUPS, block_estimates, check_grid
-from spectr_repro.runner.config import Composer, UsageError, expand, parse_arguments, print_help_if_asked, validate
+from spectr_repro.runner.config import (
+    Composer,
+    UsageError,
+    check_before_loading,
+    check_writable,
+    expand,
+    parse_arguments,
+    print_help_if_asked,
+    validate,
+)
+from spectr_repro.runner.signals import Terminated, stop_name, stop_on_signals, stop_status
 from spectr_repro.runner.store import atomic_write_text
 from spectr_repro.verify import VERIFIERS, Verifier, get_verifier
 
@@ -154,6 +173,34 @@ def parse(argv: Sequence[str]) -> list[tuple[DictConfig, ReplaySettings]]:
     return groups
 
 
+def check_groups(groups: Sequence[tuple[DictConfig, ReplaySettings]]) -> None:
+    """Everything the replay can be refused for, before any model loads: the checks every command shares (dataset
+    size at replay.num_prompts, hardware, the block L_max every prompt drafts), writable folders, and a group
+    folder holding other settings."""
+    cfgs = [cfg for cfg, _ in groups]
+    lengths = [settings.L_max for _, settings in groups]
+    longest = max(range(len(groups)), key=lambda i: lengths[i])
+    settings = groups[longest][1]
+    key = "L" if max(settings.L_values) >= settings.reference_L else "replay.reference_L"
+    check_before_loading(cfgs, num_prompts=[s.num_prompts for _, s in groups], block_L=lengths, L_key=key)
+    for cfg, settings in groups:
+        check_writable(cfg.output_dir, [replay_root(cfg), group_folder(cfg, settings)])
+        _check_group_folder(group_folder(cfg, settings), group_meta(cfg, settings), bool(cfg.force))
+
+
+@contextlib.contextmanager
+def recursion_room(L_max: int) -> Iterator[None]:
+    """Room for the rules whose exact law walks a block position by position (sbv's selection walk recurses once
+    per position): Python's default limit (1000 frames) would end an L in the thousands in a RecursionError.
+    Python-to-Python calls use no C stack since 3.11, so a larger limit is safe."""
+    previous = sys.getrecursionlimit()
+    sys.setrecursionlimit(max(previous, 4 * L_max + 1000))
+    try:
+        yield
+    finally:
+        sys.setrecursionlimit(previous)
+
+
 # --------------------------------------------------------------------------------------------------
 # One prompt
 
@@ -239,11 +286,19 @@ def group_meta(cfg: DictConfig, settings: ReplaySettings) -> dict[str, Any]:
 
 def changed_settings(folder: Path, meta: dict[str, Any]) -> list[str]:
     """The settings (keys of ``group_meta``) in which the replay held in ``folder`` differs from ``meta``,
-    num_prompts aside (a larger one extends it); [] for a folder without a replay yet."""
+    num_prompts aside (a larger one extends it); [] for a folder without a replay yet. UsageError naming the
+    file when replay.json cannot be read."""
     path = folder / "replay.json"
     if not path.exists():
         return []
-    old = json.loads(path.read_text())
+    try:
+        old = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise UsageError(f"{path} cannot be read ({type(error).__name__}: {error}): move it aside to start this "
+                         f"replay over, or use another experiment=") from None
+    if not isinstance(old, dict):
+        raise UsageError(f"{path} is not a replay's settings (a JSON object): move it aside, or use another "
+                         f"experiment=")
     return [key for key in meta if key != "num_prompts" and old.get(key) != meta[key]]
 
 
@@ -265,18 +320,90 @@ def prompt_directory(folder: Path, index: int) -> Path:
     return folder / "prompts" / f"{index:04d}"
 
 
+BLOCKS_FILE, DONE_FILE = "blocks.jsonl", "done.json"
+FINISHED = ("finished", "unverified")  # unverified: a done.json written before it vouched for its blocks
+
+
+@dataclass(frozen=True)
+class PromptState:
+    """``finished`` (blocks.jsonl is the file done.json vouches for), ``unverified`` (a done.json written before
+    2026-12-03, without the blocks' sha256: counted as finished), ``partial`` (blocks without done.json: stopped
+    between the two), ``damaged`` (``problem`` names the file and the line) or ``absent``."""
+
+    status: str
+    problem: str | None = None
+
+
+def prompt_state(directory: Path) -> PromptState:
+    """Read and check one prompt folder (never raises for bad content: a damaged prompt says why)."""
+    done_path, blocks_path = directory / DONE_FILE, directory / BLOCKS_FILE
+    if not done_path.exists():
+        if blocks_path.exists():
+            return PromptState("partial", f"{blocks_path}: written without its {DONE_FILE} (stopped before the "
+                                          f"prompt finished)")
+        return PromptState("absent")
+    try:
+        done = json.loads(done_path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        return PromptState("damaged", f"{done_path}: cannot be read ({type(error).__name__}: {error})")
+    files = done.get("records") if isinstance(done, dict) else None
+    if not isinstance(files, dict) or not files:
+        if blocks_path.exists() and isinstance(done, dict):
+            return PromptState("unverified")
+        return PromptState("damaged", f"{blocks_path}: missing ({DONE_FILE} says the prompt finished)")
+    problems = integrity_problems(directory, files)
+    return PromptState("damaged", "; ".join(problems)) if problems else PromptState("finished")
+
+
 def prompt_finished(directory: Path) -> bool:
-    return (directory / "done.json").exists() and (directory / "blocks.jsonl").exists()
+    return prompt_state(directory).status in FINISHED
+
+
+def set_aside(directory: Path, folder: Path) -> Path:
+    """Move a damaged or partial prompt's files (not its claim) to ``<folder>/set_aside/<index>-<UTC time>/``:
+    never deleted, out of the summary's way; returns where they went."""
+    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%S%f")
+    target = folder / "set_aside" / f"{directory.name}-{stamp}"
+    try:
+        target.mkdir(parents=True, exist_ok=False)
+        for name in (BLOCKS_FILE, DONE_FILE):
+            if (directory / name).exists():
+                os.replace(directory / name, target / name)
+    except OSError as error:
+        raise ResourceError(f"cannot set aside the damaged prompt {directory} into {target}: {error}") from error
+    return target
 
 
 def write_prompt(directory: Path, blocks: Sequence[dict[str, Any]], done: dict[str, Any]) -> None:
-    """A prompt's block lines, then ``done.json`` (last: the prompt is finished once it exists)."""
-    atomic_write_text(directory / "blocks.jsonl", "".join(json.dumps(b) + "\n" for b in blocks))
-    atomic_write_text(directory / "done.json", json.dumps(done, indent=2) + "\n")
+    """A prompt's block lines, then ``done.json`` (last: the prompt is finished once it exists), which records
+    the blocks' sha256 and line count (:func:`prompt_state` checks them)."""
+    text = "".join(json.dumps(b) + "\n" for b in blocks)
+    atomic_write_text(directory / BLOCKS_FILE, text)
+    atomic_write_text(directory / DONE_FILE, json.dumps({**done, "records": {BLOCKS_FILE: file_integrity(text)}},
+                                                       indent=2) + "\n")
 
 
 # --------------------------------------------------------------------------------------------------
 # The command
+
+
+@dataclass
+class Progress:
+    """What this run has done so far: what a stop by signal reports."""
+
+    planned: int = 0  # prompts of the command, every group
+    computed: int = 0  # replayed and written by this run
+    earlier: int = 0  # finished before this run (or by another runner)
+    current: Path | None = None  # the prompt being replayed
+    warned_unverified: set[Path] = field(default_factory=set)  # groups told once about their unverified prompts
+
+    def stopped_message(self, stop: BaseException, roots: Sequence[Path]) -> str:
+        dropped = (f"the prompt being replayed ({self.current}) was dropped and starts over"
+                   if self.current is not None else "no prompt was being replayed")
+        left = max(self.planned - self.computed - self.earlier, 0)
+        return (f"stopped by {stop_name(stop)}: kept {self.computed} prompt(s) replayed in this run and "
+                f"{self.earlier} finished before, in {', '.join(map(str, roots))}; {dropped}; rerun the same "
+                f"command to replay the {left} prompt(s) left.")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -285,81 +412,108 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     try:
         groups = parse(argv)
-        for cfg, settings in groups:
-            _check_group_folder(group_folder(cfg, settings), group_meta(cfg, settings), bool(cfg.force))
+        check_groups(groups)
     except UsageError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-    from spectr_repro.errors import ResourceError
     from spectr_repro.runner.claims import Runner
     from spectr_repro.runner.pairs import PairCache
 
-    done = computed = 0
+    roots = list(dict.fromkeys(replay_root(cfg) for cfg, _ in groups))
+    progress = Progress(planned=sum(settings.num_prompts for _, settings in groups))
     try:
-        with Runner() as runner:
+        with stop_on_signals(), Runner() as runner, recursion_room(max(s.L_max for _, s in groups)):
             pairs = PairCache(on_load=lambda name: runner.set_state("loading", name))
             for cfg, settings in groups:
-                finished, ran = _run_group(pairs, runner, cfg, settings)
-                done, computed = done + finished, computed + ran
+                _run_group(pairs, runner, cfg, settings, progress)
             pairs.release()
     except ResourceError as error:
         print(f"error: {error}\n(finished prompts are kept; fix the above and rerun the same command)",
               file=sys.stderr)
         return 1
-    except KeyboardInterrupt:
-        print(f"\nstopped by SIGINT (Ctrl-C): kept {computed} prompt(s) replayed in this run; the prompt being "
-              f"replayed starts over; rerun the same command to resume.", file=sys.stderr)
-        return 130
+    except (KeyboardInterrupt, Terminated) as stop:
+        print("\n" + progress.stopped_message(stop, roots), file=sys.stderr)
+        return stop_status(stop)
     from spectr_repro.analysis.replay import write_summaries
 
-    roots = list(dict.fromkeys(replay_root(cfg) for cfg, _ in groups))
     for root in roots:
-        table = write_summaries(root)
+        try:
+            table = write_summaries(root)
+        except OSError as error:
+            print(f"error: cannot write the summary into {root}: {error}\n(finished prompts are kept; fix the "
+                  f"above and rerun the same command)", file=sys.stderr)
+            return 1
         print(table)
-    print(f"{computed} prompt(s) replayed, {done - computed} finished earlier or elsewhere; "
+    print(f"{progress.computed} prompt(s) replayed, {progress.earlier} finished earlier or elsewhere; "
           f"results in {', '.join(map(str, roots))}")
     return 0
 
 
-def _run_group(pairs, runner, cfg: DictConfig, settings: ReplaySettings) -> tuple[int, int]:
-    """Replay every prompt of one group not finished yet; returns (prompts finished, prompts computed here)."""
+def _run_group(pairs, runner, cfg: DictConfig, settings: ReplaySettings, progress: Progress) -> None:
+    """Replay every prompt of one group not finished yet (counted in ``progress``)."""
     from spectr_repro.data import encode_prompt
     from spectr_repro.runner.stops import stop_checker
 
     folder = group_folder(cfg, settings)
-    folder.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(folder / "replay.json", json.dumps(group_meta(cfg, settings), indent=2) + "\n")
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(folder / "replay.json", json.dumps(group_meta(cfg, settings), indent=2) + "\n")
+    except OSError as error:
+        raise ResourceError(f"cannot write into {folder}: {error}") from error
     pair = pairs.pair(cfg)
     cfg_prompts = OmegaConf.merge(cfg, {"num_prompts": settings.num_prompts})
     examples = pairs.examples(cfg_prompts, pair.tokenizer)
     force = bool(cfg.force)
     label = f"replay {cfg.choices.dataset} T={float(cfg.temperature):g}"
-    bar = tqdm(list(enumerate(examples)), desc=label, unit="prompt", file=sys.stderr, dynamic_ncols=True)
-    finished = computed = 0
-    for index, example in bar:
-        directory = prompt_directory(folder, index)
-        if prompt_finished(directory) and not force:
-            finished += 1
-            continue
-        claim = runner.claim(directory)
-        if not claim.acquired:
-            continue  # another live runner replays it
-        try:
-            (directory / "done.json").unlink(missing_ok=True)
-            input_ids = encode_prompt(pair.tokenizer, example)[0].tolist()
-            stops = tuple(getattr(example, "stop_strings", ()) or ())
-            blocks, summary = replay_prompt(pair, input_ids, settings, cfg, seed=int(cfg.seed) * 100_003 + index,
-                                            should_stop=stop_checker(pair.tokenizer, stops))
-            write_prompt(directory, blocks, {"prompt_id": str(example.id), "index": index, **summary})
-        finally:
-            runner.release(directory)
-        finished += 1
-        computed += 1
-        bar.set_postfix(blocks=summary["blocks"])
-    bar.close()
-    return finished, computed
+    with tqdm(list(enumerate(examples)), desc=label, unit="prompt", file=sys.stderr, dynamic_ncols=True) as bar:
+        for index, example in bar:
+            directory = prompt_directory(folder, index)
+            if not force and _finished(directory, folder, progress):
+                progress.earlier += 1
+                continue
+            try:
+                claim = runner.claim(directory)
+            except OSError as error:
+                raise ResourceError(f"cannot write into {directory}: {error}") from error
+            if not claim.acquired:
+                continue  # another live runner replays it
+            try:
+                state = prompt_state(directory)  # another runner may have finished it between our look and the claim
+                if state.status in FINISHED and not force:
+                    progress.earlier += 1
+                    continue
+                if state.status in ("damaged", "partial"):
+                    moved = set_aside(directory, folder)
+                    tqdm.write(f"warning: {state.problem}; its files are set aside in {moved} and prompt {index} is "
+                               f"replayed again", file=sys.stderr)
+                (directory / DONE_FILE).unlink(missing_ok=True)
+                progress.current = directory
+                input_ids = encode_prompt(pair.tokenizer, example)[0].tolist()
+                stops = tuple(getattr(example, "stop_strings", ()) or ())
+                blocks, summary = replay_prompt(pair, input_ids, settings, cfg, seed=int(cfg.seed) * 100_003 + index,
+                                                should_stop=stop_checker(pair.tokenizer, stops))
+                try:
+                    write_prompt(directory, blocks, {"prompt_id": str(example.id), "index": index, **summary})
+                except OSError as error:
+                    raise ResourceError(f"cannot write prompt {index} into {directory}: {error}") from error
+                progress.computed += 1
+                progress.current = None
+            finally:
+                runner.release(directory)
+            bar.set_postfix(blocks=summary["blocks"])
 
 
-__all__ = ["ReplaySettings", "ReplayingReference", "changed_settings", "group_folder", "group_meta", "group_name",
-           "main", "parse", "prompt_directory", "prompt_finished", "replay_prompt", "replay_root", "settings_of",
-           "write_prompt"]
+def _finished(directory: Path, folder: Path, progress: Progress) -> bool:
+    """Finished (verified or from before done.json vouched for its blocks: the latter said once per group)."""
+    state = prompt_state(directory)
+    if state.status == "unverified" and folder not in progress.warned_unverified:
+        progress.warned_unverified.add(folder)
+        tqdm.write(f"note: {folder} holds prompts replayed before done.json recorded their blocks' sha256: they "
+                   f"are kept as finished, unverified", file=sys.stderr)
+    return state.status in FINISHED
+
+
+__all__ = ["FINISHED", "Progress", "PromptState", "ReplaySettings", "ReplayingReference", "changed_settings",
+           "check_groups", "group_folder", "group_meta", "group_name", "main", "parse", "prompt_directory",
+           "prompt_finished", "prompt_state", "recursion_room", "replay_prompt", "replay_root", "set_aside",
+           "settings_of", "write_prompt"]

@@ -18,7 +18,6 @@ resource: exit 1; SIGINT 130 and SIGTERM 143, each saying what was kept.
 from __future__ import annotations
 
 import math
-import signal
 import sys
 from collections.abc import Sequence
 
@@ -27,6 +26,8 @@ from spectr_repro.runner.config import (
     Composer,
     ParsedArgs,
     UsageError,
+    check_before_loading,
+    check_dataset_sizes,
     check_device,
     check_writable,
     conf_dir,
@@ -40,6 +41,7 @@ from spectr_repro.runner.config import (
     validate,
 )
 from spectr_repro.runner.execute import CellOutcome, CellPlan, ResourceError, Session, plan_cells
+from spectr_repro.runner.signals import Terminated, stop_name, stop_on_signals, stop_status
 
 USAGE = """\
 usage: python -m spectr_repro {command} [key=value ...]
@@ -59,14 +61,6 @@ def main_run(argv: Sequence[str] | None = None) -> int:
 def main_sweep(argv: Sequence[str] | None = None) -> int:
     """The grid of the comma lists on the command line and of the selected experiment."""
     return _main("sweep", list(sys.argv[1:] if argv is None else argv))
-
-
-class Terminated(BaseException):
-    """SIGTERM (e.g. SLURM's end of job, `kill`): unwinds like Ctrl-C so claims are released."""
-
-
-def _raise_terminated(signum, frame):
-    raise Terminated(signum)
 
 
 def _main(command: str, argv: list[str]) -> int:
@@ -107,7 +101,7 @@ def _compose_and_check(command: str, args, show_config: bool) -> tuple[list, lis
         return cfgs, None
     plans = plan_cells(cfgs)
     check_something_to_run(plans)
-    check_prompt_counts(plans)
+    check_before_loading([plan.cfg for plan in plans if not plan.skip_note])  # the one path every command takes
     _check_folders(cfgs, plans)
     return cfgs, plans
 
@@ -122,21 +116,17 @@ def _run_plans(cfgs: list, plans: list[CellPlan]) -> int:
                                     stale_after_s=float(settings.get("stale_after_s", 600))))
     finished: list[CellOutcome] = []
     folder = plans[0].directory.parent.parent if plans else cfgs[0].output_dir
-    previous = signal.signal(signal.SIGTERM, _raise_terminated) if _main_thread() else None
     try:
-        outcomes = session.run(plans, on_cell=finished.append)
+        with stop_on_signals():
+            outcomes = session.run(plans, on_cell=finished.append)
     except ResourceError as error:
         print(f"error: {error}\n(finished cells are kept; fix the above and rerun the same command)",
               file=sys.stderr)
         return 1
     except (KeyboardInterrupt, Terminated) as stop:
-        name = "SIGTERM" if isinstance(stop, Terminated) else "SIGINT (Ctrl-C)"
-        print("\n" + stopped_message(name, plans, finished, session.interrupted, folder,
+        print("\n" + stopped_message(stop_name(stop), plans, finished, session.interrupted, folder,
                                       session.written_cells(plans)), file=sys.stderr)
-        return 143 if isinstance(stop, Terminated) else 130
-    finally:
-        if previous is not None:
-            signal.signal(signal.SIGTERM, previous)
+        return stop_status(stop)
     print(summary_table(outcomes))
     notes = [o for o in outcomes if o.status == "skipped"]
     for outcome in notes:
@@ -147,12 +137,6 @@ def _run_plans(cfgs: list, plans: list[CellPlan]) -> int:
           f"{counts['finished elsewhere'] + counts['claimed elsewhere']} computed by another runner, "
           f"{len(notes)} skipped as invalid; results in {folder}")
     return 0
-
-
-def _main_thread() -> bool:
-    import threading
-
-    return threading.current_thread() is threading.main_thread()
 
 
 def stopped_message(signal_name: str, plans, finished: Sequence[CellOutcome], interrupted, folder,
@@ -183,32 +167,8 @@ def check_something_to_run(plans) -> None:
 
 
 def check_prompt_counts(plans) -> None:
-    """UsageError when a cell asks for more prompts than its dataset has, before any model pair loads.
-
-    Reading a dataset's records needs no tokenizer (prompts are formatted later); a dataset that cannot be
-    read at all is left to the run, which reports the missing resource (exit 1) as before.
-    """
-    from omegaconf import OmegaConf
-
-    from spectr_repro.data import get_dataset
-
-    wanted: dict[str, tuple[dict, int]] = {}
-    for plan in plans:
-        if plan.skip_note:
-            continue
-        dataset = OmegaConf.to_container(plan.cfg.dataset, resolve=True)
-        dataset.setdefault("name", plan.cfg.choices.dataset)
-        key = repr(sorted(dataset.items()))
-        most = max(wanted.get(key, (dataset, 0))[1], int(plan.cfg.num_prompts))
-        wanted[key] = (dataset, most)
-    for dataset, num_prompts in wanted.values():
-        try:
-            records = get_dataset(dataset["name"]).load_records(**dict(dataset.get("options") or {}))
-        except (ValueError, OSError, ImportError):
-            continue
-        if num_prompts > len(records):
-            raise UsageError(f"num_prompts={num_prompts} but dataset {dataset['name']} has only {len(records)} "
-                             f"records; use num_prompts <= {len(records)}")
+    """UsageError when a cell asks for more prompts than its dataset has, before any model pair loads."""
+    check_dataset_sizes((plan.cfg, int(plan.cfg.num_prompts)) for plan in plans if not plan.skip_note)
 
 
 def _check_folders(cfgs, plans) -> None:

@@ -355,14 +355,111 @@ def check_writable(output_dir: str, folders: Iterable[str | Path] = ()) -> Path:
     return path
 
 
-def check_device(device) -> None:
-    """hardware=cuda on a machine without a visible GPU: say so before loading anything."""
+def check_device(device, instead: str = "hardware=cpu") -> None:
+    """hardware=cuda on a machine without a visible GPU: say so before loading anything (``instead``: the option
+    that picks the CPU in the command's own syntax)."""
     if device and str(device).startswith("cuda"):
         import torch
 
         if not torch.cuda.is_available():
             raise UsageError(f"hardware device {device!r} but no CUDA device is visible to torch "
-                             f"({torch.__version__}); use hardware=cpu")
+                             f"({torch.__version__}); use {instead}")
+
+
+def context_window(pair_cfg: DictConfig | dict) -> tuple[int, str] | None:
+    """(positions, which model) of the pair's shorter context window (``max_position_embeddings``), read from
+    its config files without loading a weight; None when no config is here yet (a hub pair not downloaded)."""
+    pair = OmegaConf.to_container(pair_cfg, resolve=True) if isinstance(pair_cfg, DictConfig) else dict(pair_cfg)
+    if pair.get("source") == "tiny":
+        from spectr_repro.models.tiny import tiny_config
+
+        return int(tiny_config(1).max_position_embeddings), "the tiny pair's models"
+    windows = []
+    for role in ("target", "draft"):
+        size = _max_positions(pair, role)
+        if size is None:
+            return None
+        windows.append((size, f"the {role} ({(pair.get(role) or {}).get('hub_id') or role})"))
+    return min(windows)
+
+
+def _max_positions(pair: dict, role: str) -> int | None:
+    import json
+
+    spec = pair.get(role) or {}
+    path = None
+    if pair.get("source") == "offline" and spec.get("offline"):
+        from spectr_repro.models.offline import models_dir
+
+        path = models_dir() / str(spec["offline"]) / "config.json"
+    elif spec.get("hub_id"):
+        from huggingface_hub import try_to_load_from_cache
+
+        cached = try_to_load_from_cache(str(spec["hub_id"]), "config.json", revision=spec.get("revision"))
+        path = Path(cached) if isinstance(cached, str) else None
+    if path is None or not path.is_file():
+        return None
+    try:
+        value = json.loads(path.read_text(encoding="utf-8")).get("max_position_embeddings")
+    except (OSError, ValueError):
+        return None  # a damaged config is the loader's to report (one message, exit 1)
+    return int(value) if isinstance(value, int) and value > 0 else None
+
+
+def check_block_fits(cfg: DictConfig, block_L: int, key: str = "L") -> None:
+    """A block of ``block_L`` drafted tokens needs at least one context token before it and must fit in the pair's
+    context window: refuse an L no block of this pair can hold, with the bound (before any model loads)."""
+    window = context_window(cfg.model_pair)
+    if window is not None and block_L > window[0] - 1:
+        size, which = window
+        raise UsageError(f"{key}={block_L} cannot fit in a block of model pair {cfg.choices.model_pair}: "
+                         f"{which} hold at most {size} positions (max_position_embeddings), a block needs L + 1 "
+                         f"(its drafts after at least one context token); use {key} <= {size - 1}")
+
+
+def check_dataset_sizes(wanted: Iterable[tuple[DictConfig, int]]) -> None:
+    """UsageError when a config asks for more prompts than its dataset has (``wanted``: (cfg, num_prompts)).
+
+    Reading a dataset's records needs no tokenizer (prompts are formatted later); a dataset that cannot be
+    read at all is left to the run, which reports the missing resource (exit 1)."""
+    from spectr_repro.data import get_dataset
+
+    largest: dict[str, tuple[dict, int]] = {}
+    for cfg, num_prompts in wanted:
+        dataset = OmegaConf.to_container(cfg.dataset, resolve=True)
+        dataset.setdefault("name", cfg.choices.dataset)
+        key = repr(sorted(dataset.items()))
+        largest[key] = (dataset, max(largest.get(key, (dataset, 0))[1], int(num_prompts)))
+    for dataset, num_prompts in largest.values():
+        try:
+            records = get_dataset(dataset["name"]).load_records(**dict(dataset.get("options") or {}))
+        except (ValueError, OSError, ImportError):
+            continue
+        if num_prompts > len(records):
+            raise UsageError(f"num_prompts={num_prompts} but dataset {dataset['name']} has only {len(records)} "
+                             f"records; use num_prompts <= {len(records)}")
+
+
+def check_before_loading(cfgs: Sequence[DictConfig], num_prompts: Sequence[int] | None = None,
+                         block_L: Sequence[int] | None = None, L_key: str = "L") -> None:
+    """The one validation of every command that loads models (run, sweep, replay, bias, check, bench): each
+    config's values (:func:`validate`), its hardware, its dataset's size and the block length it drafts, as
+    UsageError (one message; the command exits 2) before any model loads.
+
+    ``num_prompts[i]``/``block_L[i]``: what config i really asks (a replay's replay.num_prompts and L_max); by
+    default its num_prompts and min(L, max_new_tokens) (a cell's blocks never run past max_new_tokens)."""
+    for cfg in cfgs:
+        validate(cfg)
+    for cfg in cfgs:
+        check_device(cfg.hardware.get("device"))
+    prompts = num_prompts or [int(cfg.num_prompts) for cfg in cfgs]
+    check_dataset_sizes(zip(cfgs, prompts))
+    lengths = block_L or [min(int(cfg.L), int(cfg.max_new_tokens)) for cfg in cfgs]
+    checked = set()
+    for cfg, length in zip(cfgs, lengths):
+        if (cfg.choices.model_pair, length) not in checked:
+            checked.add((cfg.choices.model_pair, length))
+            check_block_fits(cfg, length, L_key)
 
 
 def run_folders(cfg: DictConfig, cell_dirs: Iterable[Path] = ()) -> list[Path]:
@@ -377,7 +474,8 @@ def run_folders(cfg: DictConfig, cell_dirs: Iterable[Path] = ()) -> list[Path]:
 
 
 __all__ = [
-    "GROUPS", "Composer", "ParsedArgs", "UsageError", "check_device", "check_nested_keys", "check_top_level_keys",
+    "GROUPS", "Composer", "ParsedArgs", "UsageError", "check_before_loading", "check_block_fits",
+    "check_dataset_sizes", "check_device", "context_window", "check_nested_keys", "check_top_level_keys",
     "check_writable", "conf_dir", "expand", "grid_axes", "group_options", "needs_single_draft", "parse_arguments",
     "run_folders", "schema_keys", "single_draft_message", "validate",
 ]

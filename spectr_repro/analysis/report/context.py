@@ -24,7 +24,7 @@ from spectr_repro.analysis.load import (
     load_quality,
     load_results,
 )
-from spectr_repro.analysis.replay import load_blocks, read_summaries, reference_setting
+from spectr_repro.analysis.replay import read_blocks, read_summaries, reference_setting
 from spectr_repro.analysis.replay_report import main_cells
 from spectr_repro.analysis.speedup import predict_speedups
 from spectr_repro.analysis.speedup_cells import cell_agreement, time_breakdown
@@ -48,6 +48,7 @@ class ReplayData:
     differences: pd.DataFrame
     K: int
     L: int
+    left_out: list[str] = field(default_factory=list)  # prompts or groups that could not be read, each named
 
 
 @dataclass
@@ -114,7 +115,9 @@ def load_replay(results_dirs: list[Path]) -> ReplayData | None:
     roots = [folder / "replay" for folder in results_dirs if (folder / REPLAY_SUMMARY).is_file()]
     if not roots:
         return None
-    blocks = pd.concat([load_blocks(root) for root in roots], ignore_index=True)
+    read = [read_blocks(root) for root in roots]
+    blocks = pd.concat([frame for frame, _ in read], ignore_index=True)
+    left_out = [problem for _, problems in read for problem in problems]
     tables = [read_summaries(root) for root in roots]
     table = pd.concat([t for t, _ in tables], ignore_index=True)
     differences = [d for _, d in tables if not d.empty]
@@ -122,7 +125,7 @@ def load_replay(results_dirs: list[Path]) -> ReplayData | None:
         return None
     K, L = main_cells(table, reference_setting(roots))
     return ReplayData(roots, blocks, table, pd.concat(differences, ignore_index=True) if differences
-                      else pd.DataFrame(), K, L)
+                      else pd.DataFrame(), K, L, left_out)
 
 
 def find_costs(results_dirs: list[Path], model_pair: str, dtype: str | None) -> CallCosts | None:

@@ -50,6 +50,9 @@ def replay_section(context: ReportContext) -> str | None:
              "it (exact where the rule has a closed form, else the mean of its sampler's draws). 95 % intervals "
              "resample prompts. GBV carries state: its value is a first iteration's. Files: "
              + ", ".join(f"`{relative(r / 'replay_summary.csv', out_dir)}`" for r in replay.roots), ""]
+    if replay.left_out:  # damaged prompts: the tables are built from the rest, and say so
+        lines += ["Left out of the replay (files that could not be read; rerun `replay` on the folder to recompute "
+                  "them):", "", *(f"- {problem}" for problem in replay.left_out), ""]
     for (pair, temperature), part in replay.table.groupby(["model_pair", "temperature"], sort=False):
         lines += [f"### {pair}, T={temperature:g}", "", table1_markdown(part, K, L), ""]
     lines += ["### Which replayed differences are real", "",
