@@ -60,8 +60,8 @@ from spectr_repro.runner.signals import Terminated, stop_name, stop_on_signals, 
 from spectr_repro.verify import VERIFIERS, get_verifier
 
 CSV_COLUMNS = ["model_pair", "dataset", "method", "K", "L", "temperature", "draft_temperature", "context",
-               "samples", "tv_estimate", "interval", "p_value", "detectable_tv", "verdict", "estimator",
-               "acceptance", "exact_tv"]
+               "samples", "tv_estimate", "interval", "p_value", "p_value_holm", "detectable_tv", "verdict",
+               "estimator", "acceptance", "exact_tv"]  # p_value_holm: per context, Holm-adjusted in its family
 TOP_TOKENS = 12  # tokens kept per (method, context) for the report's figure
 DONE_FILE = "done.json"  # a context is finished when its done.json vouches for its records
 INTEGRITY = 1  # setting.json's ``records_integrity``: its contexts have a done.json (absent: written before 2026-12-03)
@@ -513,8 +513,14 @@ def bias_table(folder: Path) -> pd.DataFrame:
     by_cell: dict[tuple, list[dict]] = {}
     for record in records:
         by_cell.setdefault(tuple(record[k] for k in keys), []).append(record)
-        rows.append(_row(record, record["context"], record["p_value"], record["detectable_tv"],
-                         record["tv_estimate"], record["interval"], record["samples"]))
+    for group in by_cell.values():
+        # Per-context verdicts of one family with Holm's correction (16 contexts at a nominal 5 % each would read
+        # "bias detected" somewhere for a lossless rule about half the time); the pooled row is the rule's verdict.
+        verdicts = estimators.context_verdicts([r["p_value"] for r in group], [r["power_model"] for r in group])
+        for record, (holm_p, detectable, text) in zip(group, verdicts, strict=True):
+            row = _row(record, record["context"], record["p_value"], detectable, record["tv_estimate"],
+                       record["interval"], record["samples"])
+            rows.append({**row, "verdict": text, "p_value_holm": holm_p})
     for group in by_cell.values():
         p_value, detectable = estimators.pooled([r["p_value"] for r in group], [r["power_model"] for r in group])
         estimate = sum(r["tv_estimate"] for r in group) / len(group)

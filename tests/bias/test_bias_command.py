@@ -60,15 +60,18 @@ def test_runs_end_to_end_and_resumes_after_an_interruption(tmp_path, monkeypatch
     assert cli(arguments) == 0
     assert calls == [1]  # only the context that was interrupted is computed again
     table = pd.read_csv(folder / "bias.csv")
-    assert list(table.columns[:14]) == ["model_pair", "dataset", "method", "K", "L", "temperature",
+    assert list(table.columns[:15]) == ["model_pair", "dataset", "method", "K", "L", "temperature",
                                         "draft_temperature", "context", "samples", "tv_estimate", "interval",
-                                        "p_value", "detectable_tv", "verdict"]
+                                        "p_value", "p_value_holm", "detectable_tv", "verdict"]
     per_context = table[~table.context.str.startswith("pooled")]
     assert sorted(per_context.method.unique()) == sorted(["spectr_gbv", "spectr", "control_draft",
                                                           "control_lenient_sd"])
     assert per_context.context.nunique() == 2 and len(per_context) == 8
     assert (per_context.samples == 8).all()
     assert ((table.p_value > 0) & (table.p_value <= 1)).all()
+    # per context: Holm-adjusted within its family (never below the raw p), the verdict says Holm; pooled: none
+    assert (per_context.p_value_holm >= per_context.p_value).all() and per_context.verdict.str.contains("Holm").all()
+    assert table[table.context.str.startswith("pooled")].p_value_holm.isna().all()
     kept = first[~first.context.str.startswith("pooled")].set_index(["method", "context"]).tv_estimate
     again = per_context.set_index(["method", "context"]).tv_estimate
     assert (again.loc[kept.index] == kept).all()  # the finished context was kept, not redone
