@@ -135,6 +135,8 @@ def _replayed_tokens_per_call(prediction, cell, rule, K, L, T) -> tuple[float, n
 
 def agreement_summary(agreement: pd.DataFrame, column: str = "error") -> dict[str, float] | None:
     """Median and worst |error| of a column of :func:`cell_agreement` (None when no cell has it)."""
+    if column not in agreement:
+        return None
     errors = agreement[column].dropna().abs()
     if errors.empty:
         return None

@@ -223,7 +223,7 @@ def agreement_sentence(agreement: pd.DataFrame) -> str:
             parts.append(f"{what}: median |error| {100 * found['median']:.1f} %, worst {100 * found['worst']:.1f} % "
                          f"over {found['cells']} cells")
     if not parts:
-        return "No timed cell to check the model against."
+        return "No timed cell of this pair to check the model against."
     worst = agreement.loc[agreement["error_own_calls"].abs().idxmax()]
     return ("; ".join(parts) + f". The worst cell is {worst['method']} K={worst['K']} L={worst['L']} on "
             f"{worst['dataset']} ({100 * worst['error_own_calls']:+.0f} %).")

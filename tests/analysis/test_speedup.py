@@ -185,6 +185,7 @@ def test_the_report_decides_speed_up_from_a_replay_and_a_calibration_beside_it(t
     reproduce` leaves them): the verdicts carry the speed-up rows and the speed-up section has its figures and
     agreement table; without the calibration the section is absent and the verdicts say why."""
     import json
+    import shutil
 
     from spectr_repro.analysis.report import build_report
     from spectr_repro.cost.calibration import Calibration
@@ -215,3 +216,7 @@ def test_the_report_decides_speed_up_from_a_replay_and_a_calibration_beside_it(t
         tmp_path / "default" / "tables" / "speedup_predictions.csv").read_text()
     assert {"sd", "gbv", "spectr", "spectr_gbv"} <= set(predictions["method"])
     assert (predictions["ci_low"] <= predictions["speedup"]).all()
+    # a replay without timed cells beside it: predictions and verdicts, no agreement (not a crash)
+    shutil.copytree(tmp_path / "default" / "replay", tmp_path / "alone" / "replay")
+    alone = build_report([tmp_path / "alone"]).read_text()
+    assert "No timed cell of this pair to check the model against." in alone
