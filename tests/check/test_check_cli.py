@@ -26,6 +26,10 @@ def test_tiny_pair_passes_writes_its_json_and_calibrates_the_plan(tmp_path, cali
         assert items[name]["status"] == "pass" and items[name]["required"], name
     entry = read_calibrations()["cpu/tiny_random/float32"]
     assert {(r, t) for r, t, _, _ in entry.target.points} >= {(1, 1), (1, 4)}  # decode, sd's L+1 call
+    # the rest of the call cost model: sd's call timed on real blocks, each section's overhead fitted on decodes
+    assert entry.extra["rule_seconds"]["sd/1/3"] > 0 and "spectr/1/3" in entry.extra["rule_seconds"]
+    assert set(entry.extra["section_overheads"]["fits"]) == {"draft", "target", "verify", "other"}
+    assert items["rule calls on real blocks"]["status"] == "info" and items["section overheads"]["status"] == "info"
     assert main_plan(["model_pair=tiny_random", "method=sd", "K=1", "L=3", f"output_dir={tmp_path / 'r'}"]) == 0
     assert f"calibrated on {entry.device}, {entry.date}" in capsys.readouterr().out
 
