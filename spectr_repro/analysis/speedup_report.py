@@ -190,6 +190,10 @@ def curve_figure(prediction: SpeedupPrediction, axis: str, fixed: int, path: Pat
     ax.set_ylabel("predicted speed-up over AR (decoding)")
     ax.set_title(f"Predicted speed-up vs {axis} ({other}={fixed}; 95 % bands)")
     ax.legend(fontsize=8)
+    return _save(fig, path)
+
+
+def _save(fig, path: Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
@@ -252,11 +256,7 @@ def breakdown_figure(breakdown: pd.DataFrame, path: Path) -> Path | None:
     ax.set_ylabel("ms per generated token")
     ax.set_title("Where the time goes (meas. = timed cells' sections, pred. = cost model)")
     ax.legend(fontsize=8)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return _save(fig, path)
 
 
 def fastest_text(prediction: SpeedupPrediction) -> str:
