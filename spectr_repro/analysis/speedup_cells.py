@@ -61,6 +61,20 @@ def _prompt_seconds(costs: CallCosts, rule: str, K: int, L: int, prompt_tokens: 
     return prefill + calls * per_call
 
 
+def _own_calls_seconds(costs: CallCosts, rule: str, K: int, L: int, prompts: pd.DataFrame) -> np.ndarray:
+    """Each prompt's predicted seconds at its own calls: its prefill plus each call at the block it drafted (the
+    records' ``block_lengths``: a call near the end of a generation drafts only what is left, and at L = 24 and
+    48 new tokens that is a third of the calls); every call at L when a record lacks them."""
+    seconds = []
+    for p, n, calls, blocks in zip(prompts["prompt_tokens"], prompts["new_tokens"], prompts["target_calls"],
+                                   prompts.get("block_lengths", pd.Series([None] * len(prompts)))):
+        context = int(p + n // 2)
+        blocks = list(blocks) if isinstance(blocks, (list, tuple, np.ndarray)) and len(blocks) else [L] * int(calls)
+        per_block = {b: costs.call_seconds(rule, K, int(b), context) for b in set(blocks)}
+        seconds.append(costs.prefill_seconds(int(p)) + sum(per_block[b] for b in blocks))
+    return np.array(seconds, dtype=float)
+
+
 def _ar_seconds(costs: CallCosts, prompt_tokens: np.ndarray, new_tokens: np.ndarray) -> np.ndarray:
     context = prompt_tokens + new_tokens // 2
     prefill = np.array([costs.prefill_seconds(int(p), with_draft=False) for p in prompt_tokens])
@@ -88,11 +102,10 @@ def cell_agreement(cells: pd.DataFrame, records: pd.DataFrame, costs: CallCosts,
         wall, ar = part["wall_time_s"].to_numpy(float), part["ar_wall_time_s"].to_numpy(float)
         prompt_tokens = part["prompt_tokens"].to_numpy(int)
         new_tokens = part["new_tokens"].to_numpy(int)
-        calls = part["target_calls"].to_numpy(float)
         measured = ar.sum() / wall.sum()
         low, high = _ratio_interval(ar, wall, rng)
         ar_predicted = _ar_seconds(costs, prompt_tokens, new_tokens)
-        own = ar_predicted.sum() / _prompt_seconds(costs, rule, K, L, prompt_tokens, new_tokens, calls).sum()
+        own = ar_predicted.sum() / _own_calls_seconds(costs, rule, K, L, part).sum()
         row = {"cell_id": cell_id, "method": rule, "K": K, "L": L, "temperature": T, "dataset": cell["dataset"],
                "prompts": len(part), "new_tokens": int(new_tokens.sum()), "measured": measured,
                "measured_low": low, "measured_high": high, "predicted": np.nan, "predicted_low": np.nan,
@@ -189,11 +202,14 @@ def time_breakdown(cells: pd.DataFrame, records: pd.DataFrame, costs: CallCosts,
 def _predicted_split(costs: CallCosts, rule: str, K: int, L: int, prompts: pd.DataFrame) -> dict[str, float]:
     totals = dict.fromkeys(("prefill", *SECTIONS), 0.0)
     tokens = float(prompts["new_tokens"].sum())
-    for p, n, calls in zip(prompts["prompt_tokens"], prompts["new_tokens"], prompts["target_calls"]):
-        sections = costs.call_sections(rule, K, L, int(p + n // 2))
+    for p, n, calls, blocks in zip(prompts["prompt_tokens"], prompts["new_tokens"], prompts["target_calls"],
+                                   prompts.get("block_lengths", pd.Series([None] * len(prompts)))):
+        blocks = list(blocks) if isinstance(blocks, (list, tuple, np.ndarray)) and len(blocks) else [L] * int(calls)
         totals["prefill"] += costs.prefill_seconds(int(p))
-        for section in SECTIONS:
-            totals[section] += float(calls) * sections[section]
+        for block in blocks:
+            sections = costs.call_sections(rule, K, int(block), int(p + n // 2))
+            for section in SECTIONS:
+                totals[section] += sections[section]
     return {key: 1e3 * value / tokens for key, value in totals.items()}
 
 

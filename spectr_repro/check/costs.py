@@ -25,10 +25,11 @@ def calibration_item(checker: Checker, base, pair_cfg, loaded: LoadedPair, shape
     repeats = 3  # medians of 3 rounds, quick too: one timed forward per shape once read 880 ms for a 320 ms shape
 
     context = int(shapes.get("context") or CONTEXT_TOKENS)
+    contexts = [int(c) for c in shapes.get("contexts") or [context]]
 
     def measure():
-        target = measure_forward_costs(loaded.target, wanted["target"], repeats, context, loaded.vocab_size)
-        draft = measure_forward_costs(loaded.draft, wanted["draft"], repeats, context, loaded.vocab_size)
+        target = measure_forward_costs(loaded.target, wanted["target"], repeats, contexts, loaded.vocab_size)
+        draft = measure_forward_costs(loaded.draft, wanted["draft"], repeats, contexts, loaded.vocab_size)
         calibration = Calibration(
             hardware=str(base.choices.hardware), model_pair=str(base.choices.model_pair),
             dtype=calibration_dtype(base), device=device_name, date=today(),
@@ -36,8 +37,8 @@ def calibration_item(checker: Checker, base, pair_cfg, loaded: LoadedPair, shape
             extra={"repeats": repeats, "shapes": shapes,
                    # this machine's two roofs, for the report's roofline against these calibrated forwards
                    **machine_roofline_figures(next(loaded.target.parameters()).device, loaded.target.dtype)})
-        detail = (f"{len(wanted['target'])} target and {len(wanted['draft'])} draft shapes on {context} cached "
-                  f"tokens; decode "
+        detail = (f"{len(wanted['target'])} target and {len(wanted['draft'])} draft shapes on "
+                  f"{' and '.join(map(str, contexts))} cached tokens; decode "
                   f"{1e3 * target.seconds(1, 1):.1f} / {1e3 * draft.seconds(1, 1):.1f} ms (target / draft)")
         return None, detail, calibration
 
@@ -73,16 +74,21 @@ def call_costs_item(checker: Checker, base, loaded: LoadedPair, calibration, sha
     def overheads():
         corners = sorted({(min(Ks), min(Ls)), (min(Ks), max(Ls)), (max(Ks), min(Ls)), (max(Ks), max(Ls))})
         rule_seconds = _decoded_rule_seconds(calibration)
-        residuals = measure_section_residuals(loaded.target, loaded.draft, prompt, corners, calibration.target,
-                                              calibration.draft, rule_seconds, temperature,
-                                              calls=3 if quick else 5, vocab_size=loaded.vocab_size,
-                                              prefill_chunk=prefill_chunk)
+        residuals = []
+        for context in [int(c) for c in shapes.get("contexts") or [prompt.numel()]]:
+            at_context = prompt if context == prompt.numel() else _calibration_prompt(base, loaded, context, device)
+            decodes = measure_section_residuals(loaded.target, loaded.draft, at_context, corners, calibration.target,
+                                                calibration.draft, rule_seconds, temperature,
+                                                calls=3 if quick else 5, vocab_size=loaded.vocab_size,
+                                                prefill_chunk=prefill_chunk)
+            residuals += decodes if not residuals else [row for row in decodes if row["K"] > 0]  # one AR row
         fitted = SectionOverheads.fit(residuals)
         calibration.extra["section_overheads"] = fitted.to_json()
         calibration.extra["section_residuals"] = residuals
         K, L = max(Ks), max(Ls)
         parts = ", ".join(f"{section} {1e3 * fitted.seconds(section, K, L):.1f}" for section in fitted.fits)
-        return None, f"{len(corners)} decodes; at K={K} L={L} (ms per call beyond forwards and rule): {parts}", None
+        return None, (f"{len(residuals) - 1} decodes; at K={K} L={L} (ms per call beyond forwards and rule): "
+                      f"{parts}"), None
 
     checker.run("calibration", "rule calls on real blocks", rules, required=False)
     checker.run("calibration", "section overheads", overheads, required=False)
@@ -94,6 +100,28 @@ def _decoded_rule_seconds(calibration) -> dict:
     return CallCosts.from_calibration(calibration).rule_seconds
 
 
+def prompt_contexts(base, loaded: LoadedPair, shapes: dict, most: int = 16) -> None:
+    """``shapes["contexts"]`` from the datasets' real prompts in the pair's tokens (the first ``num_prompts`` a run
+    decodes, at most ``most``, each plus half the new tokens; their shortest and longest mean), instead of the registry's typical
+    lengths: HumanEval's typical 180 tokens are 528 in Qwen2.5-Coder's chat template (2026-12-03). Unchanged
+    without a tokenizer or a local copy of the data."""
+    if loaded.tokenizer is None:
+        return
+    from spectr_repro.data import encode_prompt, load_examples
+
+    means = []
+    for name in shapes.get("datasets") or [str(base.choices.dataset)]:
+        try:
+            examples = load_examples(name, min(int(base.num_prompts), most), seed=int(base.seed),
+                                     tokenizer=loaded.tokenizer)
+        except (OSError, ValueError, KeyError):
+            continue
+        lengths = [encode_prompt(loaded.tokenizer, example).shape[-1] for example in examples]
+        means.append(round(sum(lengths) / len(lengths)) + int(base.max_new_tokens) // 2)
+    if means:
+        shapes["contexts"] = sorted({min(means), max(means)})
+
+
 def _calibration_prompt(base, loaded: LoadedPair, length: int, device):
     """A real prompt of the experiment's dataset when the pair has a tokenizer (real blocks need real text),
     else random tokens; ``length`` tokens either way (the context the forwards were measured on)."""
@@ -103,9 +131,11 @@ def _calibration_prompt(base, loaded: LoadedPair, length: int, device):
         from spectr_repro.data import encode_prompt, load_examples
 
         try:
-            examples = load_examples(str(base.choices.dataset), 1, seed=0, tokenizer=loaded.tokenizer)
-            ids = encode_prompt(loaded.tokenizer, examples[0])[0].to(device)
-            return ids[-length:]
+            # Prompts of the dataset one after another until ``length`` tokens (a long context is real text too).
+            examples = load_examples(str(base.choices.dataset), 16, seed=0, tokenizer=loaded.tokenizer)
+            ids = torch.cat([encode_prompt(loaded.tokenizer, example)[0] for example in examples]).to(device)
+            if ids.numel() >= length:
+                return ids[-length:]
         except (OSError, ValueError) as error:  # no local copy of the dataset: random tokens, said in the item
             print(f"check: calibration prompt from random tokens ({error})", file=sys.stderr)
     return random_prompts(1, length, loaded.vocab_size, device, seed=3)[0].to(torch.long)

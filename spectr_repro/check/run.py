@@ -10,7 +10,7 @@ from typing import Any
 
 from spectr_repro.check.checker import Checker
 from spectr_repro.check.correctness import correctness_items, correctness_models, load_models
-from spectr_repro.check.costs import calibration_item, call_costs_item, prediction_item, timing_item
+from spectr_repro.check.costs import calibration_item, call_costs_item, prediction_item, prompt_contexts, timing_item
 from spectr_repro.check.environment import environment_items, memory_item
 from spectr_repro.errors import ResourceError
 
@@ -64,9 +64,17 @@ def run_shapes(base, cells, quick: bool = False) -> dict[str, Any]:
     chunks.add(32)  # the runner's warm-up prompt
     if quick:
         Ls, chunks = {min(Ls), max(Ls)}, {min(chunks), max(chunks)}
-    context = int(sorted(prompts)[len(prompts) // 2] + int(base.max_new_tokens) // 2)
+    half = int(base.max_new_tokens) // 2
+    context = int(sorted(prompts)[len(prompts) // 2] + half)
+    # The shortest and the longest typical context too: the costs are interpolated between them (a cell of 528-token
+    # HumanEval prompts priced at a 204-token median context ran 10-30 % slower than predicted, 2026-12-03).
+    contexts = sorted({min(prompts) + half, max(prompts) + half})
+    datasets = sorted({str(base.choices.dataset), *(str(c.choices.dataset) for c in cells
+                                                     if c.choices.model_pair == base.choices.model_pair),
+                       *(str(name) for name in replay.get("datasets") or [])})
     return {"Ks": sorted(Ks), "Ls": sorted(Ls), "prefill_chunks": sorted(chunks), "batch_sizes": sorted(batches),
-            "methods": sorted(m for m in methods if m in VERIFIERS), "context": context}
+            "methods": sorted(m for m in methods if m in VERIFIERS), "context": context,
+            "contexts": contexts if not quick else [context], "datasets": datasets}
 
 
 def run_check(argv: Sequence[str]) -> tuple[int, dict[str, Any]]:
@@ -109,6 +117,8 @@ def run_check(argv: Sequence[str]) -> tuple[int, dict[str, Any]]:
         target, draft = correctness_models(loaded, pair_cfg)
         correctness_items(checker, target, draft, loaded.vocab_size, quick)
         del target, draft
+        if not quick:
+            prompt_contexts(base, loaded, shapes)  # the real prompts' lengths in the pair's tokens, when it has some
         calibration = calibration_item(checker, base, pair_cfg, loaded, shapes, quick, env["device_name"])
         overhead = timing_item(checker, base, loaded, calibration, quick)
         if calibration is not None:

@@ -181,7 +181,7 @@ def measure_section_residuals(target, draft, prompt: torch.Tensor, shapes: Itera
     and per call what each engine section spent beyond what the forwards (``target_costs``, ``draft_costs``,
     measured at the prompt's context) and the rule (``rule_seconds``) explain; plus AR's per token. The first
     iteration's scoring runs in the prefill section, so the target's per call is over ``calls - 1``."""
-    from spectr_repro.cost.model import section_forward_seconds
+    from spectr_repro.cost.model import section_residual
     from spectr_repro.engine import generate
 
     context = int(prompt.numel())
@@ -198,15 +198,11 @@ def measure_section_residuals(target, draft, prompt: torch.Tensor, shapes: Itera
                        max_new_tokens=calls * (L + 1) + 1, seed=0, vocab_size=vocab_size, eos_token_ids=(),
                        should_stop=stop, prefill_chunk=prefill_chunk)
         n, sections = out.target_calls, out.stats["time_s"]
-        forwards = section_forward_seconds(target_costs, draft_costs, K, L, context)
         timed = sum(v for key, v in sections.items() if key != "total")
-        rows.append({
-            "K": int(K), "L": int(L), "calls": n,
-            "draft": sections.get("draft", 0.0) / n - forwards["draft"],
-            "target": sections.get("target", 0.0) / max(1, n - 1) - forwards["target"],
-            "verify": sections.get("verify", 0.0) / n - rule_seconds.get((rule, int(K), int(L)), 0.0),
-            "other": (sections["total"] - timed) / n,
-        })
+        measured = {"draft": sections.get("draft", 0.0) / n, "target": sections.get("target", 0.0) / max(1, n - 1),
+                    "verify": sections.get("verify", 0.0) / n, "other": (sections["total"] - timed) / n}
+        rows.append({"K": int(K), "L": int(L), "calls": n, "rule": rule, "context": context, "measured": measured,
+                     **section_residual(measured, target_costs, draft_costs, rule_seconds, rule, K, L, context)})
     ar = generate(target, None, prompt, method="ar", max_new_tokens=calls * 4, temperature=temperature, seed=0,
                   vocab_size=vocab_size, eos_token_ids=(), prefill_chunk=prefill_chunk)
     sections = ar.stats["time_s"]

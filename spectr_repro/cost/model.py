@@ -11,10 +11,12 @@ A forward's seconds come from one of two sources, and every estimate says which:
 
 A call (one speculative iteration at K drafts of L tokens) is
 
-    seconds per call = target(K rows x (L+1)) [+ target(1 x 1) at K > 1: the last emitted token, fed once]
-                       + draft(1 x 2) (the pending tokens, fed once) + (L-1) x draft(K rows x 1)
+    seconds per call = target(K rows x (L+1)) + draft(1 x 2) (the pending tokens, fed once)
+                       + (L-1) x draft(K rows x 1)
                        + overhead per call (sampling, verification, cache bookkeeping; measured by ``check``)
 
+(the target's K rows each start with the last emitted token: after the first call the target's cache holds
+every committed token but that one, so no shared forward runs before the rows; ``engine.loop._score_drafts``)
 (the roofline charges one target call over K x (L+1) tokens and L draft forwards over K rows). A prompt is
 its prefill through target and draft plus its calls: tokens / block efficiency of them, the block efficiency
 being the paper's for that pair and method when it gives one, else one measured by finished cells, else
@@ -57,11 +59,11 @@ def section_forward_seconds(target: ForwardCosts, draft: ForwardCosts, K: int, L
                             batch: int = 1) -> dict[str, float]:
     """The forwards of one speculative iteration at K drafts of L tokens, by the engine section that runs them
     (see the module docstring): the draft's (the pending tokens fed once, then L-1 steps over K rows) and the
-    target's (K rows x (L+1) tokens, after the last emitted token fed once at K > 1), on ``context`` cached
-    tokens; ``batch`` prompts decoded together (``engine.generate_batch``) call them with ``batch`` x the rows."""
-    shared_target = target.seconds(batch, 1, context=context) if K > 1 else 0.0
+    target's (K rows x (L+1) tokens, each row the last emitted token and its draft), on ``context`` cached
+    tokens; ``batch`` prompts decoded together (``engine.generate_batch``) call them with ``batch`` x the rows.
+    A call cut short at the end of a generation drafts fewer tokens: pass its block length as ``L``."""
     return {"draft": draft.seconds(batch, 2, context=context) + (L - 1) * draft.seconds(batch * K, 1, context=context),
-            "target": target.seconds(batch * K, L + 1, "all", context=context) + shared_target}
+            "target": target.seconds(batch * K, L + 1, "all", context=context)}
 
 
 def seconds_per_call(target: ForwardCosts, draft: ForwardCosts, K: int, L: int, overhead_s: float = 0.0,
@@ -74,43 +76,84 @@ def seconds_per_call(target: ForwardCosts, draft: ForwardCosts, K: int, L: int, 
 SECTIONS = ("draft", "target", "verify", "other")  # the engine's sections of a call (engine.loop), prefill apart
 
 
+def section_residual(measured: dict[str, float], target: ForwardCosts, draft: ForwardCosts,
+                     rule_seconds: dict[tuple[str, int, int], float], rule: str, K: int, L: int,
+                     context: int | None) -> dict[str, float]:
+    """Per engine section, the seconds per call of a real decode (``measured``) beyond what the forwards and the
+    rule explain under this model: kept apart from the measurement, so that a calibration is refitted when the
+    model changes (:meth:`CallCosts.from_calibration`)."""
+    forwards = section_forward_seconds(target, draft, K, L, context)
+    return {"draft": measured["draft"] - forwards["draft"], "target": measured["target"] - forwards["target"],
+            "verify": measured["verify"] - rule_seconds.get((rule, int(K), int(L)), 0.0), "other": measured["other"]}
+
+
+OVERHEAD_TERMS = ("fixed", "per_position", "per_row", "per_token", "per_row_context", "per_context")
+CONTEXT_TERMS = 2  # the last two: fitted only when the decodes ran at two contexts or more
+
+
+def overhead_terms(K: int, L: int, context: float) -> list[float]:
+    """The regressors of a call's overhead (:class:`SectionOverheads`) at K drafts of L tokens on ``context`` tokens."""
+    return [1.0, float(L), float(K), float(K * (L + 1)), float(K * context), float(context)]
+
+
 @dataclass(frozen=True)
 class SectionOverheads:
-    """What each engine section spends per call beyond the forwards and the rule: sampling the drafts (a softmax
-    over the vocabulary per drafted position), the target's probabilities, cache bookkeeping, the host read.
-    Fitted per section as ``fixed + per_token x K x (L+1)`` (least squares over real decodes at a few (K, L),
-    ``cost.measure.measure_section_residuals``): the per-position work grows with the verified tokens. AR's per
-    token: ``ar`` (its target section beyond the forward, and the rest)."""
+    """What each engine section spends per call beyond the forwards and the rule, fitted per section as
 
-    fits: dict[str, tuple[float, float]]  # section -> (fixed seconds, seconds per verified token)
+        fixed + per_position x L + per_row x K + per_token x K(L+1) + per_row_context x K x context
+              + per_context x context
+
+    by least squares over real decodes at the corners of the grid's (K, L), at each measured context
+    (``cost.measure.measure_section_residuals``): at one context the first four terms, bilinear in (K, L)
+    through the four corners. Each term is a piece of work the forwards do not time: a softmax over the
+    vocabulary per drafted position whatever K (the K rows are sampled at once); per row; the target's
+    probabilities over the K(L+1) verified tokens; the committed cache repeated over the K rows and the chosen row
+    kept afterwards, copies of the whole context. On the Qwen pair here (2026-12-03) the draft's residual grew by
+    ~30 ms per drafted position at K = 1 and K = 7 alike; a line in K(L+1) alone missed cells by up to 28 %.
+    The context terms are fitted only when the decodes ran at two contexts or more. AR's per token: ``ar``."""
+
+    fits: dict[str, tuple[float, ...]]  # section -> coefficients of OVERHEAD_TERMS
     ar: dict[str, float]  # "target", "other" -> seconds per token
+    context: int | None = None  # the context a call is priced at when none is given (the decodes' first)
 
-    def seconds(self, section: str, K: int, L: int) -> float:
-        fixed, per_token = self.fits.get(section, (0.0, 0.0))
-        return fixed + per_token * K * (L + 1)
+    def seconds(self, section: str, K: int, L: int, context: int | None = None) -> float:
+        coefficients = self.fits.get(section, ())
+        at = context if context is not None else (self.context or 0)
+        return float(sum(c * x for c, x in zip(coefficients, overhead_terms(K, L, at))))
 
     @classmethod
     def fit(cls, residuals: Sequence[dict]) -> SectionOverheads:
         decodes = [r for r in residuals if r["K"] > 0]
         ar = next((r for r in residuals if r["K"] == 0), {})
-        sizes = np.array([r["K"] * (r["L"] + 1) for r in decodes], dtype=float)
+        contexts = [r.get("context") or 0 for r in decodes]
+        design = np.array([overhead_terms(r["K"], r["L"], c) for r, c in zip(decodes, contexts)], dtype=float)
+        # one context cannot be told from the fixed term (nor K x context from K)
+        used = len(OVERHEAD_TERMS) - (0 if len(set(contexts)) >= 2 else CONTEXT_TERMS)
         fits = {}
         for section in SECTIONS:
             values = np.array([r.get(section, 0.0) for r in decodes], dtype=float)
-            if len(set(sizes.tolist())) >= 2:
-                per_token, fixed = np.polyfit(sizes, values, 1)
-            else:
-                per_token, fixed = 0.0, float(values.mean()) if len(values) else 0.0
-            fits[section] = (float(fixed), float(per_token))
-        return cls(fits, {"target": float(ar.get("target", 0.0)), "other": float(ar.get("other", 0.0))})
+            coefficients = np.zeros(len(OVERHEAD_TERMS))
+            if len(values):
+                # lstsq gives the least-norm fit when the corners do not pin every term (one K, or one L): exact
+                # at the measured shapes, and a mean when only one shape was decoded.
+                coefficients[:used] = np.linalg.lstsq(design[:, :used], values, rcond=None)[0]
+            fits[section] = tuple(float(c) for c in coefficients)
+        return cls(fits, {"target": float(ar.get("target", 0.0)), "other": float(ar.get("other", 0.0))},
+                   int(contexts[0]) if contexts and contexts[0] else None)
 
     def to_json(self) -> dict[str, Any]:
-        return {"fits": {k: list(v) for k, v in self.fits.items()}, "ar": dict(self.ar)}
+        return {"terms": list(OVERHEAD_TERMS), "fits": {k: list(v) for k, v in self.fits.items()},
+                "ar": dict(self.ar), "context": self.context}
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> SectionOverheads:
-        return cls({k: (float(v[0]), float(v[1])) for k, v in data["fits"].items()},
-                   {k: float(v) for k, v in data.get("ar", {}).items()})
+        """Also reads the two-term fits (fixed, per verified token) that calibrations wrote before 2026-12-03."""
+        def terms(values: Sequence[float]) -> tuple[float, ...]:
+            values = [float(v) for v in values]
+            return (values[0], 0.0, 0.0, values[1]) if len(values) == 2 else tuple(values)
+
+        return cls({k: terms(v) for k, v in data["fits"].items()},
+                   {k: float(v) for k, v in data.get("ar", {}).items()}, data.get("context"))
 
 
 @dataclass(frozen=True)
@@ -157,7 +200,7 @@ class CallCosts:
                     "verify": self.rule_call_seconds(rule, K, L), "other": 0.0}
         if self.overheads is not None:
             for section in SECTIONS:
-                sections[section] += self.overheads.seconds(section, K, L)
+                sections[section] += self.overheads.seconds(section, K, L, context)
         return sections
 
     def call_seconds(self, rule: str, K: int, L: int, context: int | None = None) -> float:
@@ -182,8 +225,17 @@ class CallCosts:
         extra = calibration.extra
         rules = {tuple(_rule_key(key)): float(value) for key, value in (extra.get("rule_seconds") or {}).items()}
         overheads = SectionOverheads.from_json(extra["section_overheads"]) if extra.get("section_overheads") else None
+        decodes = extra.get("section_residuals") or []
+        if decodes and all("measured" in row for row in decodes if row["K"] > 0):
+            # The decodes' raw section seconds are kept: refit under this model (a calibration outlives a change
+            # in the model, e.g. the phantom shared target forward removed on 2026-12-03).
+            refitted = [row if row["K"] == 0 else
+                        {**row, **section_residual(row["measured"], calibration.target, calibration.draft, rules,
+                                                   row["rule"], row["K"], row["L"], row.get("context"))}
+                        for row in decodes]
+            overheads = SectionOverheads.fit(refitted)
         if overheads is None and extra.get("overhead_s_per_call"):
-            overheads = SectionOverheads({"other": (float(extra["overhead_s_per_call"]), 0.0)}, {})
+            overheads = SectionOverheads({"other": (float(extra["overhead_s_per_call"]),)}, {})
         return cls(calibration.target, calibration.draft, rules, overheads, calibration.note)
 
 

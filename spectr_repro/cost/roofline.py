@@ -20,11 +20,10 @@ check.random_weights=true`` builds random-weight models from). One forward of ``
   leaves out; it is a parameter (default 0) so that every use says what it assumed.
 
 A speculative call is priced by the one cost model's :func:`spectr_repro.cost.model.seconds_per_call` on the
-roofline's :class:`~spectr_repro.cost.calibration.ForwardCosts` (:func:`roofline_forward_costs`), so the roofline
-and a calibration of this machine go through the same formula (less, by default, the separate target forward our
-engine spends on the last emitted token at K > 1: :func:`roofline_seconds_per_call`). The speed-up a roofline
-allows at batch 1 is AR's seconds per token (one target forward of 1 x 1) over the call's seconds per emitted token
-(seconds per call / block efficiency): :func:`allowed_speedup`.
+roofline's :class:`~spectr_repro.cost.calibration.ForwardCosts` (:func:`roofline_forward_costs`), so the
+roofline and a calibration of this machine go through the same formula (:func:`roofline_seconds_per_call`). The
+speed-up a roofline allows at batch 1 is AR's seconds per token (one target forward of 1 x 1) over the call's
+seconds per emitted token (seconds per call / block efficiency): :func:`allowed_speedup`.
 """
 
 from __future__ import annotations
@@ -248,53 +247,44 @@ def roofline_call_costs(target: ModelShape, draft: ModelShape, device: Accelerat
             roofline_forward_costs(draft, device, shapes["draft"], context, width, overhead_s))
 
 
-def roofline_seconds_per_call(target: ForwardCosts, draft: ForwardCosts, K: int, L: int,
-                              engine_layout: bool = False) -> float:
-    """Seconds of one call at (K, L) from roofline costs, by ``seconds_per_call``. That formula follows this
-    harness's engine, which at K > 1 feeds the last emitted token to the target in a forward of its own (a second
-    read of every target weight per call); an ideal implementation feeds it with the K rows, as at K = 1, so unless
-    ``engine_layout`` that forward is taken out again: the bound is then physics', not our engine's."""
-    seconds = seconds_per_call(target, draft, K, L)
-    if K > 1 and not engine_layout:
-        seconds -= target.seconds(1, 1)
-    return seconds
+def roofline_seconds_per_call(target: ForwardCosts, draft: ForwardCosts, K: int, L: int) -> float:
+    """Seconds of one call at (K, L) from roofline costs, by ``seconds_per_call`` (our engine's call layout: the
+    K rows each carry the last emitted token, so one target forward per call, as an ideal implementation)."""
+    return seconds_per_call(target, draft, K, L)
 
 
 def allowed_speedup(target_shape: ModelShape, draft_shape: ModelShape, device: Accelerator, K: int, L: int,
-                    block_efficiency: float, context: int, width: int = 2, overhead_s: float = 0.0,
-                    engine_layout: bool = False) -> float:
+                    block_efficiency: float, context: int, width: int = 2, overhead_s: float = 0.0) -> float:
     """The speed-up over AR the roofline allows at batch 1: AR's seconds per token (one target forward, 1 x 1)
     over the call's seconds per token (:func:`roofline_seconds_per_call` / ``block_efficiency``). ``overhead_s``
-    is added to every forward, AR's included (0: none); ``engine_layout``: price our engine's call layout."""
+    is added to every forward, AR's included (0: none)."""
     target, draft = roofline_call_costs(target_shape, draft_shape, device, K, L, context, width, overhead_s)
     ar_per_token = target.seconds(1, 1)
-    return ar_per_token * block_efficiency / roofline_seconds_per_call(target, draft, K, L, engine_layout)
+    return ar_per_token * block_efficiency / roofline_seconds_per_call(target, draft, K, L)
 
 
 def allowed_tokens_per_s(target_shape: ModelShape, draft_shape: ModelShape, device: Accelerator, K: int, L: int,
-                         block_efficiency: float, context: int, width: int = 2, overhead_s: float = 0.0,
-                         engine_layout: bool = False) -> float:
+                         block_efficiency: float, context: int, width: int = 2, overhead_s: float = 0.0) -> float:
     """Decoding tokens/s the roofline allows at batch 1: block efficiency / seconds per call (no prefill)."""
     target, draft = roofline_call_costs(target_shape, draft_shape, device, K, L, context, width, overhead_s)
-    return block_efficiency / roofline_seconds_per_call(target, draft, K, L, engine_layout)
+    return block_efficiency / roofline_seconds_per_call(target, draft, K, L)
 
 
-def forwards_per_call(K: int, L: int, engine_layout: bool = False) -> int:
+def forwards_per_call(K: int, L: int) -> int:
     """Model forwards in one call, as ``seconds_per_call`` counts them: the target's call, the draft's pending
-    tokens, L-1 draft steps (+ our engine's separate target forward of the last token at K > 1)."""
-    return L + 1 + (1 if K > 1 and engine_layout else 0)
+    tokens, L-1 draft steps (K does not change the count: the K rows go through each forward together)."""
+    return L + 1
 
 
 def implied_overhead_s(target_shape: ModelShape, draft_shape: ModelShape, device: Accelerator, K: int, L: int,
-                       block_efficiency: float, context: int, speedup: float, width: int = 2,
-                       engine_layout: bool = False) -> float | None:
+                       block_efficiency: float, context: int, speedup: float, width: int = 2) -> float | None:
     """The fixed per-forward overhead o (on AR's forward and every forward of a call alike) at which the roofline
     gives ``speedup``: BE (ar + o) / (call + n o) = speedup, n = :func:`forwards_per_call`, solved for o. As o grows
     the speed-up moves from the roofline's towards BE / n; None when ``speedup`` is not between the two (no o >= 0
     gives it)."""
     target, draft = roofline_call_costs(target_shape, draft_shape, device, K, L, context, width)
-    ar, call = target.seconds(1, 1), roofline_seconds_per_call(target, draft, K, L, engine_layout)
-    n = forwards_per_call(K, L, engine_layout)
+    ar, call = target.seconds(1, 1), roofline_seconds_per_call(target, draft, K, L)
+    n = forwards_per_call(K, L)
     denominator = block_efficiency - speedup * n
     if denominator == 0:
         return None
@@ -304,12 +294,12 @@ def implied_overhead_s(target_shape: ModelShape, draft_shape: ModelShape, device
 
 def implied_overhead_from_tokens_per_s(target_shape: ModelShape, draft_shape: ModelShape, device: Accelerator, K: int,
                                        L: int, block_efficiency: float, context: int, tokens_per_s: float,
-                                       width: int = 2, engine_layout: bool = False) -> float | None:
+                                       width: int = 2) -> float | None:
     """The per-forward overhead o at which the roofline gives ``tokens_per_s``: BE / (call + n o) = tokens/s
     (None when the rate is above the roofline's)."""
     target, draft = roofline_call_costs(target_shape, draft_shape, device, K, L, context, width)
-    call = roofline_seconds_per_call(target, draft, K, L, engine_layout)
-    overhead = (block_efficiency / tokens_per_s - call) / forwards_per_call(K, L, engine_layout)
+    call = roofline_seconds_per_call(target, draft, K, L)
+    overhead = (block_efficiency / tokens_per_s - call) / forwards_per_call(K, L)
     return overhead if overhead >= 0 else None
 
 
@@ -347,8 +337,7 @@ def paper_speedups_against_roofline(paper: pd.DataFrame | None = None,
     L, its block efficiency, its reported speed-up, and the speed-up the roofline allows with that block efficiency
     on each accelerator at batch 1 (columns ``allowed_<key>``; no overhead; an ideal call layout), reported /
     allowed, the per-forward overhead that would make the roofline give the reported speed-up
-    (``implied_overhead_ms_<key>``), and on the first accelerator the bound with our engine's call layout
-    (``allowed_engine_layout_<key>``).
+    (``implied_overhead_ms_<key>``).
     A model: ``MODEL_LABEL``."""
     from spectr_repro.models import pair_config
     from spectr_repro.paper import load_paper_numbers
@@ -378,8 +367,6 @@ def paper_speedups_against_roofline(paper: pd.DataFrame | None = None,
             implied = implied_overhead_s(target, draft, device, K, L, float(row.block_efficiency), context,
                                          float(row.speedup), width)
             record[f"implied_overhead_ms_{device.key}"] = None if implied is None else 1e3 * implied
-        record[f"allowed_engine_layout_{devices[0].key}"] = allowed_speedup(
-            target, draft, devices[0], K, L, float(row.block_efficiency), context, width, engine_layout=True)
         rows.append(record)
     return pd.DataFrame(rows)
 

@@ -118,3 +118,19 @@ def test_check_calibrates_the_shapes_of_the_experiments_replay():
     assert set(replay["L"]) - {c.L for c in cells}, "the replay's L grid is wider than the timed cells'"
     plain, plain_cells = compose(["hardware=cpu", "K=3", "L=8"])  # config.yaml's replay names no dataset
     assert run_shapes(plain, plain_cells) == {**run_shapes(plain, plain_cells), "Ks": [1, 3], "Ls": [8]}
+
+
+def test_check_measures_at_the_shortest_and_the_longest_typical_context():
+    """The timed cells of `speedup_qwen` decode HumanEval (~530-token prompts) while its replay's median dataset is
+    far shorter: the forwards and the decodes are measured at both ends and interpolated between (one context in a
+    quick check)."""
+    from spectr_repro.check.run import compose, run_shapes
+    from spectr_repro.data import typical_prompt_tokens
+
+    base, cells = compose(["experiment=speedup_qwen", "hardware=cpu"])
+    shapes = run_shapes(base, cells)
+    datasets = {c.choices.dataset for c in cells} | set(base.replay.datasets)
+    typical = [typical_prompt_tokens(d) + int(base.max_new_tokens) // 2 for d in datasets]
+    assert shapes["contexts"] == sorted({min(typical), max(typical)}) and len(shapes["contexts"]) == 2
+    assert typical_prompt_tokens("humaneval") + int(base.max_new_tokens) // 2 == shapes["contexts"][-1]
+    assert run_shapes(base, cells, quick=True)["contexts"] == [shapes["context"]]

@@ -73,20 +73,18 @@ def test_a_call_and_the_allowed_speed_up_by_hand():
     """Memory-bound, 2-byte weights, no cached context: target(r, t) = 100 + 8 r t, draft(r, t) = 76 + 8 r t.
     K=1, L=2: call = target(1, 3) + draft(1, 2) + 1 x draft(1, 1) = 124 + 92 + 84 = 300; AR = target(1, 1) = 108;
     at BE 2 the speed-up is 2 x 108 / 300 = 0.72. K=2, L=2: target(2, 3) + draft(1, 2) + draft(2, 1) =
-    148 + 92 + 92 = 332; our engine also feeds the last token in a target forward of its own: + 108 = 440."""
+    148 + 92 + 92 = 332 (each of the K rows starts with the last emitted token: no forward of that token alone)."""
     target, draft = roofline_call_costs(TARGET, DRAFT, MEMORY_BOUND, 1, 2, context=0)
     assert seconds_per_call(target, draft, 1, 2) == pytest.approx(300)
     assert allowed_speedup(TARGET, DRAFT, MEMORY_BOUND, 1, 2, 2.0, context=0) == pytest.approx(0.72)
     assert allowed_speedup(TARGET, DRAFT, MEMORY_BOUND, 2, 2, 3.0, context=0) == pytest.approx(3 * 108 / 332)
-    assert allowed_speedup(TARGET, DRAFT, MEMORY_BOUND, 2, 2, 3.0, context=0,
-                           engine_layout=True) == pytest.approx(3 * 108 / 440)
 
 
 def test_the_implied_overhead_by_hand_and_back():
     """K=1, L=2 on the memory-bound toy: AR 108, a call of 300 in n = 3 forwards, BE 2. The roofline allows 0.72,
     and as a per-forward overhead o grows, 2 (108 + o) / (300 + 3 o) falls towards BE / n = 0.67. A reported 0.70
     needs o = (0.70 x 300 - 2 x 108) / (2 - 0.70 x 3) = 60; 0.5 (below 0.67) and 0.8 (above 0.72) need none."""
-    assert forwards_per_call(1, 2) == 3 and forwards_per_call(3, 2) == 3 and forwards_per_call(3, 2, True) == 4
+    assert forwards_per_call(1, 2) == 3 and forwards_per_call(3, 2) == 3
     overhead = implied_overhead_s(TARGET, DRAFT, MEMORY_BOUND, 1, 2, 2.0, 0, speedup=0.70)
     assert overhead == pytest.approx(60)
     assert allowed_speedup(TARGET, DRAFT, MEMORY_BOUND, 1, 2, 2.0, 0, overhead_s=overhead) == pytest.approx(0.70)
