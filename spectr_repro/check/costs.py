@@ -74,21 +74,25 @@ def call_costs_item(checker: Checker, base, loaded: LoadedPair, calibration, sha
     def overheads():
         corners = sorted({(min(Ks), min(Ls)), (min(Ks), max(Ls)), (max(Ks), min(Ls)), (max(Ks), max(Ls))})
         rule_seconds = _decoded_rule_seconds(calibration)
+        contexts = [int(c) for c in shapes.get("contexts") or [prompt.numel()]]
+        prompts = [prompt if c == prompt.numel() else _calibration_prompt(base, loaded, c, device) for c in contexts]
         residuals = []
-        for context in [int(c) for c in shapes.get("contexts") or [prompt.numel()]]:
-            at_context = prompt if context == prompt.numel() else _calibration_prompt(base, loaded, context, device)
-            decodes = measure_section_residuals(loaded.target, loaded.draft, at_context, corners, calibration.target,
-                                                calibration.draft, rule_seconds, temperature,
-                                                calls=3 if quick else 5, vocab_size=loaded.vocab_size,
-                                                prefill_chunk=prefill_chunk)
-            residuals += decodes if not residuals else [row for row in decodes if row["K"] > 0]  # one AR row
+        # Each shape at every context back to back (and AR's token, whose cost beyond the forward also grows with
+        # the context), so that the machine's drift is not read as a cost of context.
+        for shape in [*corners, None]:
+            for at_context in prompts:
+                residuals += measure_section_residuals(loaded.target, loaded.draft, at_context,
+                                                       [shape] if shape else [], calibration.target,
+                                                       calibration.draft, rule_seconds, temperature,
+                                                       calls=3 if quick else 5, vocab_size=loaded.vocab_size,
+                                                       prefill_chunk=prefill_chunk, ar=shape is None)
         fitted = SectionOverheads.fit(residuals)
         calibration.extra["section_overheads"] = fitted.to_json()
         calibration.extra["section_residuals"] = residuals
         K, L = max(Ks), max(Ls)
         parts = ", ".join(f"{section} {1e3 * fitted.seconds(section, K, L):.1f}" for section in fitted.fits)
-        return None, (f"{len(residuals) - 1} decodes; at K={K} L={L} (ms per call beyond forwards and rule): "
-                      f"{parts}"), None
+        decoded = sum(row["K"] > 0 for row in residuals)
+        return None, f"{decoded} decodes; at K={K} L={L} (ms per call beyond forwards and rule): {parts}", None
 
     checker.run("calibration", "rule calls on real blocks", rules, required=False)
     checker.run("calibration", "section overheads", overheads, required=False)
@@ -102,9 +106,9 @@ def _decoded_rule_seconds(calibration) -> dict:
 
 def prompt_contexts(base, loaded: LoadedPair, shapes: dict, most: int = 16) -> None:
     """``shapes["contexts"]`` from the datasets' real prompts in the pair's tokens (the first ``num_prompts`` a run
-    decodes, at most ``most``, each plus half the new tokens; their shortest and longest mean), instead of the registry's typical
-    lengths: HumanEval's typical 180 tokens are 528 in Qwen2.5-Coder's chat template (2026-12-03). Unchanged
-    without a tokenizer or a local copy of the data."""
+    decodes, at most ``most``, each plus half the new tokens; their shortest and longest mean), instead of the
+    registry's typical lengths: the first four HumanEval prompts a run decodes on the Qwen pair average 528 tokens,
+    against a typical 180 (2026-12-03). Unchanged without a tokenizer or a local copy of the data."""
     if loaded.tokenizer is None:
         return
     from spectr_repro.data import encode_prompt, load_examples
@@ -177,12 +181,12 @@ def timing_item(checker: Checker, base, loaded: LoadedPair, calibration, quick: 
 
 def prediction_item(checker: Checker, base, calibration, replay_summary: str) -> dict | None:
     from spectr_repro.cost import best_configuration, describe_best, predict_tokens_per_s, read_replay_summary
+    from spectr_repro.cost.model import CallCosts
     from spectr_repro.data import typical_prompt_tokens
 
     def predict():
         table = read_replay_summary(replay_summary, _replay_filters(base, replay_summary))
-        predictions = predict_tokens_per_s(table, calibration.target, calibration.draft,
-                                           float(calibration.extra.get("overhead_s_per_call", 0.0)),
+        predictions = predict_tokens_per_s(table, CallCosts.from_calibration(calibration),
                                            typical_prompt_tokens(base.choices.dataset), int(base.max_new_tokens))
         best = best_configuration(predictions)
         return None, describe_best(best), {"best": best, "predictions": predictions.to_dict("records")}

@@ -61,8 +61,8 @@ def measure_forward_costs(model: torch.nn.Module, shapes: Sequence[tuple[int, in
     """
     contexts = [int(context_tokens)] if isinstance(context_tokens, int) else [int(c) for c in context_tokens]
     points, measured_contexts, spreads = [], [], []
-    for context in contexts:
-        for (rows, tokens, logits), seconds in zip(shapes, _time_shapes(model, shapes, repeats, context, vocab_size)):
+    for context, times in zip(contexts, _time_shapes(model, shapes, repeats, contexts, vocab_size)):
+        for (rows, tokens, logits), seconds in zip(shapes, times):
             median = float(statistics.median(seconds))
             points.append((int(rows), int(tokens), str(logits), median))
             measured_contexts.append(context)
@@ -70,8 +70,12 @@ def measure_forward_costs(model: torch.nn.Module, shapes: Sequence[tuple[int, in
     return ForwardCosts(tuple(points), tuple(measured_contexts), tuple(spreads))
 
 
-def _time_shapes(model, shapes, repeats: int, context_tokens: int, vocab_size: int | None) -> list[list[float]]:
-    """Seconds of every repeat of every shape on a cached context of ``context_tokens`` (see the caller)."""
+def _time_shapes(model, shapes, repeats: int, contexts: Sequence[int], vocab_size: int | None
+                 ) -> list[list[list[float]]]:
+    """Seconds of every repeat of every shape on a cached context of each of ``contexts`` tokens, [context][shape]
+    (see the caller). The contexts take turns within each round, as the shapes do: measured one after the other,
+    the machine's drift between them read as a cost of context (2026-12-03: a decode forward 252 ms on 75 cached
+    tokens, then 228 ms on 552)."""
     from transformers import DynamicCache
 
     from spectr_repro.engine.cache import crop_to, keep_row, repeat_rows
@@ -82,25 +86,29 @@ def _time_shapes(model, shapes, repeats: int, context_tokens: int, vocab_size: i
     vocab = int(vocab_size or head_size(model))
     generator = torch.Generator().manual_seed(0)
     with torch.inference_mode():
-        cache = DynamicCache()
-        context = torch.randint(0, vocab, (1, context_tokens), generator=generator).to(device)
-        forward_logits(model, context, cache, vocab, keep_last=1)
-        for _ in range(2):
-            forward_logits(model, context[:, :1], cache, vocab, keep_last=1)
-            crop_to(cache, context_tokens)
+        caches = []
+        for context_tokens in contexts:
+            cache = DynamicCache()
+            context = torch.randint(0, vocab, (1, context_tokens), generator=generator).to(device)
+            forward_logits(model, context, cache, vocab, keep_last=1)
+            for _ in range(2):
+                forward_logits(model, context[:, :1], cache, vocab, keep_last=1)
+                crop_to(cache, context_tokens)
+            caches.append(cache)
         inputs = [torch.randint(0, vocab, (rows, tokens), generator=generator).to(device)
                   for rows, tokens, _ in shapes]
-        times: list[list[float]] = [[] for _ in shapes]
+        times: list[list[list[float]]] = [[[] for _ in shapes] for _ in contexts]
         for attempt in range(repeats + 1):  # attempt 0 warms every shape up (kernel selection)
-            for index, ((rows, tokens, logits), ids) in enumerate(zip(shapes, inputs)):
-                repeat_rows(cache, rows)
-                timer = SectionTimer(device)
-                with timer("forward"):
-                    forward_logits(model, ids, cache, vocab, keep_last=tokens if logits == "all" else 1)
-                crop_to(cache, context_tokens)
-                keep_row(cache, 0, rows, device)
-                if attempt:
-                    times[index].append(timer.seconds["forward"])
+            for which, (cache, context_tokens) in enumerate(zip(caches, contexts)):
+                for index, ((rows, tokens, logits), ids) in enumerate(zip(shapes, inputs)):
+                    repeat_rows(cache, rows)
+                    timer = SectionTimer(device)
+                    with timer("forward"):
+                        forward_logits(model, ids, cache, vocab, keep_last=tokens if logits == "all" else 1)
+                    crop_to(cache, context_tokens)
+                    keep_row(cache, 0, rows, device)
+                    if attempt:
+                        times[which][index].append(timer.seconds["forward"])
     return times
 
 
@@ -176,7 +184,7 @@ def measure_section_residuals(target, draft, prompt: torch.Tensor, shapes: Itera
                               target_costs: ForwardCosts, draft_costs: ForwardCosts,
                               rule_seconds: dict[tuple[str, int, int], float], temperature: float,
                               calls: int = 4, vocab_size: int | None = None,
-                              prefill_chunk: int | None = None) -> list[dict]:
+                              prefill_chunk: int | None = None, ar: bool = True) -> list[dict]:
     """Per (K, L) of ``shapes``: one real decode of ``calls`` iterations (sd at K = 1, spectr above; EOS off),
     and per call what each engine section spent beyond what the forwards (``target_costs``, ``draft_costs``,
     measured at the prompt's context) and the rule (``rule_seconds``) explain; plus AR's per token. The first
@@ -203,13 +211,17 @@ def measure_section_residuals(target, draft, prompt: torch.Tensor, shapes: Itera
                     "verify": sections.get("verify", 0.0) / n, "other": (sections["total"] - timed) / n}
         rows.append({"K": int(K), "L": int(L), "calls": n, "rule": rule, "context": context, "measured": measured,
                      **section_residual(measured, target_costs, draft_costs, rule_seconds, rule, K, L, context)})
-    ar = generate(target, None, prompt, method="ar", max_new_tokens=calls * 4, temperature=temperature, seed=0,
-                  vocab_size=vocab_size, eos_token_ids=(), prefill_chunk=prefill_chunk)
-    sections = ar.stats["time_s"]
-    tokens = max(1, ar.target_calls - 1)
-    rows.append({"K": 0, "L": 0, "calls": ar.target_calls,
-                 "target": sections.get("target", 0.0) / tokens - target_costs.seconds(1, 1, context=context),
-                 "other": (sections["total"] - sum(v for k, v in sections.items() if k != "total")) / tokens})
+    if not ar:
+        return rows
+    decoded = generate(target, None, prompt, method="ar", max_new_tokens=calls * 4, temperature=temperature, seed=0,
+                       vocab_size=vocab_size, eos_token_ids=(), prefill_chunk=prefill_chunk)
+    sections = decoded.stats["time_s"]
+    tokens = max(1, decoded.target_calls - 1)
+    measured = {"target": sections.get("target", 0.0) / tokens,
+                "other": (sections["total"] - sum(v for k, v in sections.items() if k != "total")) / tokens}
+    rows.append({"K": 0, "L": 0, "calls": decoded.target_calls, "rule": "ar", "context": context, "measured": measured,
+                 "target": measured["target"] - target_costs.seconds(1, 1, context=context),
+                 "other": measured["other"]})
     return rows
 
 

@@ -124,7 +124,7 @@ class SectionOverheads:
     @classmethod
     def fit(cls, residuals: Sequence[dict]) -> SectionOverheads:
         decodes = [r for r in residuals if r["K"] > 0]
-        ar = next((r for r in residuals if r["K"] == 0), {})
+        ar_rows = [r for r in residuals if r["K"] == 0]
         contexts = [r.get("context") or 0 for r in decodes]
         design = np.array([overhead_terms(r["K"], r["L"], c) for r, c in zip(decodes, contexts)], dtype=float)
         # one context cannot be told from the fixed term (nor K x context from K)
@@ -138,8 +138,22 @@ class SectionOverheads:
                 # at the measured shapes, and a mean when only one shape was decoded.
                 coefficients[:used] = np.linalg.lstsq(design[:, :used], values, rcond=None)[0]
             fits[section] = tuple(float(c) for c in coefficients)
-        return cls(fits, {"target": float(ar.get("target", 0.0)), "other": float(ar.get("other", 0.0))},
-                   int(contexts[0]) if contexts and contexts[0] else None)
+        return cls(fits, cls._fit_ar(ar_rows), int(contexts[0]) if contexts and contexts[0] else None)
+
+    @staticmethod
+    def _fit_ar(rows: Sequence[dict]) -> dict[str, float]:
+        """AR's per-token residuals, target and other: a line in the context through AR's decodes when they ran at
+        two contexts or more (``<section>_per_context``), else their mean."""
+        ar: dict[str, float] = {}
+        contexts = [float(r.get("context") or 0) for r in rows]
+        for section in ("target", "other"):
+            values = [float(r.get(section, 0.0)) for r in rows]
+            if len(set(contexts)) >= 2:
+                slope, intercept = np.polyfit(contexts, values, 1)
+                ar[section], ar[f"{section}_per_context"] = float(intercept), float(slope)
+            else:
+                ar[section] = float(np.mean(values)) if values else 0.0
+        return ar
 
     def to_json(self) -> dict[str, Any]:
         return {"terms": list(OVERHEAD_TERMS), "fits": {k: list(v) for k, v in self.fits.items()},
@@ -209,8 +223,13 @@ class CallCosts:
     def ar_token_sections(self, context: int | None = None) -> dict[str, float]:
         """Seconds of one AR token by section (the target's forward over one token and the rest)."""
         extra = self.overheads.ar if self.overheads is not None else {}
-        return {"draft": 0.0, "target": self.target.seconds(1, 1, context=context) + extra.get("target", 0.0),
-                "verify": 0.0, "other": extra.get("other", 0.0)}
+        at = context if context is not None else ((self.overheads.context if self.overheads else None) or 0)
+
+        def residual(section: str) -> float:
+            return extra.get(section, 0.0) + extra.get(f"{section}_per_context", 0.0) * at
+
+        return {"draft": 0.0, "target": self.target.seconds(1, 1, context=context) + residual("target"),
+                "verify": 0.0, "other": residual("other")}
 
     def ar_token_seconds(self, context: int | None = None) -> float:
         return sum(self.ar_token_sections(context).values())
@@ -229,11 +248,16 @@ class CallCosts:
         if decodes and all("measured" in row for row in decodes if row["K"] > 0):
             # The decodes' raw section seconds are kept: refit under this model (a calibration outlives a change
             # in the model, e.g. the phantom shared target forward removed on 2026-12-03).
-            refitted = [row if row["K"] == 0 else
-                        {**row, **section_residual(row["measured"], calibration.target, calibration.draft, rules,
-                                                   row["rule"], row["K"], row["L"], row.get("context"))}
-                        for row in decodes]
-            overheads = SectionOverheads.fit(refitted)
+            def refit(row: dict) -> dict:
+                if row["K"] > 0:
+                    return {**row, **section_residual(row["measured"], calibration.target, calibration.draft, rules,
+                                                      row["rule"], row["K"], row["L"], row.get("context"))}
+                if "measured" in row:
+                    return {**row, "target": row["measured"]["target"] - calibration.target.seconds(
+                        1, 1, context=row.get("context")), "other": row["measured"]["other"]}
+                return row
+
+            overheads = SectionOverheads.fit([refit(row) for row in decodes])
         if overheads is None and extra.get("overhead_s_per_call"):
             overheads = SectionOverheads({"other": (float(extra["overhead_s_per_call"]),)}, {})
         return cls(calibration.target, calibration.draft, rules, overheads, calibration.note)

@@ -134,3 +134,39 @@ def test_check_measures_at_the_shortest_and_the_longest_typical_context():
     assert shapes["contexts"] == sorted({min(typical), max(typical)}) and len(shapes["contexts"]) == 2
     assert typical_prompt_tokens("humaneval") + int(base.max_new_tokens) // 2 == shapes["contexts"][-1]
     assert run_shapes(base, cells, quick=True)["contexts"] == [shapes["context"]]
+
+
+class _WordTokenizer:
+    """A tokenizer of whitespace-separated words, without a chat template (base prompts)."""
+
+    chat_template = None
+
+    def __call__(self, text, add_special_tokens=True, return_tensors="pt"):
+        import torch
+
+        return type("Encoded", (), {"input_ids": torch.zeros(1, len(text.split()), dtype=torch.long)})()
+
+
+def test_the_contexts_come_from_the_real_prompts_in_the_pairs_tokens():
+    """After loading, `check` replaces the registry's typical lengths with the mean length of the prompts a run
+    decodes (the seeded first num_prompts) in the pair's tokens, plus half the new tokens: shortest and longest."""
+    from types import SimpleNamespace
+
+    from spectr_repro.check.costs import prompt_contexts
+    from spectr_repro.check.run import compose, run_shapes
+    from spectr_repro.data import encode_prompt, load_examples
+
+    base, cells = compose(["experiment=speedup_qwen", "hardware=cpu"])
+    shapes = run_shapes(base, cells)
+    tokenizer = _WordTokenizer()
+    prompt_contexts(base, SimpleNamespace(tokenizer=tokenizer), shapes)
+    means = []
+    for name in ("humaneval", "lm1b"):
+        examples = load_examples(name, int(base.num_prompts), seed=int(base.seed), tokenizer=tokenizer)
+        lengths = [encode_prompt(tokenizer, e).shape[-1] for e in examples]
+        means.append(round(sum(lengths) / len(lengths)) + int(base.max_new_tokens) // 2)
+    assert means[0] in shapes["contexts"]  # HumanEval's prompts are the longest of the five datasets'
+    assert shapes["contexts"][0] <= means[1] and len(shapes["contexts"]) == 2
+    unchanged = run_shapes(base, cells)
+    prompt_contexts(base, SimpleNamespace(tokenizer=None), unchanged)  # no tokenizer (the tiny pair): the registry's
+    assert unchanged["contexts"] == run_shapes(base, cells)["contexts"]

@@ -80,3 +80,15 @@ def test_a_calibration_of_before_is_read_and_one_with_raw_decodes_is_refitted():
         assert costs.overheads.seconds(section, 3, 6) == pytest.approx(value)
     # the call is then the decode's measured seconds, forwards and rule included
     assert costs.call_seconds("spectr", 3, 6) == pytest.approx(sum(measured.values()))
+
+
+def test_ars_residual_follows_the_context_when_ar_was_decoded_at_two():
+    rows = [{"K": 0, "L": 0, "context": 100, "target": -0.03, "other": 0.001},
+            {"K": 0, "L": 0, "context": 500, "target": 0.01, "other": 0.001}]
+    fitted = SectionOverheads.fit(_decodes([100, 500])[:-1] + rows)
+    assert fitted.ar["target_per_context"] == pytest.approx(1e-4)
+    target = ForwardCosts(((1, 1, "last", 0.2),))
+    costs = CallCosts(target, target, {}, fitted)
+    assert costs.ar_token_seconds(300) == pytest.approx(0.2 - 0.01 + 0.001)
+    one = SectionOverheads.fit(_decodes([100])[:-1] + rows[:1])  # one context: the mean, no slope
+    assert one.ar == {"target": -0.03, "other": 0.001}
