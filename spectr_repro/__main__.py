@@ -29,6 +29,8 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "bench": ("spectr_repro.bench.cli", "main", "speed benchmarks: our loops vs transformers' (--quick: minutes)"),
     "check": ("spectr_repro.check.cli", "main", "does it work here, and what does a run cost: correctness, timing, "
               "calibration of `plan` (minutes)"),
+    "dashboard": ("spectr_repro.tracking.dashboard", "main",
+                  "the W&B workspace of a results folder (offline: its definition and the commands to publish it)"),
 }
 
 
