@@ -184,10 +184,18 @@ def sections(folder: Path, runs: Sequence[OfflineRun]) -> list[Section]:
 def unplotted(built: Sequence[Section], runs: Sequence[OfflineRun]) -> list[str]:
     """Every ``section: panel: metric (where)`` that no run holds where the panel reads it."""
     held = {"history": set().union(set(), *(run.history_keys for run in runs)),
-            "summary": set().union(set(), *(run.summary for run in runs)),
-            "config": set().union(set(), *(run.config for run in runs))}
-    return [f"{section.name}: {panel.title}: {name} ({where})" for section in built for panel in section.panels
-            for where, name in panel.plotted() if name not in held[where]]
+            "summary": set().union(set(), *(run.summary for run in runs))}
+    missing = []
+    for section in built:
+        for panel in section.panels:
+            if panel.kind == "scatter":  # one run must hold both: its x in the config, its y in the summary
+                x, y = panel.x, panel.metrics[0]
+                if not any(x in run.config and y in run.summary for run in runs):
+                    missing.append(f"{section.name}: {panel.title}: {x} (config) with {y} (summary)")
+                continue
+            missing += [f"{section.name}: {panel.title}: {name} ({where})" for where, name in panel.plotted()
+                        if name not in held[where]]
+    return missing
 
 
 def run_folders(folder: Path) -> list[Path]:
