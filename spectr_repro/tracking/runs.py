@@ -74,7 +74,8 @@ def _cell(value: Any) -> Any:
 def wandb_table(frame: pd.DataFrame):
     import wandb
 
-    return wandb.Table(columns=[str(c) for c in frame.columns],
+    # mixed types allowed: a CSV column may hold numbers and text (an interval, "-"), which W&B would refuse
+    return wandb.Table(columns=[str(c) for c in frame.columns], allow_mixed_types=True,
                        data=[[_cell(v) for v in row] for row in frame.itertuples(index=False)])
 
 

@@ -168,3 +168,13 @@ def test_names_hold_no_dot_and_curves_come_in_order():
     assert series == sorted(series) == [1.0, 3.0]
 
 
+
+
+def test_a_table_of_mixed_types_is_logged_whole(tmp_path):
+    """Columns mixing numbers, text, NaN and lists (bias.csv's interval, audit's options) are logged, not refused."""
+    import pandas as pd
+
+    frame = pd.DataFrame({"a": [1, "x", None], "b": [1.0, float("nan"), 2.0], "c": [[1], {"k": 2}, "t"]})
+    assert tracking.log_command("bench", tracking.logger_config(), tmp_path, tables={"mixed": frame}) is not None
+    (run,) = read_runs([tmp_path])
+    assert run.summary["bench/mixed"]["nrows"] == 3
