@@ -90,7 +90,7 @@ def verdicts_section(folder: Path) -> Section:
     audit = _json(folder.parent / "audit" / "audit.json")
     if audit is not None and audit.get("rows"):
         panels.append(Panel("bar", "Exact TV to the target's law, per rule (audit)",
-                            [names.audit_tv(r) for r in audit["rows"] if names._finite(r.get("exact_tv"))]))
+                            [names.audit_tv(r) for r in audit["rows"] if names.finite(r.get("exact_tv"))]))
         panels.append(Panel("table", "Losslessness audit", ["audit/rows"]))
     if (folder.parent / "theory" / "claims.csv").is_file():
         panels.append(Panel("table", "The paper's properties on toys (theory)", ["theory/claims"]))
@@ -145,7 +145,7 @@ def bias_section(folder: Path) -> Section:
     panels = []
     if rows is not None and not rows.empty:
         for key, part in rows.groupby(rows.apply(names.bias_setting, axis=1), sort=True):
-            tvs = [names.bias_value(r, "tv_estimate") for _, r in part.iterrows() if names._finite(r["tv_estimate"])]
+            tvs = [names.bias_value(r, "tv_estimate") for _, r in part.iterrows() if names.finite(r["tv_estimate"])]
             if tvs:
                 panels.append(Panel("bar", f"TV of the first token's law to the target's, per rule: {key}", tvs))
         panels.append(Panel("table", "Bias tests, every row of bias.csv", ["bias/rows"]))

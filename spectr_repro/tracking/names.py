@@ -77,7 +77,7 @@ def _curves(table: pd.DataFrame, value: str, x: str, x_key: str, fixed: str,
         for x_value, at_x in part.groupby(x, sort=True):
             row = {x_key: float(x_value)}
             row.update({name(dataset, temperature, fixed_value, r["method"]): float(r[value])
-                        for _, r in at_x.iterrows() if _finite(r[value])})
+                        for _, r in at_x.iterrows() if finite(r[value])})
             if len(row) > 1:
                 rows.append(row)
     return rows
@@ -88,7 +88,7 @@ def replay_metrics(tables: Mapping[str, pd.DataFrame], results: Mapping[str, Any
     if table is None or table.empty:
         return Derived()
     summary = {replay_tokens(r["dataset"], r["temperature"], r["method"], r["K"], r["L"]): float(r["tokens_per_call"])
-               for _, r in table.iterrows() if _finite(r["tokens_per_call"])}
+               for _, r in table.iterrows() if finite(r["tokens_per_call"])}
     history = (_curves(table, "tokens_per_call", "K", REPLAY_K, "L", replay_vs_K)
                + _curves(table, "tokens_per_call", "L", REPLAY_L, "K", replay_vs_L))
     return Derived(summary, history, {"replay_vs_K/*": REPLAY_K, "replay_vs_L/*": REPLAY_L})
@@ -122,7 +122,7 @@ def speedup_points(predictions: pd.DataFrame | None, agreement: pd.DataFrame | N
     if not parts:
         return pd.DataFrame(columns=["dataset", "temperature", "K", "L", "method", "value", "which"])
     points = pd.concat(parts, ignore_index=True)
-    return points[points["value"].map(_finite)]
+    return points[points["value"].map(finite)]
 
 
 def report_metrics(tables: Mapping[str, pd.DataFrame], results: Mapping[str, Any]) -> Derived:
@@ -135,7 +135,7 @@ def report_metrics(tables: Mapping[str, pd.DataFrame], results: Mapping[str, Any
     predictions = tables.get("speedup_predictions")
     if predictions is not None and not predictions.empty:
         derived.summary.update({speedup_predicted(r["dataset"], r["temperature"], r["method"], r["K"], r["L"]):
-                                float(r["speedup"]) for _, r in predictions.iterrows() if _finite(r["speedup"])})
+                                float(r["speedup"]) for _, r in predictions.iterrows() if finite(r["speedup"])})
     points = speedup_points(predictions, tables.get("speedup_agreement"))
     for (dataset, temperature, K), part in points.groupby(["dataset", "temperature", "K"], sort=True):
         for L, at_L in part.groupby("L", sort=True):
@@ -167,7 +167,7 @@ def bias_metrics(tables: Mapping[str, pd.DataFrame], results: Mapping[str, Any])
     if rows is None or rows.empty:
         return Derived()
     summary = {bias_value(r, q): float(r[q]) for _, r in rows.iterrows() for q in BIAS_QUANTITIES
-               if q in r and _finite(r[q])}
+               if q in r and finite(r[q])}
     summary.update({f"bias/verdicts/{v}": int(n) for v, n in rows["verdict"].map(verdict_part).value_counts().items()})
     return Derived(summary)
 
@@ -190,12 +190,12 @@ def audit_tv(row: Mapping[str, Any]) -> str:
 
 def audit_metrics(tables: Mapping[str, pd.DataFrame], results: Mapping[str, Any]) -> Derived:
     rows = list(results.get("rows") or [])
-    summary: dict[str, Any] = {audit_tv(r): float(r["exact_tv"]) for r in rows if _finite(r.get("exact_tv"))}
-    summary.update({f"audit/p_value/{audit_rule(r)}": float(r["p_value"]) for r in rows if _finite(r.get("p_value"))})
+    summary: dict[str, Any] = {audit_tv(r): float(r["exact_tv"]) for r in rows if finite(r.get("exact_tv"))}
+    summary.update({f"audit/p_value/{audit_rule(r)}": float(r["p_value"]) for r in rows if finite(r.get("p_value"))})
     verdicts = pd.Series([verdict_part(r.get("verdict")) for r in rows], dtype=object).value_counts()
     summary.update({f"audit/verdicts/{v}": int(n) for v, n in verdicts.items()})
     summary.update({f"audit/{key}": results[key] for key in ("exact_tv_threshold", "p_value_threshold")
-                    if _finite(results.get(key))})
+                    if finite(results.get(key))})
     return Derived(summary)
 
 
@@ -218,7 +218,7 @@ def check_metrics(tables: Mapping[str, pd.DataFrame], results: Mapping[str, Any]
         summary.update({f"check/items/{slug(s)}": int(n) for s, n in items["status"].value_counts().items()})
     calibration = results.get("calibration") or {}
     summary.update({f"check/calibration/{key}": value for key, value in _numbers(calibration).items()})
-    if _finite(results.get("wall_time_s")):
+    if finite(results.get("wall_time_s")):
         summary["check/wall_time_s"] = float(results["wall_time_s"])
     return Derived(summary)
 
@@ -236,12 +236,12 @@ def _numbers(data: Mapping[str, Any], prefix: str = "") -> dict[str, float]:
         name = f"{prefix}{slug(key)}"
         if isinstance(value, Mapping):
             flat.update(_numbers(value, f"{name}/"))
-        elif isinstance(value, int | float) and not isinstance(value, bool) and _finite(value):
+        elif isinstance(value, int | float) and not isinstance(value, bool) and finite(value):
             flat[name] = value
     return flat
 
 
-def _finite(value: Any) -> bool:
+def finite(value: Any) -> bool:
     try:
         return value is not None and not isinstance(value, bool) and math.isfinite(float(value))
     except (TypeError, ValueError):
@@ -261,6 +261,6 @@ def derive(command: str, tables: Mapping[str, pd.DataFrame], results: Mapping[st
 
 
 __all__ = ["BIAS_QUANTITIES", "DERIVATIONS", "REPLAY_K", "REPLAY_L", "SPEEDUP_L", "VERDICTS", "Derived", "audit_rule",
-           "audit_tv", "bias_setting", "bias_value", "derive", "replay_tokens", "replay_vs_K", "replay_vs_L", "setting",
-           "slug", "speedup_points", "speedup_predicted", "speedup_vs_L", "temperature_part", "verdict_count",
-           "verdict_part"]
+           "audit_tv", "bias_setting", "bias_value", "derive", "finite", "replay_tokens", "replay_vs_K", "replay_vs_L",
+           "setting", "slug", "speedup_points", "speedup_predicted", "speedup_vs_L", "temperature_part",
+           "verdict_count", "verdict_part"]
