@@ -1,5 +1,5 @@
 """``python -m spectr_repro <command> [args]`` (also the ``spectr-repro`` script), where <command> is one of
-run, sweep, plan, replay, report, theory, audit, bias, quality, bench, check (``COMMANDS`` below).
+run, sweep, plan, replay, report, theory, audit, bias, quality, bench, check, dashboard (``COMMANDS`` below).
 
 Each subcommand lives in its own module and takes the remaining argv; they are imported lazily so
 that e.g. ``report`` works on a laptop without loading the runner.
@@ -29,12 +29,14 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "bench": ("spectr_repro.bench.cli", "main", "speed benchmarks: our loops vs transformers' (--quick: minutes)"),
     "check": ("spectr_repro.check.cli", "main", "does it work here, and what does a run cost: correctness, timing, "
               "calibration of `plan` (minutes)"),
+    "dashboard": ("spectr_repro.tracking.dashboard", "main",
+                  "the W&B workspace of a results folder (offline: its definition and the commands to publish it)"),
 }
 
 
 def usage() -> str:
     lines = ["usage: python -m spectr_repro <command> [args]", "", "commands:"]
-    lines += [f"  {name:<7} {description}" for name, (_, _, description) in COMMANDS.items()]
+    lines += [f"  {name:<9} {description}" for name, (_, _, description) in COMMANDS.items()]
     lines += ["", "Run `python -m spectr_repro <command> --help` for a command's options."]
     try:
         from spectr_repro.runner.cli import help_text

@@ -31,7 +31,7 @@ ALLOWED = {
     "records": {"errors"},
     "paper": set(),
     "files": set(),
-    "theory": {"models", "sampling", "verify"},
+    "theory": {"models", "sampling", "tracking", "verify"},  # tracking: its commands log their results to W&B
     "quality": {"data", "verify", "errors", "records"},
     # the one cost model: below every command that prices or predicts (plan, replay, check, bench)
     "cost": {"data", "engine", "errors", "files", "models", "paper", "verify"},

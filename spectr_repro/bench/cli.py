@@ -230,6 +230,9 @@ def main(argv: list[str] | None = None) -> int:
                              "predicted from it and this machine's calibration (`check`), not the one-run sweep")
     parser.add_argument("--dtype", default=None,
                         help="model dtype for every contender (default: the pair's own; bfloat16 for the Qwen pair)")
+    from spectr_repro import tracking
+
+    tracking.add_logger_option(parser)
     argv = sys.argv[1:] if argv is None else list(argv)
     args = parser.parse_args(argv)
     import torch
@@ -256,6 +259,8 @@ def main(argv: list[str] | None = None) -> int:
     write_json(results, out)
     print(markdown(results))
     print(f"\nwrote {out} ({results['wall_time_s']:.0f} s)")
+    tracking.log_command("bench", tracking.logger_config(args.logger), out.parent, results=results,
+                         config={**results["settings"], "environment": results.get("environment")})
     return 0
 
 

@@ -41,6 +41,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
+from spectr_repro import tracking
 from spectr_repro.bias import estimators
 from spectr_repro.errors import ResourceError
 from spectr_repro.records import file_integrity, integrity_problems
@@ -188,6 +189,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("\n" + progress.stopped_message(stop, bias_folder(cfgs[0])), file=sys.stderr)
         return stop_status(stop)
     print(f"bias: {path} (wall time {time.perf_counter() - started:.0f} s)")
+    tracking.log_command("bias", cfgs[0].logger, path.parent.parent, tables={"rows": path},
+                         config=tracking.top_level_config(setting for setting, _, _ in group_settings(cfgs)))
     return 0
 
 

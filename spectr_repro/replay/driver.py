@@ -42,6 +42,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from tqdm.auto import tqdm
 
+from spectr_repro import tracking
 from spectr_repro.errors import ResourceError
 from spectr_repro.records import file_integrity, integrity_problems
 from spectr_repro.replay.core import ROW_GROUPS, block_estimates, check_grid
@@ -444,6 +445,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                   f"above and rerun the same command)", file=sys.stderr)
             return 1
         print(table)
+        tracking.log_command("replay", groups[0][0].logger, root.parent, tables={
+            "summary": root / "replay_summary.csv", "differences": root / "replay_differences.csv"},
+            config=tracking.top_level_config(group_meta(c, s) for c, s in groups if replay_root(c) == root))
     print(f"{progress.computed} prompt(s) replayed, {progress.earlier} finished earlier or elsewhere; "
           f"results in {', '.join(map(str, roots))}")
     return 0

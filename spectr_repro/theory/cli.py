@@ -24,6 +24,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from spectr_repro import tracking
 from spectr_repro.theory import audit as audit_mod
 from spectr_repro.theory.claims import (
     FULL_THEORY_TOYS,
@@ -61,6 +62,7 @@ def main_theory(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--cache", default=None, help="--gap: JSON file caching exact values between runs")
     parser.add_argument("--max-tuples", type=int, default=DEFAULT_MAX_TUPLES,
                         help=f"--gap: skip toys with more draft tuples V^(K L) (default {DEFAULT_MAX_TUPLES})")
+    tracking.add_logger_option(parser)
     args = parser.parse_args(list(argv or []))
     if args.gap:
         return _main_gap(args)
@@ -89,6 +91,9 @@ def main_theory(argv: Sequence[str] | None = None) -> int:
     write_figure(df, out / "theory.png")
     (out / "THEORY.md").write_text(theory_markdown(df, gen, checks, elapsed, N))
     print(f"theory: wrote {out / 'THEORY.md'} ({elapsed:.0f} s)")
+    tracking.log_command("theory", tracking.logger_config(args.logger), out, tables={
+        "theory": df, "generation": gen, "claims": out / "claims.csv"}, images=[out / "theory.png"],
+        config={"quick": args.quick, "max_K": max_k, "generation_tokens": N})
     return 0
 
 
@@ -156,6 +161,8 @@ def main_audit(argv: Sequence[str] | None = None) -> int:
     out = Path(args.out)
     _write_audit(out, rows, peer_rows, args.quick, elapsed)
     print(f"audit: wrote {out / 'AUDIT.md'} ({elapsed:.0f} s)")
+    tracking.log_command("audit", tracking.logger_config(args.logger), out,
+                         results=json.loads((out / "audit.json").read_text()), config=vars(args))
     return 0
 
 
@@ -172,6 +179,7 @@ def _audit_parser() -> argparse.ArgumentParser:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--no-peers", action="store_true",
                         help="skip the peer audit (transformers' assisted generation on a tiny Llama pair)")
+    tracking.add_logger_option(parser)
     return parser
 
 

@@ -4,43 +4,10 @@ from __future__ import annotations
 
 import json
 import os
-import struct
-from pathlib import Path
 
 from spectr_repro.conf import conf_dir
 from spectr_repro.runner.cli import main_run
-
-
-def wandb_records(path: Path):
-    """Decode the records of an offline ``run-*.wandb`` file (W&B's LevelDB-style log of protobufs)."""
-    from wandb.proto import wandb_internal_pb2
-
-    data = path.read_bytes()
-    assert data[:4] == b":W&B", "not a W&B run file"
-    block, header = 32768, 7
-    position, pending = header, b""
-    while position + header <= len(data):
-        left = block - position % block
-        if left < header:  # block trailer padding
-            position += left
-            continue
-        _checksum, length, kind = struct.unpack("<IHB", data[position:position + header])
-        if kind == 0:
-            position += left
-            continue
-        chunk = data[position + header:position + header + length]
-        position += header + length
-        if kind == 2:  # first fragment
-            pending = chunk
-            continue
-        if kind == 3:  # middle
-            pending += chunk
-            continue
-        payload = pending + chunk if kind == 4 else chunk
-        pending = b""
-        record = wandb_internal_pb2.Record()
-        record.ParseFromString(payload)
-        yield record
+from spectr_repro.tracking.offline import records as wandb_records  # the one reader of offline run files
 
 
 def test_wandb_offline_runs_hold_the_summary(tmp_path, monkeypatch, capsys):

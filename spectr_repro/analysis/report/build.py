@@ -22,6 +22,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from spectr_repro import tracking
 from spectr_repro.analysis.report.audit import audit_section
 from spectr_repro.analysis.report.bias import bias_section
 from spectr_repro.analysis.report.context import ReportContext, load_context
@@ -94,6 +95,7 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="report although some cell folders are damaged or unfinished (they are listed in the report)",
     )
+    tracking.add_logger_option(parser)
     args = parser.parse_args(argv)
     try:
         path = build_report(
@@ -107,6 +109,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"report: error: {err}", file=sys.stderr)
         return 2
     print(f"report written: {path}")
+    tracking.log_command("report", tracking.logger_config(args.logger), path.parent,
+                         tables={p.stem: p for p in sorted((path.parent / "tables").glob("*.csv"))},
+                         images=sorted((path.parent / "figures").glob("*.png")), config=vars(args))
     return 0
 
 

@@ -26,6 +26,8 @@ def verdicts_section(context: ReportContext) -> str | None:
     rows = verdict_rows(replay.blocks, replay.table, context.audit.rows if context.audit else None, cells,
                         main=(replay.K, replay.L)) + speedup_verdict_rows(context.speedup)
     frame = pd.DataFrame(rows)[["claim", "paper", "measured", "verdict", "note"]]
+    (context.out_dir / "tables").mkdir(parents=True, exist_ok=True)
+    frame.to_csv(context.out_dir / "tables" / "verdicts.csv", index=False)  # the dashboard's verdicts (W&B)
     return "\n".join([
         "## Verdicts: the paper's claims against this run", "",
         f"Block-efficiency claims are judged on the shared-block replay ({LABEL}, 95 % intervals over prompts, "

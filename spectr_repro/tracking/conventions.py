@@ -1,4 +1,4 @@
-"""Weights & Biases logging: one W&B run per finished cell, following W&B's own conventions.
+"""W&B's conventions, in one place: mode, destination, tags, and one run per finished cell.
 
 Offline by default (``logger=wandb_offline``): runs are written under ``<output_dir>/<experiment>/wandb/``
 and nothing touches the network; upload later with ``wandb sync <output_dir>/<experiment>/wandb/offline-run-*``.
@@ -10,7 +10,8 @@ and ``WANDB_ENTITY`` choose where runs go (the config's ``project``/``entity`` o
 variable is not), ``WANDB_MODE`` (online, offline, disabled) overrides the logger's mode and is never
 overwritten, ``WANDB_DIR`` is left to W&B.
 
-Each run: ``group`` = experiment, ``job_type`` = method, tags = model pair, dataset and method, config = the
+Every run of every command (``spectr_repro.tracking.runs.log_command``) follows the same rules; a cell's run
+(:func:`log_cell`): ``group`` = experiment, ``job_type`` = method, tags = model pair, dataset and method, config = the
 cell's resolved config (K, L, temperature, ... at the top level, so a reviewer can open one project and
 filter or group by method, K, L, T, dataset), summary = the cell's metrics (the record schema), a table of
 per-prompt records (``records``) and the acceptance by draft position as a line chart
@@ -32,6 +33,9 @@ from spectr_repro.records import flatten_numbers, table_columns
 TABLE_COLUMNS = tuple(table_columns())
 DEFAULT_PROJECT = "spectr_repro"
 MODES = ("online", "offline", "disabled")
+LOGGERS = ("wandb_offline", "wandb_online", "disabled")  # conf/logger/<name>.yaml
+DEFAULT_LOGGER = "wandb_offline"  # conf/config.yaml's default: offline, nothing reaches the network
+SETTINGS = {"console": "off", "silent": True, "x_disable_stats": True, "x_disable_meta": True}
 
 
 def mode(logger_cfg: DictConfig) -> str:
@@ -66,6 +70,31 @@ def run_tags(summary: dict[str, Any]) -> list[str]:
     return [tag[:64] for tag in tags]  # W&B limits tags to 64 characters
 
 
+def logger_config(name: str = DEFAULT_LOGGER) -> DictConfig:
+    """The logger group's config ``conf/logger/<name>.yaml`` (for the commands without Hydra: report, theory,
+    audit, bench, dashboard). ValueError naming the choices for an unknown name."""
+    from omegaconf import OmegaConf
+
+    from spectr_repro.conf import conf_dir
+
+    if name not in LOGGERS:
+        raise ValueError(f"unknown logger {name!r}: one of {', '.join(LOGGERS)}")
+    return OmegaConf.load(conf_dir() / "logger" / f"{name}.yaml")
+
+
+def add_logger_option(parser) -> None:
+    """``--logger`` for an argparse command, with the same choices and default as ``logger=`` of the Hydra ones."""
+    parser.add_argument("--logger", default=DEFAULT_LOGGER, choices=LOGGERS,
+                        help=f"W&B logging (default {DEFAULT_LOGGER}: a run under the output folder's wandb/, no "
+                             f"network; WANDB_MODE wins)")
+
+
+def logger_from_argv(argv) -> DictConfig:
+    """The logger of a Hydra-style command line (``logger=<name>``; the default when absent)."""
+    names = [a.split("=", 1)[1] for a in argv if a.lstrip("+").startswith("logger=")]
+    return logger_config(names[-1] if names else DEFAULT_LOGGER)
+
+
 def log_cell(logger_cfg: DictConfig, run_root: Path, experiment: str, cell_id: str,
              config: dict[str, Any], summary: dict[str, Any], records: list[dict[str, Any]]) -> Path | None:
     """Log one finished cell as a W&B run; returns the run folder (None when logging is off)."""
@@ -86,7 +115,7 @@ def log_cell(logger_cfg: DictConfig, run_root: Path, experiment: str, cell_id: s
         config=config,
         dir=str(run_root),
         mode=mode(logger_cfg),
-        settings=wandb.Settings(console="off", silent=True, x_disable_stats=True, x_disable_meta=True),
+        settings=wandb.Settings(**SETTINGS),
         reinit="finish_previous",
     )
     try:
@@ -109,4 +138,5 @@ def log_cell(logger_cfg: DictConfig, run_root: Path, experiment: str, cell_id: s
     return run_dir
 
 
-__all__ = ["DEFAULT_PROJECT", "TABLE_COLUMNS", "destination", "enabled", "log_cell", "mode", "prepare", "run_tags"]
+__all__ = ["DEFAULT_LOGGER", "DEFAULT_PROJECT", "LOGGERS", "SETTINGS", "TABLE_COLUMNS", "add_logger_option",
+           "destination", "enabled", "log_cell", "logger_config", "logger_from_argv", "mode", "prepare", "run_tags"]
