@@ -85,6 +85,8 @@ reproduce: $(INSTALLED)
 	@# the report says it was not computed instead of stopping here).
 	-$(foreach experiment,$(REPRODUCE_EXPERIMENTS),$(PY) -m spectr_repro quality results/$(experiment) ; ) true
 	$(PY) -m spectr_repro report $(addprefix results/,$(REPRODUCE_EXPERIMENTS))
+	@# The W&B workspace of what decides, from the offline runs every step above left (offline: its definition).
+	-$(PY) -m spectr_repro dashboard results/$(firstword $(REPRODUCE_EXPERIMENTS))
 	@echo "report: results/$(firstword $(REPRODUCE_EXPERIMENTS))/REPORT.md"
 
 bench: $(INSTALLED)

@@ -5,6 +5,13 @@ import pytest
 
 
 @pytest.fixture(autouse=True)
+def no_wandb_unless_asked(monkeypatch):
+    """Commands log to W&B offline by default: a test that does not test the logging logs nothing (W&B's own
+    switch); the tests of the logging unset it (tests/tracking, tests/runner/test_tracking.py)."""
+    monkeypatch.setenv("WANDB_MODE", "disabled")
+
+
+@pytest.fixture(autouse=True)
 def isolated_calibration(tmp_path_factory, monkeypatch):
     from spectr_repro.cost.calibration import CALIBRATION_ENV_VAR
 

@@ -14,6 +14,7 @@ Timings need a quiet machine: nothing else should run beside a benchmark.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import json
 import logging
@@ -48,6 +49,7 @@ def predicted_pick(replay_summary: str, hardware, preset, pair, prompts, calibra
 
     from spectr_repro.cost.calibration import find_calibration, today
     from spectr_repro.cost.measure import measure_forward_costs, plan_shapes
+    from spectr_repro.cost.model import CallCosts
     from spectr_repro.cost.predict import best_configuration, predict_tokens_per_s, read_replay_summary
     from spectr_repro.errors import UsageError
 
@@ -69,10 +71,13 @@ def predicted_pick(replay_summary: str, hardware, preset, pair, prompts, calibra
     target, draft = (calibrate or measure)(pair, shapes)
     stored = find_calibration("cuda" if pair.device.type == "cuda" else "cpu", preset.pair,
                               str(pair.dtype).removeprefix("torch."))
-    overhead = float(stored.extra.get("overhead_s_per_call", 0.0)) if stored is not None else 0.0
-    predictions = predict_tokens_per_s(table, target, draft, overhead, prompt_tokens, int(preset.max_new_tokens))
+    # The forwards from this process; the rules' calls and the sections' overheads from `check`'s calibration.
+    stored_costs = CallCosts.from_calibration(stored) if stored is not None else CallCosts(target, draft)
+    costs = dataclasses.replace(stored_costs, target=target, draft=draft)
+    predictions = predict_tokens_per_s(table, costs, prompt_tokens, int(preset.max_new_tokens))
     return best_configuration(predictions) | {
-        "calibration": f"costs measured in this process before the rounds, {today()}",
+        "calibration": (f"forwards measured in this process before the rounds, {today()}"
+                        + (f"; rules and overheads {stored.note}" if stored is not None else "")),
         "predictions": json.loads(predictions.head(10).to_json(orient="records"))}
 
 

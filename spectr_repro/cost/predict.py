@@ -1,8 +1,9 @@
 """The fastest lossless configuration on this machine, predicted from a replay and the calibrated costs.
 
 A replay (``python -m spectr_repro replay``, ``replay_summary.csv``) measures, for every (rule, K, L), the
-tokens each target call yields (block efficiency, with a confidence interval). The calibration measures
-what a call costs here (``spectr_repro.cost.model.seconds_per_call``). Their ratio is the decoding speed:
+tokens each target call yields (block efficiency, with a confidence interval). The one cost model says what a
+call costs here (``spectr_repro.cost.model.CallCosts``: the forwards, the rule's call, each engine section's
+overhead). Their ratio is the decoding speed:
 
     tokens per second = tokens per call / seconds per call
 
@@ -22,8 +23,7 @@ from typing import Any
 
 import pandas as pd
 
-from spectr_repro.cost.calibration import ForwardCosts
-from spectr_repro.cost.model import calls_to_emit, seconds_per_call
+from spectr_repro.cost.model import CallCosts, calls_to_emit
 from spectr_repro.verify import VERIFIERS
 
 REPLAY_COLUMNS = ("method", "K", "L", "blocks", "prompts", "tokens_per_call", "ci_low", "ci_high")
@@ -56,8 +56,7 @@ def read_replay_summary(path: str | Path, filters: Mapping[str, Any] | None = No
     return table.reset_index(drop=True)
 
 
-def predict_tokens_per_s(summary: pd.DataFrame, target: ForwardCosts, draft: ForwardCosts,
-                         overhead_s: float = 0.0, prompt_tokens: int | None = None,
+def predict_tokens_per_s(summary: pd.DataFrame, costs: CallCosts, prompt_tokens: int | None = None,
                          new_tokens: int | None = None) -> pd.DataFrame:
     """Predicted tokens/s (and its interval) of every lossless (method, K, L) of ``summary``, fastest first.
 
@@ -67,11 +66,12 @@ def predict_tokens_per_s(summary: pd.DataFrame, target: ForwardCosts, draft: For
     if (prompt_tokens is None) != (new_tokens is None):
         raise ValueError("give prompt_tokens and new_tokens together (or neither)")
     lossless = summary[[bool(VERIFIERS[m].lossless) if m in VERIFIERS else False for m in summary["method"]]]
-    prefill = 0.0 if prompt_tokens is None else target.seconds(1, prompt_tokens) + draft.seconds(1, prompt_tokens)
+    prefill = 0.0 if prompt_tokens is None else costs.prefill_seconds(prompt_tokens)
+    context = None if prompt_tokens is None else prompt_tokens + new_tokens // 2  # a call's mean context
     rows = []
     for row in lossless.itertuples(index=False):
         K, L = int(row.K), int(row.L)
-        call = seconds_per_call(target, draft, K, L, overhead_s)
+        call = costs.call_seconds(str(row.method), K, L, context)
 
         def rate(tokens_per_call: float, call: float = call) -> float:
             if new_tokens is None:

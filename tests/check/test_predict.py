@@ -6,7 +6,7 @@ import pandas as pd
 import pytest
 
 from spectr_repro.cost.calibration import ForwardCosts
-from spectr_repro.cost.model import seconds_per_call
+from spectr_repro.cost.model import CallCosts, seconds_per_call
 from spectr_repro.cost.predict import best_configuration, predict_tokens_per_s, read_replay_summary
 from spectr_repro.verify import VERIFIERS
 
@@ -60,7 +60,7 @@ def test_seconds_per_call_counts_every_forward_of_an_iteration():
 
 
 def test_predictions_are_lossless_only_sorted_and_inside_their_interval():
-    predictions = predict_tokens_per_s(REPLAY, TARGET, DRAFT)
+    predictions = predict_tokens_per_s(REPLAY, CallCosts(TARGET, DRAFT))
     assert set(predictions["method"]) == {"sd", "sbv"}
     assert all(VERIFIERS[m].lossless for m in predictions["method"])
     assert list(predictions["tokens_per_s"]) == sorted(predictions["tokens_per_s"], reverse=True)
@@ -74,19 +74,19 @@ def test_the_pick_follows_the_costs_of_this_machine():
     """The same replay, two machines: where drafting is cheap the longer draft wins (sd L=8); where a draft
     step costs about a target call, the short one does (sd L=4): the pick is not fixed by the replay alone
     (negative control). The rule run as published (spectr_gbv) would be the fastest, and is never picked."""
-    cheap_draft = best_configuration(predict_tokens_per_s(REPLAY, TARGET, DRAFT))
+    cheap_draft = best_configuration(predict_tokens_per_s(REPLAY, CallCosts(TARGET, DRAFT)))
     assert (cheap_draft["method"], cheap_draft["K"], cheap_draft["L"]) == ("sd", 1, 8)
-    costly_draft = best_configuration(predict_tokens_per_s(REPLAY, TARGET, COSTLY_DRAFT))
+    costly_draft = best_configuration(predict_tokens_per_s(REPLAY, CallCosts(TARGET, COSTLY_DRAFT)))
     assert (costly_draft["method"], costly_draft["K"], costly_draft["L"]) == ("sd", 1, 4)
     for best, draft in ((cheap_draft, DRAFT), (costly_draft, COSTLY_DRAFT)):
-        assert best["tokens_per_s"] == predict_tokens_per_s(REPLAY, TARGET, draft)["tokens_per_s"].max()
+        assert best["tokens_per_s"] == predict_tokens_per_s(REPLAY, CallCosts(TARGET, draft))["tokens_per_s"].max()
     unfiltered = 9.0 / seconds_per_call(TARGET, DRAFT, 4, 12)  # spectr_gbv's rate, were it a candidate
     assert unfiltered > cheap_draft["tokens_per_s"]
 
 
 def test_prefill_is_charged_to_the_completion():
-    decode_only = predict_tokens_per_s(REPLAY, TARGET, DRAFT)
-    with_prompt = predict_tokens_per_s(REPLAY, TARGET, DRAFT, prompt_tokens=180, new_tokens=64)
+    decode_only = predict_tokens_per_s(REPLAY, CallCosts(TARGET, DRAFT))
+    with_prompt = predict_tokens_per_s(REPLAY, CallCosts(TARGET, DRAFT), prompt_tokens=180, new_tokens=64)
     merged = decode_only.merge(with_prompt, on=["method", "K", "L"], suffixes=("", "_prompt"))
     assert (merged["tokens_per_s_prompt"] < merged["tokens_per_s"]).all()
     row = merged.set_index(["method", "K", "L"]).loc[("sd", 1, 4)]
@@ -94,7 +94,7 @@ def test_prefill_is_charged_to_the_completion():
     seconds = TARGET.seconds(1, 180) + DRAFT.seconds(1, 180) + (64 / 3.0 + 0.5) * seconds_per_call(TARGET, DRAFT, 1, 4)
     assert row["tokens_per_s_prompt"] == pytest.approx(64 / seconds)
     with pytest.raises(ValueError, match="together"):
-        predict_tokens_per_s(REPLAY, TARGET, DRAFT, prompt_tokens=180)
+        predict_tokens_per_s(REPLAY, CallCosts(TARGET, DRAFT), prompt_tokens=180)
 
 
 def test_reading_a_replay_summary(tmp_path):
@@ -109,4 +109,4 @@ def test_reading_a_replay_summary(tmp_path):
     with pytest.raises(ValueError, match="lacks the column"):
         read_replay_summary(path)
     with pytest.raises(ValueError, match="no lossless configuration"):
-        best_configuration(predict_tokens_per_s(REPLAY[REPLAY["method"] == "spectr_gbv"], TARGET, DRAFT))
+        best_configuration(predict_tokens_per_s(REPLAY[REPLAY["method"] == "spectr_gbv"], CallCosts(TARGET, DRAFT)))

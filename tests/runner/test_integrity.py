@@ -133,7 +133,8 @@ def test_read_only_experiment_folder_under_a_writable_parent(tmp_path, computed,
         (out / "default").chmod(0o755)
 
 
-def test_wandb_folder_is_checked_when_logging_is_on(tmp_path, computed, capsys):
+def test_wandb_folder_is_checked_when_logging_is_on(tmp_path, computed, capsys, monkeypatch):
+    monkeypatch.delenv("WANDB_MODE", raising=False)
     out = tmp_path / "results"
     (out / "default").mkdir(parents=True)
     (out / "default" / "wandb").write_text("not a folder")
