@@ -64,8 +64,8 @@ def prefix_state(rules: Rules, P_rows: torch.Tensor, Q_rows: torch.Tensor, prefi
     selected = []
     for depth in range(i):
         joint = pi @ lik[depth]
-        selected.append(joint.sum())  # q_sel[depth](x_{depth+1})
-        pi = joint / joint.sum() if joint.sum() > 0 else torch.nn.functional.one_hot(torch.tensor(0), K).to(_F64)
+        selected.append(joint.sum())  # q_sel[depth](x_{depth+1}) > 0: x_{depth+1} was selected
+        pi = joint / joint.sum()
     q_sel_at = torch.stack(selected)
     w = running_ratio(torch.nan_to_num(p_at / q_sel_at, nan=0.0, posinf=0.0))
     return pi, w[-1]

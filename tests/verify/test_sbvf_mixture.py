@@ -92,3 +92,11 @@ def test_large_vocabulary_path_gives_the_toy_law():
 def test_bad_selection_is_refused():
     with pytest.raises(ValueError, match="selection"):
         get_verifier("sbvf", selection="greedy")
+
+
+def test_large_vocabulary_sampler_matches_the_law():
+    """The sampler's large-vocabulary branch (rules batch by batch, no memo) draws from the same law."""
+    tokens, dp, tp = _block()
+    pad = lambda t: torch.nn.functional.pad(t, (0, 80 - t.shape[-1]))  # noqa: E731
+    check = sampler_check(get_verifier("sbvf", **MIXTURE), tokens, pad(dp), pad(tp), 1500, seed=7)
+    assert check.p_value > ALPHA, check
