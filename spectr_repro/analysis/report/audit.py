@@ -23,7 +23,7 @@ RELEASE_BIAS_SOURCE = (
 MPBV_SBVF_FINDING = (
     "where MP-BV's exact E[tau] is above SBV-F's (four K = 2 toys, by 0.0016 to 0.0085) it is because SBV-F picks "
     "its selection's rho per survivor count while BV sees the mixture over the count; SBV-F's option "
-    "`selection=\"mixture\"` (rho for that mixture, the greedy point included) is exactly lossless and at least "
+    "`selection=\"mixture\"` (rho for that mixture, the greedy point included) is lossless (exact audit) and at least "
     "MP-BV and SBV-F on all 30 gap toys computed (docs/theory.md of the repository, \"Where MP-BV beats SBV-F\")"
 )
 
