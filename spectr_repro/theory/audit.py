@@ -42,6 +42,7 @@ EXTRA_VARIANTS: dict[str, list[dict[str, Any]]] = {
     "spectr_gbv": [{"carry_over": True}, {"arithmetic": "release_fp16"}, {"arithmetic": "release_bf16"},
                    {"arithmetic": "release_fp32"}],
     "sbv": [{"count_posterior": False}],  # sbv with greedy selection is MP-BV, audited as `mpbv`
+    "sbvf": [{"selection": "mixture"}],  # rho for the count mixture, greedy point included (docs/theory.md)
 }
 
 

@@ -29,6 +29,9 @@ BASELINE = "spectr"
 # Lossless multi-draft rules used as is (their E[tau] is bounded by the LP), from the registry.
 GAP_RULES = tuple(name for name, spec in VERIFIERS.items()
                   if spec.lossless_as_is and not spec.single_draft and spec.in_theory)
+# Option variants shown beside the rules: column -> (rule, options). sbvf_mixture: SBV-F with rho chosen for the count
+# mixture BV sees (verify/mixture_rho.py), at least MP-BV and SBV-F on every toy computed (docs/theory.md).
+GAP_VARIANTS: dict[str, tuple[str, dict]] = {"sbvf_mixture": ("sbvf", {"selection": "mixture"})}
 DEFAULT_MAX_TUPLES = 50_000
 MYOPIC_MAX_TUPLES = 5_000  # the myopic-selection LP enumerates tuples too, with many more variables
 
@@ -63,7 +66,8 @@ def gap_rows(toys: Sequence[ToySpec], rules: Sequence[str] = GAP_RULES, cache: P
             continue
         target, draft = toy.pair()
         extras = ("myopic_limit",) if toy.tuples <= MYOPIC_MAX_TUPLES else ()
-        for quantity in (*rules, "lp_optimum", *extras):
+        variants = tuple(name for name, (rule, _) in GAP_VARIANTS.items() if rule in rules)
+        for quantity in (*rules, *variants, "lp_optimum", *extras):
             key = f"{quantity}|{toy.key()}"
             if key not in values:
                 start = time.perf_counter()
@@ -71,16 +75,17 @@ def gap_rows(toys: Sequence[ToySpec], rules: Sequence[str] = GAP_RULES, cache: P
                     value = optimal_expected_accepted_nodes(target, draft, toy.K, toy.L).value
                 elif quantity == "myopic_limit":
                     value = myopic_selection_limit(target, draft, toy.K, toy.L)
-                else:
-                    value = expected_accepted_length(iteration_law(get_verifier(quantity), target, draft, toy.K,
-                                                                   toy.L))
+                else:  # a rule, or an option variant of one
+                    rule, options = GAP_VARIANTS.get(quantity, (quantity, {}))
+                    value = expected_accepted_length(iteration_law(get_verifier(rule, **options), target, draft,
+                                                                   toy.K, toy.L))
                 values[key] = value
                 _store(cache, values)
                 if progress:
                     progress(f"gap: {quantity} {toy.key()} = {value:.6f} ({time.perf_counter() - start:.0f} s)")
             row[quantity] = values[key]
         gap = row["lp_optimum"] - row[BASELINE]
-        for rule in (*rules, *extras):
+        for rule in (*rules, *variants, *extras):
             row[f"share_{rule}"] = (row[rule] - row[BASELINE]) / gap if gap > 1e-9 else float("nan")
         rows.append(row)
     return pd.DataFrame(rows)
@@ -88,6 +93,7 @@ def gap_rows(toys: Sequence[ToySpec], rules: Sequence[str] = GAP_RULES, cache: P
 
 def gap_markdown(df: pd.DataFrame, rules: Sequence[str] = GAP_RULES) -> str:
     done = df[~df.skipped]
+    rules = [*rules, *(name for name in GAP_VARIANTS if name in df and name not in rules)]
     skipped = ", ".join(f"V={r.V} L={r.L} K={r.K} seed={r.seed}" for r in df[df.skipped].itertuples())
     others = [r for r in rules if r != BASELINE]
     if "myopic_limit" in done:

@@ -156,6 +156,17 @@ class SelectionBlockVerification(Verifier):
             return compute()
         return self._memo("rules", (*tensor_key(P, Q), K), compute)
 
+    def _node_rule(self, target_probs, draft_probs, row: int, depth: int, prefix, K: int) -> tuple[int, Rules]:
+        """(serial, the rule at ``prefix`` = draft ``row``'s first ``depth`` tokens), on a toy vocabulary (memoised).
+        SBV's rule reads that prefix's rows only; a subclass may read the rows and tokens of the whole prefix
+        (sbvf's ``selection="mixture"``)."""
+        return self._rule_at(target_probs[row, depth], draft_probs[row, depth], K)
+
+    def _rows_rules(self, target_probs, draft_probs, rows: list[int], depths: list[int], tokens, K: int) -> Rules:
+        """The rules at the prefixes (draft rows[j], depth depths[j]) of the drafts ``tokens`` (host lists), one
+        batch: SBV's reads each prefix's rows only."""
+        return self._rules(rows_at(target_probs, rows, depths), rows_at(draft_probs, rows, depths), K)
+
     def _scratch(self, shape, dtype: torch.dtype, device: torch.device, name: str) -> torch.Tensor:
         """A buffer kept between calls for the [n, V] temporaries: on the CPU a fresh tensor of megabytes costs
         a page fault per 4 KiB on every call (more than the arithmetic on it)."""
@@ -200,7 +211,7 @@ class SelectionBlockVerification(Verifier):
     def _toy_path_terms(self, target_probs, draft_probs, rows, path, counts, K) -> PathTerms:
         """_path_terms on a toy vocabulary, memoised by (rules, path, counts): shared by sampler and exact law."""
         L = len(path)
-        trail = [self._rule_at(target_probs[rows[i], i], draft_probs[rows[i], i], K) for i in range(L)]
+        trail = [self._node_rule(target_probs, draft_probs, rows[i], i, path[:i], K) for i in range(L)]
         key = (tuple(serial for serial, _ in trail), tuple(path), tuple(counts))
         return self._memo("paths", key, lambda: self._path_terms(
             Rules.concat([rule for _, rule in trail]), target_probs[rows[:L], list(range(L))],
@@ -225,7 +236,7 @@ class SelectionBlockVerification(Verifier):
         if groups:
             depth = [i for i, _ in groups]
             rows = [row for _, row in groups]
-            shared = self._rules(rows_at(target_probs, rows, depth), rows_at(draft_probs, rows, depth), K)
+            shared = self._rows_rules(target_probs, draft_probs, rows, depth, tokens, K)
             levels = torch.tensor([leaders[i] for i in depth], device=device)  # [n, K]: each draft's leader
             member = levels == torch.tensor(rows, device=device)[:, None]
             count_index = torch.tensor([sizes[i][row] - 2 for i, row in groups], device=device)
@@ -253,7 +264,7 @@ class SelectionBlockVerification(Verifier):
                 parts.append(shared if shared_depths == list(range(n)) else
                              shared.take(torch.tensor(shared_depths, device=device)))
             if split < L:
-                parts.append(self._rules(P_rows[split:], Q_rows[split:], K))
+                parts.append(self._rows_rules(target_probs, draft_probs, rows[split:L], depths[split:], tokens, K))
             rules = parts[0] if len(parts) == 1 else Rules.concat(parts)
             terms = self._path_terms(rules, P_rows, Q_rows, path, counts, K)
 
@@ -357,7 +368,7 @@ class SelectionBlockVerification(Verifier):
         columns = draft_tokens.T.long()  # [L, K]
         toy = draft_probs.shape[-1] <= _CACHE_MAX_VOCAB
         if toy:
-            rule_at = lambda i, row: self._rule_at(target_probs[row, i], draft_probs[row, i], K)  # noqa: E731
+            rule_at = lambda i, row: self._node_rule(target_probs, draft_probs, row, i, tokens[row][:i], K)  # noqa: E731
         else:
             rule_at = self._prefix_rules(tokens, draft_probs, target_probs, K)
 
@@ -407,12 +418,12 @@ class SelectionBlockVerification(Verifier):
         where: dict[tuple[int, int], tuple[Rules, int]] = {}
         if groups:
             depth, rows = [i for i, _ in groups], [row for _, row in groups]
-            shared = self._rules(rows_at(target_probs, rows, depth), rows_at(draft_probs, rows, depth), K)
+            shared = self._rows_rules(target_probs, draft_probs, rows, depth, tokens, K)
             where.update({group: (shared, j) for j, group in enumerate(groups)})
 
         def rule_at(i: int, row: int) -> tuple[int, Rules]:
             if (i, row) not in where:  # draft ``row`` alone from depth i on
-                alone = self._rules(target_probs[row, i:L], draft_probs[row, i:L], K)
+                alone = self._rows_rules(target_probs, draft_probs, [row] * (L - i), list(range(i, L)), tokens, K)
                 where.update({(i + m, row): (alone, m) for m in range(L - i)})
             rules, j = where[(i, row)]
             return next(self._serials), rules.take(torch.tensor([j], device=device))

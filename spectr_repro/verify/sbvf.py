@@ -33,8 +33,9 @@ import torch
 
 from spectr_repro.verify.base import Outcome, VerifyResult
 from spectr_repro.verify.bv import BlockSegment, excess_mass
-from spectr_repro.verify.common import LawBuilder, running_ratio, stop_probability, uniform
-from spectr_repro.verify.sbv import LawWalk, SelectionBlockVerification
+from spectr_repro.verify.common import LawBuilder, running_ratio, stop_probability, tensor_key, uniform
+from spectr_repro.verify.mixture_rho import mixture_rho, prefix_state
+from spectr_repro.verify.sbv import _CACHE_MAX_VOCAB, LawWalk, SelectionBlockVerification
 from spectr_repro.verify.selection import (
     DEFAULT_GRID_SIZE,
     DEFAULT_HEAD_SIZE,
@@ -42,10 +43,13 @@ from spectr_repro.verify.selection import (
     DEFAULT_TAIL_THRESHOLD,
     Rules,
     inverse_cdf,
+    ranked_head,
+    rules_at,
 )
 
 __all__ = ["BELOW", "FREE", "REJECTED", "SelectionBlockVerificationFallback", "candidate_laws", "scan_statuses"]
 
+SELECTIONS = ("count", "mixture")  # how rho is chosen at a prefix: SBV's per count, or for the count mixture
 FREE, REJECTED, BELOW = "free", "rejected", "below"  # what the scan at depth tau+1 revealed about a candidate
 _F64 = torch.float64
 
@@ -102,19 +106,58 @@ class SelectionBlockVerificationFallback(SelectionBlockVerification):
     """SBV-F: SBV's selection and block verification, then fallback on the drafts that left the selected path
     where it was rejected (lossless for any K; equal to BV at K = 1; never below SBV).
 
-    Options: ``fallback`` (default True; False is SBV exactly), and SBV's ``grid_size``, ``head_size``,
-    ``tail_threshold`` and ``rank_size`` (the selection always uses SBV's defaults otherwise: the randomized
-    selection with the count posterior, which the candidates' laws are derived for).
+    Options: ``fallback`` (default True; False is SBV exactly), ``selection`` ("count", the default: SBV's rho per
+    survivor count; "mixture": rho chosen at each prefix for the count mixture BV sees, the greedy point rho = inf
+    included, ``verify/mixture_rho.py``; at least MP-BV on every audit toy, docs/theory.md), and SBV's
+    ``grid_size``, ``head_size``, ``tail_threshold`` and ``rank_size`` (the selection always uses SBV's defaults
+    otherwise: the randomized selection with the count posterior, which the candidates' laws are derived for).
     """
 
     name = "sbvf"
 
     def __init__(self, check_inputs: bool = True, fallback: bool = True, grid_size: int = DEFAULT_GRID_SIZE,
                  head_size: int = DEFAULT_HEAD_SIZE, tail_threshold: float = DEFAULT_TAIL_THRESHOLD,
-                 rank_size: int = DEFAULT_RANK_SIZE, **options) -> None:
+                 rank_size: int = DEFAULT_RANK_SIZE, selection: str = "count", **options) -> None:
         super().__init__(check_inputs=check_inputs, count_posterior=True, grid_size=grid_size, head_size=head_size,
                          tail_threshold=tail_threshold, rank_size=rank_size, **options)
         self.fallback = bool(fallback)
+        if selection not in SELECTIONS:
+            raise ValueError(f"sbvf: selection must be one of {', '.join(SELECTIONS)}, got {selection!r}")
+        self.selection = selection
+
+    # ------------------------------------------------------------------------------------------- selection="mixture"
+    def _node_rule(self, target_probs, draft_probs, row: int, depth: int, prefix, K: int) -> tuple[int, Rules]:
+        """SBV's rule, or with ``selection="mixture"`` the rule whose rho suits the count mixture at ``prefix``
+        (it reads the rows and tokens of the whole prefix; memoised on toy vocabularies by those)."""
+        if self.selection == "count" or K == 1:
+            return super()._node_rule(target_probs, draft_probs, row, depth, prefix, K)
+        compute = lambda: (next(self._serials), self._mixture_rule(target_probs, draft_probs, row, depth,  # noqa: E731
+                                                                   tuple(prefix), K))
+        if draft_probs.shape[-1] > _CACHE_MAX_VOCAB:  # a large vocabulary: recomputed (a reference, not GPU-lean)
+            return compute()
+        key = (*tensor_key(target_probs[row, :depth + 1], draft_probs[row, :depth + 1]), tuple(prefix), K)
+        return self._memo("mixture_rules", key, compute)
+
+    def _rows_rules(self, target_probs, draft_probs, rows: list[int], depths: list[int], tokens, K: int) -> Rules:
+        if self.selection == "count" or K == 1:
+            return super()._rows_rules(target_probs, draft_probs, rows, depths, tokens, K)
+        return Rules.concat([self._node_rule(target_probs, draft_probs, row, depth, tokens[row][:depth], K)[1]
+                             for row, depth in zip(rows, depths)])
+
+    def _mixture_rule(self, target_probs, draft_probs, row: int, depth: int, prefix: tuple[int, ...], K: int) -> Rules:
+        """The rule at ``prefix`` (draft ``row``'s first ``depth`` tokens) with rho from ``mixture_rho``: the count
+        law and running ratio there come from the rules of the prefix's own depths (recursively, each memoised)."""
+        P, Q = target_probs[row, depth][None], draft_probs[row, depth][None]
+        head = ranked_head(P, Q, self.rank_size, self.tail_threshold, scratch=self._scratch)
+        if depth == 0:
+            pi = torch.zeros(K, dtype=_F64, device=P.device)
+            pi[K - 1] = 1.0
+            w = torch.ones((), dtype=_F64, device=P.device)
+        else:
+            ancestors = [self._node_rule(target_probs, draft_probs, row, m, prefix[:m], K)[1] for m in range(depth)]
+            pi, w = prefix_state(Rules.concat(ancestors), target_probs[row, :depth], draft_probs[row, :depth],
+                                 torch.tensor(prefix, device=P.device), K)
+        return rules_at(head, mixture_rho(head.top(self.head_size), pi, w, self.grid_size, K), K)
 
     # ------------------------------------------------------------------------------------------- hooks
     @staticmethod

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from spectr_repro.analysis.report.audit import RELEASE_BIAS_SOURCE, _verdict_lines
+from spectr_repro.analysis.report.audit import MPBV_SBVF_FINDING, RELEASE_BIAS_SOURCE, _verdict_lines
 
 
 def test_the_release_verdict_names_the_source_of_its_bias_and_lossless_rules_do_not():
@@ -14,6 +14,15 @@ def test_the_release_verdict_names_the_source_of_its_bias_and_lossless_rules_do_
     release = next(line for line in lines if "spectr_gbv" in line or "SpecTr-GBV" in line)
     assert RELEASE_BIAS_SOURCE in release and "docs/theory.md" in release
     assert all(RELEASE_BIAS_SOURCE not in line for line in lines if line is not release)
+
+
+def test_the_mpbv_verdict_carries_the_mpbv_vs_sbvf_finding_and_no_other_line_does():
+    table = pd.DataFrame([{"rule": "mpbv", "K": 2, "options": "", "verdict": "lossless"},
+                          {"rule": "sbvf", "K": 2, "options": "", "verdict": "lossless"}])
+    lines = _verdict_lines(table)
+    mpbv = next(line for line in lines if "MP-BV" in line)
+    assert MPBV_SBVF_FINDING in mpbv and "docs/theory.md" in mpbv
+    assert all(MPBV_SBVF_FINDING not in line for line in lines if line is not mpbv)
 
 
 def test_the_theory_claims_table_is_read_from_claims_csv_beside_theory_md(tmp_path):

@@ -57,6 +57,7 @@ def test_exact_verdicts_match_the_registry_for_every_rule():
     by_key = {(r.rule, r.K, tuple(sorted(r.options.items()))): r for r in rows}
     assert by_key["gbv", 1, (("carry_over", False),)].verdict == "NOT lossless"
     assert by_key["spectr_gbv", 2, ()].verdict == "NOT lossless"
+    assert by_key["sbvf", 2, (("selection", "mixture"),)].verdict == "lossless"  # the option is audited too
 
 
 def test_audit_cli_quick_writes_report(tmp_path):

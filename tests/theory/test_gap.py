@@ -8,7 +8,7 @@ import pytest
 
 from spectr_repro.theory.cli import main_theory
 from spectr_repro.theory.exact import rule_expected_accepted
-from spectr_repro.theory.gap import GAP_RULES, gap_markdown, gap_rows, gap_toys
+from spectr_repro.theory.gap import GAP_RULES, GAP_VARIANTS, gap_markdown, gap_rows, gap_toys
 from spectr_repro.theory.toy import ToySpec, toy_pair
 
 
@@ -29,7 +29,10 @@ def test_gap_rows_values_shares_and_cache(tmp_path):
         assert row.sbvf >= row.sbv - 1e-12 and row.lp_optimum >= max(row.spectr, row.rbv, row.sbv, row.sbvf) - 1e-7
         assert row.share_sbv == pytest.approx((row.sbv - row.spectr) / (row.lp_optimum - row.spectr))
     stored = json.loads(cache.read_text())
-    assert len(stored) == 2 * (len(GAP_RULES) + 2)  # per toy: each rule, the LP optimum, the myopic limit
+    # per toy: each rule, each option variant (sbvf_mixture), the LP optimum, the myopic limit
+    assert len(stored) == 2 * (len(GAP_RULES) + len(GAP_VARIANTS) + 2)
+    for row in done.itertuples():  # the mixture choice of rho: at least SBV-F and MP-BV (docs/theory.md)
+        assert row.sbvf_mixture >= max(row.sbvf, row.mpbv) - 1e-9 and row.lp_optimum >= row.sbvf_mixture - 1e-7
     # A second run reads the cache: a planted value shows up unchanged.
     key = "sbv|V=2,L=2,K=2,seed=0"
     stored[key] = 1.23
@@ -37,7 +40,7 @@ def test_gap_rows_values_shares_and_cache(tmp_path):
     again = gap_rows(toys[:1], cache=cache, progress=None)
     assert again.sbv.iloc[0] == 1.23
     text = gap_markdown(df)
-    assert "skipped" in text and "mean share" in text and "share sbvf" in text
+    assert "skipped" in text and "mean share" in text and "share sbvf" in text and "share sbvf_mixture" in text
 
 
 def test_gap_toys_is_the_stated_cross_product():

@@ -241,7 +241,7 @@ def test_monte_carlo_joint_law_matches_target():
 def test_bad_options_are_refused():
     with pytest.raises(ValueError, match="grid_size"):
         get_verifier("sbvf", grid_size=1)
-    with pytest.raises(TypeError):
+    with pytest.raises(ValueError, match="selection"):  # "count" and "mixture" only (test_sbvf_mixture.py)
         get_verifier("sbvf", selection="greedy")
 
 

@@ -18,6 +18,15 @@ RELEASE_BIAS_SOURCE = (
     "(docs/theory.md of the repository, \"Where the released rule's bias comes from\")"
 )
 
+# Where MP-BV beats SBV-F and how SBV-F's option closes it (docs/theory.md; exact E[tau] on the gap toys,
+# 2026-12-03), one sentence beside MP-BV's verdict.
+MPBV_SBVF_FINDING = (
+    "where MP-BV's exact E[tau] is above SBV-F's (four K = 2 toys, by 0.0016 to 0.0085) it is because SBV-F picks "
+    "its selection's rho per survivor count while BV sees the mixture over the count; SBV-F's option "
+    "`selection=\"mixture\"` (rho for that mixture, the greedy point included) is lossless (exact audit) and at least "
+    "MP-BV and SBV-F on all 30 gap toys computed (docs/theory.md of the repository, \"Where MP-BV beats SBV-F\")"
+)
+
 # The columns the audit contract names, plus its flags; per-toy details stay in AUDIT.md / audit.json.
 AUDIT_COLUMNS = ["rule", "K", "options", "exact_tv", "exact_tv_vs_default", "p_value", "mc_tv", "verdict",
                  "claimed_lossless", "harness_lossless", "flags"]
@@ -112,6 +121,7 @@ def _verdict_lines(table: pd.DataFrame) -> list[str]:
         if "claimed_lossless" in rule_rows:
             claimed = f" (claimed lossless: {unique_text(rule_rows['claimed_lossless'])})"
         source = f"; {RELEASE_BIAS_SOURCE}" if rule == "spectr_gbv" and "NOT lossless" in verdicts else ""
+        source += f"; {MPBV_SBVF_FINDING}" if rule == "mpbv" else ""
         lines.append(f"- **{METHOD_LABELS.get(rule, rule)}**{claimed}: {verdicts}{source}")
     return lines + [""]
 

@@ -1,0 +1,72 @@
+"""``python -m spectr_repro.replay.excursions``: where the release's h leaves [0, 1], counted on real-model blocks."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+import torch
+
+from spectr_repro.replay.excursions import ExcursionCount, block_excursions, count_rows, main
+from spectr_repro.verify.spectr_gbv import SpecTrGBV
+
+BASE = ["model_pair=tiny_random", "dataset=humaneval", "temperature=0.7", "logger=disabled", "K=3,7", "L=6,12",
+        "num_prompts=2", "max_new_tokens=16"]
+
+
+def _counts(tmp_path, arithmetic: str) -> pd.DataFrame:
+    out = tmp_path / f"{arithmetic}.csv"
+    assert main([*BASE, "--arithmetic", arithmetic, "--out", str(out)]) == 0
+    return pd.read_csv(out)
+
+
+def test_counts_every_slot_and_finds_the_release_arithmetic_excursions(tmp_path):
+    """On tiny_random's blocks (seeded: the same trajectories for both arithmetics) the release's bfloat16 rows
+    put h outside [0, 1] in some slots; the float64 replica on the same blocks in none (h is in [0, 1] in exact
+    arithmetic wherever it is defined, docs/theory.md): the negative control that the count can read 0."""
+    release, replica = _counts(tmp_path, "release_bf16"), _counts(tmp_path, "float64")
+    assert list(zip(release.K, release.L)) == [(3, 6), (3, 12), (7, 6), (7, 12)]
+    assert (release.slots == release.K * release.L * release.blocks).all() and (release.blocks > 0).all()
+    assert release.blocks.tolist() == replica.blocks.tolist()  # the same blocks
+    assert release.slots_outside.sum() > 0 and (release.slots_outside <= release.slots).all()
+    assert replica.slots_outside.sum() == 0 and replica.blocks_outside.sum() == 0
+    assert (release.blocks_outside <= release.blocks).all()
+
+
+def test_block_excursions_take_the_sub_block():
+    """A (K, L) sub-block is the first K drafts and L positions: a slot of draft 2 is not seen at K = 2."""
+    K, L, V = 3, 2, 4
+    generator = torch.Generator().manual_seed(0)
+    draft_probs = torch.rand(K, L, V, generator=generator, dtype=torch.float64)
+    target_probs = torch.rand(K, L + 1, V, generator=generator, dtype=torch.float64)
+    draft_probs, target_probs = draft_probs / draft_probs.sum(-1, keepdim=True), target_probs / target_probs.sum(-1,
+                                                                                                            keepdim=True)
+    tokens = torch.randint(V, (K, L), generator=generator)
+    calls = []
+
+    class Recording(SpecTrGBV):
+        def h_excursions(self, draft_tokens, draft_probs, target_probs, state=None, undefined=False, tolerance=1e-9):
+            calls.append((tuple(draft_tokens.shape), tuple(draft_probs.shape), tuple(target_probs.shape)))
+            return []
+
+    assert block_excursions(Recording(), tokens, draft_probs, target_probs, 2, 1) == ([], [])
+    assert calls == [((2, 1), (2, 1, V), (2, 2, V))] * 2
+
+
+def test_count_rows_sum_over_prompts_of_a_temperature():
+    class Stub:
+        def __init__(self, count):
+            self.counts = {(3, 6): count}
+
+    first, second = ExcursionCount(), ExcursionCount()
+    first.add(3, 6, [(0, 1, 2.5)], [(0, 1, 2.5), (1, 2, -7.0)])
+    second.add(3, 6, [], [])
+    row = count_rows([(0.4, Stub(first)), (0.4, Stub(second))]).iloc[0]
+    assert (row.blocks, row.slots, row.blocks_outside, row.slots_outside, row.slots_undefined) == (2, 36, 1, 1, 1)
+    assert (row.h_min, row.h_max) == (0.0, 2.5)
+
+
+@pytest.mark.parametrize("bad", [["--arithmetic", "fp8"], ["--seconds", "0"], ["K=0"]])
+def test_bad_input_exits_2_before_loading(bad, tmp_path, capsys):
+    out = tmp_path / "counts.csv"
+    assert main([*BASE, *bad, "--out", str(out)]) == 2
+    assert "error:" in capsys.readouterr().err and not out.exists()
