@@ -114,6 +114,14 @@ def typical_prompt_tokens(name: str) -> int:
     return DatasetSpec.typical_prompt_tokens
 
 
+def bucket_tokens(name: str) -> int | None:
+    """The input length a packaged dataset config fixes (``longcode_4k``: 4096), None for any other dataset."""
+    config = _packaged_dataset_config(name)
+    if config is None or config.get("name") not in DATASETS:
+        return None
+    return declared_prompt_tokens(config)
+
+
 def _packaged_dataset_config(name: str) -> dict | None:
     """The packaged ``conf/dataset/<name>.yaml`` as a dict (read as a file: data sits below the configs' users), or
     None when there is none or it cannot be read."""
@@ -151,6 +159,7 @@ __all__ = [
     "Example",
     "MGSM_LANGUAGES",
     "answers_match",
+    "bucket_tokens",
     "declared_prompt_tokens",
     "encode_prompt",
     "extract_number_answer",
