@@ -76,8 +76,10 @@ def output_position_markdown(table: pd.DataFrame, L: int) -> str:
 def acceptance_markdown(table: pd.DataFrame) -> str:
     part = table.copy()
     part.insert(0, "rule", [_label(m, k) for m, k in zip(part["method"], part["K"])])
-    columns = ["rule", "position", "blocks", *[c for c in part.columns if c.startswith("position_")]]
-    return part[columns].to_markdown(index=False, floatfmt=".3f")
+    gains = [c for c in part.columns if c.startswith("position_")]
+    part = part[["rule", "position", "blocks", *gains]].rename(
+        columns={"position": "tokens generated", **{c: f"draft position {c.removeprefix('position_')}" for c in gains}})
+    return part.to_markdown(index=False, floatfmt=".3f")
 
 
 def _panels(table: pd.DataFrame, x: str, stem: Path, xlabel: str, title: str, log2: bool = False,
