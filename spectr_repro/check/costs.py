@@ -24,7 +24,8 @@ def calibration_item(checker: Checker, base, pair_cfg, loaded: LoadedPair, shape
     wanted = plan_shapes(shapes["Ks"], shapes["Ls"], shapes["prefill_chunks"], shapes["batch_sizes"])
     repeats = 3  # medians of 3 rounds, quick too: one timed forward per shape once read 880 ms for a 320 ms shape
 
-    context = int(shapes.get("context") or CONTEXT_TOKENS)
+    # every bucket's context when the replay has long-input buckets (ForwardCosts interpolates between them)
+    context = shapes.get("contexts") or int(shapes.get("context") or CONTEXT_TOKENS)
 
     def measure():
         target = measure_forward_costs(loaded.target, wanted["target"], repeats, context, loaded.vocab_size)
@@ -36,7 +37,8 @@ def calibration_item(checker: Checker, base, pair_cfg, loaded: LoadedPair, shape
             extra={"repeats": repeats, "shapes": shapes,
                    # this machine's two roofs, for the report's roofline against these calibrated forwards
                    **machine_roofline_figures(next(loaded.target.parameters()).device, loaded.target.dtype)})
-        detail = (f"{len(wanted['target'])} target and {len(wanted['draft'])} draft shapes on {context} cached "
+        cached = ", ".join(f"{c:,}" for c in context) if isinstance(context, list) else str(context)
+        detail = (f"{len(wanted['target'])} target and {len(wanted['draft'])} draft shapes on {cached} cached "
                   f"tokens; decode "
                   f"{1e3 * target.seconds(1, 1):.1f} / {1e3 * draft.seconds(1, 1):.1f} ms (target / draft)")
         return None, detail, calibration

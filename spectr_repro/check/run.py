@@ -35,9 +35,10 @@ def run_shapes(base, cells, quick: bool = False) -> dict[str, Any]:
     """K, L, prefill chunks and prompt batch sizes of the cells of the base config's pair and of the experiment's
     replay grid (the base config's alone without either), the rules the cells and the replay run (their calls are
     timed on real blocks), and the context the forwards are measured on: the experiment's typical prompt plus half
-    its new tokens (the mean context of a decoding call). ``quick``: only the smallest and largest L and prefill
+    its new tokens (the mean context of a decoding call), and ``contexts`` (that one and each long-input bucket's
+    input plus half its new tokens) when the replay has buckets. ``quick``: only the smallest and largest L and prefill
     chunk (the costs between are interpolated, see ``cost.calibration``)."""
-    from spectr_repro.data import typical_prompt_tokens
+    from spectr_repro.data import bucket_tokens, typical_prompt_tokens
     from spectr_repro.verify import VERIFIERS
 
     Ks, Ls, chunks, batches = {1, int(base.K)}, {int(base.L)}, set(), {1}
@@ -65,8 +66,13 @@ def run_shapes(base, cells, quick: bool = False) -> dict[str, Any]:
     if quick:
         Ls, chunks = {min(Ls), max(Ls)}, {min(chunks), max(chunks)}
     context = int(sorted(prompts)[len(prompts) // 2] + int(base.max_new_tokens) // 2)
+    # Long-input buckets (datasets whose config fixes the input length): the forwards are also measured at each
+    # bucket's mean context, so that its calls are priced from a measurement, not extrapolated from a short one.
+    buckets = [bucket_tokens(name) for name in replay.get("datasets") or []]
+    contexts = sorted({context, *(n + int(base.max_new_tokens) // 2 for n in buckets if n is not None)})
     return {"Ks": sorted(Ks), "Ls": sorted(Ls), "prefill_chunks": sorted(chunks), "batch_sizes": sorted(batches),
-            "methods": sorted(m for m in methods if m in VERIFIERS), "context": context}
+            "methods": sorted(m for m in methods if m in VERIFIERS), "context": context,
+            **({"contexts": contexts} if len(contexts) > 1 else {})}
 
 
 def run_check(argv: Sequence[str]) -> tuple[int, dict[str, Any]]:

@@ -118,3 +118,17 @@ def test_check_calibrates_the_shapes_of_the_experiments_replay():
     assert set(replay["L"]) - {c.L for c in cells}, "the replay's L grid is wider than the timed cells'"
     plain, plain_cells = compose(["hardware=cpu", "K=3", "L=8"])  # config.yaml's replay names no dataset
     assert run_shapes(plain, plain_cells) == {**run_shapes(plain, plain_cells), "Ks": [1, 3], "Ls": [8]}
+
+
+def test_check_calibrates_each_long_input_buckets_context():
+    """`check experiment=context_qwen` measures the forwards at each bucket's mean context (its input plus half the
+    new tokens) beside the usual one, so the buckets' calls are priced from measurements; without buckets, one."""
+    from spectr_repro.check.run import compose, run_shapes
+
+    base, cells = compose(["experiment=context_qwen"])
+    shapes = run_shapes(base, cells)
+    half = int(base.max_new_tokens) // 2
+    assert {n + half for n in (1024, 4096, 8192, 16384)} <= set(shapes["contexts"])
+    assert set(shapes["Ks"]) == {1, 3, 7} and set(shapes["Ls"]) == {1, 2, 3, 4, 5, 6}
+    plain, plain_cells = compose(["hardware=cpu", "K=3", "L=8"])
+    assert "contexts" not in run_shapes(plain, plain_cells)
