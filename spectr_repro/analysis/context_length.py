@@ -159,7 +159,7 @@ def acceptance_by_output_position(blocks: pd.DataFrame, edges: Sequence[int] = P
     block_keys = [*PROMPT_KEYS, "iteration"]
     for (pair, temperature, method, K), cell in frame.groupby([*GROUP_KEYS, "method", "K"], sort=False):
         lengths = sorted(cell["L"].unique())
-        if lengths[: len(lengths)] != list(range(1, len(lengths) + 1)) or len(lengths) < 2:
+        if lengths != list(range(1, len(lengths) + 1)) or len(lengths) < 2:
             continue  # needs L = 1, 2, ..., m
         wide = cell.pivot_table(index=[*block_keys, "position"], columns="L", values="tokens", aggfunc="first")
         wide = wide.dropna()

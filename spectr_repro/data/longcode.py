@@ -102,7 +102,10 @@ def repository_text(root: Path, files: list[str]) -> str:
     """The files one after another, each after a header line naming it (its path under ``Lib/``)."""
     parts = []
     for name in files:
-        text = (root / name).read_bytes().decode("utf-8")
+        try:
+            text = (root / name).read_bytes().decode("utf-8")
+        except UnicodeDecodeError as error:
+            raise ValueError(f"dataset longcode: source file {root / name} is not UTF-8 (byte {error.start})") from None
         parts.append(f"# ---- Lib/{name} ----\n{text}{'' if text.endswith(chr(10)) else chr(10)}")
     return "".join(parts)
 

@@ -6,6 +6,7 @@ report section."""
 from __future__ import annotations
 
 import json
+import shutil
 
 import numpy as np
 import pandas as pd
@@ -154,3 +155,23 @@ def test_the_report_section_renders_tables_figures_and_a_paragraph(two_buckets, 
     assert (out / "figures" / "context_output_position.png").is_file()
     assert pd.read_csv(out / "tables" / "context_output_position.csv")["tokens_per_call"].notna().all()
     assert "not predicted here" in text  # no calibration of the tiny pair in this test's calibration file
+
+
+def test_each_pair_and_temperature_gets_its_own_subsection(tmp_path):
+    from spectr_repro.analysis.report.context import load_context
+    from spectr_repro.analysis.report.context_length import context_length_section
+
+    root = tmp_path / "results" / "replay"
+    write_replay(root, "longcode_1k", gain=0.3, seed=5)
+    write_replay(root, "longcode_16k", gain=0.3, seed=6)
+    for path in root.glob("*/replay.json"):  # a second temperature: the same blocks under T=0.7
+        copy = path.parent.with_name(path.parent.name.replace("T0.4", "T0.7"))
+        shutil.copytree(path.parent, copy)
+        meta = json.loads((copy / "replay.json").read_text())
+        (copy / "replay.json").write_text(json.dumps({**meta, "temperature": 0.7}))
+    write_summaries(root, resamples=RESAMPLES)
+    text = context_length_section(load_context([root.parent], output=tmp_path / "report" / "REPORT.md"))
+    assert "### tiny_random, T=0.4" in text and "### tiny_random, T=0.7" in text
+    assert (tmp_path / "report" / "figures" / "context_input_length_tiny_random_T0.7.png").is_file()
+    table = pd.read_csv(tmp_path / "report" / "tables" / "context_input_length.csv")
+    assert set(table["temperature"]) == {0.4, 0.7}

@@ -20,6 +20,7 @@ from spectr_repro.analysis.context_length import (
 )
 from spectr_repro.analysis.figures import _new_figure, legend_outside, method_color, method_marker, save_figure
 from spectr_repro.analysis.format import interval_text, relative
+from spectr_repro.analysis.replay import GROUP_KEYS
 from spectr_repro.analysis.report.context import ReportContext
 from spectr_repro.verify import VERIFIERS, method_labels
 
@@ -85,9 +86,9 @@ def acceptance_markdown(table: pd.DataFrame) -> str:
 def _panels(table: pd.DataFrame, x: str, stem: Path, xlabel: str, title: str, log2: bool = False,
             ticks: list | None = None) -> Path | None:
     """One panel per K, one line per rule, error bars from the prompt-clustered intervals."""
-    Ks = sorted(table["K"].unique())
     if table.empty or table[x].nunique() < 2:
         return None
+    Ks = sorted(table["K"].unique())
     figure = _new_figure(1, len(Ks))
     axes = figure.subplots(1, len(Ks), squeeze=False)[0]
     for ax, K in zip(axes, Ks):
@@ -120,11 +121,11 @@ def _paragraph(table: pd.DataFrame, diffs: pd.DataFrame, blocks: pd.DataFrame, p
     sd = at_L[(at_L["method"] == "sd") & (at_L["K"] == 1)].set_index("input_tokens")["tokens_per_call"]
     shortest, longest = int(at_L["input_tokens"].min()), int(at_L["input_tokens"].max())
     sentences = []
-    if len(sd) >= 2:
+    if shortest in sd.index and longest in sd.index and shortest != longest:
         sentences.append(f"SD's tokens per call go from {sd[shortest]:.2f} at {shortest // 1024}K tokens of input to "
                          f"{sd[longest]:.2f} at {longest // 1024}K.")
     multi = at_L[[not VERIFIERS[m].single_draft and VERIFIERS[m].lossless for m in at_L["method"]]]
-    if not multi.empty and not sd.empty:
+    if not multi.empty and len(sd) >= 2:
         best = multi[multi["input_tokens"] == longest].sort_values("tokens_per_call").iloc[-1]
         change = gain_change(blocks, str(best["method"]), int(best["K"]), L, "sd")
         if change is not None:
@@ -173,54 +174,63 @@ def _cost_lines(context: ReportContext, lengths: list[int]) -> list[str]:
 
 def context_length_section(context: ReportContext) -> str | None:
     replay = context.replay
-    if replay is None or bucket_blocks(replay.blocks).empty:
+    buckets = bucket_blocks(replay.blocks) if replay is not None else pd.DataFrame()
+    if buckets.empty:
         return None
-    blocks, out_dir = replay.blocks, context.out_dir
-    table = by_input_length(blocks)
-    diffs = differences_by_input_length(blocks)
-    buckets = bucket_blocks(blocks)
-    positions = by_output_position(buckets)
-    acceptance = acceptance_by_output_position(buckets)
+    groups = list(buckets.groupby(GROUP_KEYS, sort=False))
+    lines, frames = [TITLE, ""], {}
+    for (pair, temperature), part in groups:
+        stem = "" if len(groups) == 1 else f"_{pair}_T{temperature:g}"
+        if len(groups) > 1:
+            lines += [f"### {pair}, T={temperature:g}", ""]
+        group_lines, tables = _group_section(part, context, stem)
+        lines += group_lines
+        for name, frame in tables.items():
+            frames.setdefault(name, []).append(frame)
+    folder = context.out_dir / "tables"
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, parts in frames.items():
+        pd.concat(parts, ignore_index=True).to_csv(folder / f"{name}.csv", index=False)
+    return "\n".join(lines)
+
+
+def _group_section(blocks: pd.DataFrame, context: ReportContext, stem: str) -> tuple[list[str], dict]:
+    """The section's text for one (pair, temperature) and its tables by file name."""
+    out_dir = context.out_dir
+    table, diffs = by_input_length(blocks), differences_by_input_length(blocks)
+    positions, acceptance = by_output_position(blocks), acceptance_by_output_position(blocks)
     L = _main_L(table)
-    tables = out_dir / "tables"
-    tables.mkdir(parents=True, exist_ok=True)
-    for name, frame in (("context_input_length", table), ("context_differences", diffs),
-                        ("context_output_position", positions), ("context_acceptance_position", acceptance)):
-        frame.to_csv(tables / f"{name}.csv", index=False)
     lengths = sorted(int(n) for n in table["input_tokens"].unique())
-    lines = [TITLE, "",
-             "Every rule on the same draft blocks of long inputs: the first N tokens of a Python standard-library "
+    lines = ["Every rule on the same draft blocks of long inputs: the first N tokens of a Python standard-library "
              "package or module (`dataset=longcode_<N>`, repository-scale code completion, docs/context.md), the "
              f"buckets {', '.join(f'{n // 1024}K' for n in lengths)} drawing the same repositories. Tokens per "
              f"target call at L={L}, 95 % intervals over prompts. Tables: `tables/context_*.csv`.", ""]
     paragraph = _paragraph(table, diffs, blocks, positions, L)
-    if paragraph:
-        lines += [paragraph, ""]
-    lines += ["### Tokens per call by input length", "", input_length_markdown(table, L), ""]
-    figure = _panels(table[table["L"] == L], "input_tokens", out_dir / "figures" / "context_input_length",
+    lines += [paragraph, ""] if paragraph else []
+    lines += ["#### Tokens per call by input length", "", input_length_markdown(table, L), ""]
+    figure = _panels(table[table["L"] == L], "input_tokens", out_dir / "figures" / f"context_input_length{stem}",
                      "input tokens", f"tokens per call vs input length (L={L})", log2=True)
-    if figure is not None:
-        lines += [f"![tokens per call vs input length]({relative(figure, out_dir)})", ""]
-    lines += ["### Against the release and SD, by input length (paired on the same blocks)", "",
-              differences_markdown(diffs, L), ""]
-    lines += ["### Tokens per call by output position", "",
+    lines += [f"![tokens per call vs input length]({relative(figure, out_dir)})", ""] if figure else []
+    lines += ["#### Against the release and SD, by input length (paired on the same blocks)", "",
+              differences_markdown(diffs, L), "",
+              "#### Tokens per call by output position", "",
               "Blocks binned by the tokens the trajectory had generated before them (bins from "
               f"{', '.join(map(str, POSITION_BINS))} ...), every bucket together.", "",
               output_position_markdown(positions, L), ""]
-    if not positions.empty:
-        at_L = positions[positions["L"] == L].copy()
-        labels = list(dict.fromkeys(at_L["position"]))
-        at_L["bin"] = at_L["position"].map({p: i for i, p in enumerate(labels)})
-        figure = _panels(at_L, "bin", out_dir / "figures" / "context_output_position", "tokens already generated",
-                         f"tokens per call vs output position (L={L})", ticks=labels)
-        if figure is not None:
-            lines += [f"![acceptance vs output position]({relative(figure, out_dir)})", ""]
+    at_L = positions[positions["L"] == L].copy()
+    labels = list(dict.fromkeys(at_L["position"]))
+    at_L["bin"] = at_L["position"].map({p: i for i, p in enumerate(labels)})
+    figure = _panels(at_L, "bin", out_dir / "figures" / f"context_output_position{stem}", "tokens already generated",
+                     f"tokens per call vs output position (L={L})", ticks=labels)
+    lines += [f"![acceptance vs output position]({relative(figure, out_dir)})", ""] if figure else []
     if not acceptance.empty:
         lines += ["Per-position acceptance by output position: the tokens draft position i adds, T(L=i) − T(L=i−1) "
                   "(for SD exactly P(the first i drafts are accepted)), mean over the bin's blocks.", "",
                   acceptance_markdown(acceptance), ""]
     lines += [*_cost_lines(context, lengths), ""]
-    return "\n".join(lines)
+    tables = {"context_input_length": table, "context_differences": diffs, "context_output_position": positions,
+              "context_acceptance_position": acceptance}
+    return lines, tables
 
 
 __all__ = ["context_length_section"]
