@@ -68,7 +68,7 @@ def read_blocks(root: str | Path) -> tuple[pd.DataFrame, list[str]]:
             left_out.append(f"note: {unverified} prompt(s) of {meta_path.parent} were written before done.json "
                             f"recorded their blocks' sha256: read unverified")
     columns = ["model_pair", "dataset", "temperature", "prompt_id", "iteration", "reference_tokens", *CELL_KEYS,
-               "tokens", "estimator", "draws"]
+               "tokens", "estimator", "draws", "output_position", "prompt_tokens"]
     return pd.DataFrame(rows, columns=columns), left_out
 
 
@@ -85,13 +85,17 @@ def _prompt_rows(meta: dict, done_path: Path, blocks_path: Path) -> tuple[list[t
         if problems:
             return [], "; ".join(problems), False
     rows = []
+    emitted = 0  # records before 2026-12-03 have no output_position: the earlier blocks' reference tokens give it
+    prompt_tokens = prompt.get("prompt_tokens") if isinstance(prompt, dict) else None
     for number, line in enumerate(text.splitlines(), 1):
         try:
             block = json.loads(line)
+            position = int(block.get("output_position", emitted))
+            emitted = position + int(block["reference_tokens"])
             for method, K, L, tokens, estimator, draws in block["values"]:
                 rows.append((meta["model_pair"], meta["dataset"], float(meta["temperature"]), prompt["prompt_id"],
                              block["iteration"], block["reference_tokens"], method, int(K), int(L), float(tokens),
-                             estimator, int(draws)))
+                             estimator, int(draws), position, prompt_tokens))
         except (json.JSONDecodeError, KeyError, TypeError, ValueError) as error:
             return [], f"{blocks_path}:{number}: cannot be read ({type(error).__name__}: {error})", False
     return rows, None, isinstance(files, dict) and bool(files)

@@ -24,6 +24,8 @@ def calibration_item(checker: Checker, base, pair_cfg, loaded: LoadedPair, shape
     wanted = plan_shapes(shapes["Ks"], shapes["Ls"], shapes["prefill_chunks"], shapes["batch_sizes"])
     repeats = 3  # medians of 3 rounds, quick too: one timed forward per shape once read 880 ms for a 320 ms shape
 
+    # the shortest and longest ordinary context and every long-input bucket's (check.run.measured_contexts);
+    # ForwardCosts interpolates between them
     context = int(shapes.get("context") or CONTEXT_TOKENS)
     contexts = [int(c) for c in shapes.get("contexts") or [context]]
 
@@ -38,7 +40,7 @@ def calibration_item(checker: Checker, base, pair_cfg, loaded: LoadedPair, shape
                    # this machine's two roofs, for the report's roofline against these calibrated forwards
                    **machine_roofline_figures(next(loaded.target.parameters()).device, loaded.target.dtype)})
         detail = (f"{len(wanted['target'])} target and {len(wanted['draft'])} draft shapes on "
-                  f"{' and '.join(map(str, contexts))} cached tokens; decode "
+                  f"{', '.join(f'{c:,}' for c in contexts)} cached tokens; decode "
                   f"{1e3 * target.seconds(1, 1):.1f} / {1e3 * draft.seconds(1, 1):.1f} ms (target / draft)")
         return None, detail, calibration
 
@@ -74,7 +76,7 @@ def call_costs_item(checker: Checker, base, loaded: LoadedPair, calibration, sha
     def overheads():
         corners = sorted({(min(Ks), min(Ls)), (min(Ks), max(Ls)), (max(Ks), min(Ls)), (max(Ks), max(Ls))})
         rule_seconds = _decoded_rule_seconds(calibration)
-        contexts = [int(c) for c in shapes.get("contexts") or [prompt.numel()]]
+        contexts = [int(c) for c in shapes.get("decode_contexts") or shapes.get("contexts") or [prompt.numel()]]
         prompts = [prompt if c == prompt.numel() else _calibration_prompt(base, loaded, c, device) for c in contexts]
         residuals = []
         # Each shape at every context back to back (and AR's token, whose cost beyond the forward also grows with
@@ -104,6 +106,21 @@ def _decoded_rule_seconds(calibration) -> dict:
     return CallCosts.from_calibration(calibration).rule_seconds
 
 
+def measured_contexts(by_dataset: dict[str, int]) -> tuple[list[int], list[int]]:
+    """The contexts ``check`` measures forwards at, and those it decodes at, from each dataset's mean context of a
+    call. Forwards: the shortest and the longest ordinary context (the costs are interpolated between them: a cell
+    of 528-token HumanEval prompts priced at a 204-token median context ran 10-30 % slower than predicted,
+    2026-12-03) and every long-input bucket's, so that its calls are priced from a measurement, not extrapolated.
+    Decodes (each a prefill of its context and a few calls at every corner of the grid): the two ordinary ends, or
+    the shortest bucket without ordinary datasets; the context terms of the overheads extend them."""
+    from spectr_repro.data import bucket_tokens
+
+    ordinary = [c for name, c in by_dataset.items() if bucket_tokens(name) is None]
+    buckets = [c for name, c in by_dataset.items() if bucket_tokens(name) is not None]
+    decode = sorted({min(ordinary), max(ordinary)}) if ordinary else [min(buckets)]
+    return sorted({*decode, *buckets}), decode
+
+
 def prompt_contexts(base, loaded: LoadedPair, shapes: dict, most: int = 16) -> None:
     """``shapes["contexts"]`` from the datasets' real prompts in the pair's tokens (the first ``num_prompts`` a run
     decodes, at most ``most``, each plus half the new tokens; their shortest and longest mean), instead of the
@@ -113,7 +130,7 @@ def prompt_contexts(base, loaded: LoadedPair, shapes: dict, most: int = 16) -> N
         return
     from spectr_repro.data import encode_prompt, load_examples
 
-    means = []
+    means = {}
     for name in shapes.get("datasets") or [str(base.choices.dataset)]:
         try:
             examples = load_examples(name, min(int(base.num_prompts), most), seed=int(base.seed),
@@ -121,9 +138,9 @@ def prompt_contexts(base, loaded: LoadedPair, shapes: dict, most: int = 16) -> N
         except (OSError, ValueError, KeyError):
             continue
         lengths = [encode_prompt(loaded.tokenizer, example).shape[-1] for example in examples]
-        means.append(round(sum(lengths) / len(lengths)) + int(base.max_new_tokens) // 2)
+        means[name] = round(sum(lengths) / len(lengths)) + int(base.max_new_tokens) // 2
     if means:
-        shapes["contexts"] = sorted({min(means), max(means)})
+        shapes["contexts"], shapes["decode_contexts"] = measured_contexts(means)
 
 
 def _calibration_prompt(base, loaded: LoadedPair, length: int, device):

@@ -10,7 +10,14 @@ from typing import Any
 
 from spectr_repro.check.checker import Checker
 from spectr_repro.check.correctness import correctness_items, correctness_models, load_models
-from spectr_repro.check.costs import calibration_item, call_costs_item, prediction_item, prompt_contexts, timing_item
+from spectr_repro.check.costs import (
+    calibration_item,
+    call_costs_item,
+    measured_contexts,
+    prediction_item,
+    prompt_contexts,
+    timing_item,
+)
 from spectr_repro.check.environment import environment_items, memory_item
 from spectr_repro.errors import ResourceError
 
@@ -35,7 +42,8 @@ def run_shapes(base, cells, quick: bool = False) -> dict[str, Any]:
     """K, L, prefill chunks and prompt batch sizes of the cells of the base config's pair and of the experiment's
     replay grid (the base config's alone without either), the rules the cells and the replay run (their calls are
     timed on real blocks), and the context the forwards are measured on: the experiment's typical prompt plus half
-    its new tokens (the mean context of a decoding call). ``quick``: only the smallest and largest L and prefill
+    its new tokens (the mean context of a decoding call), and ``contexts`` (that one and each long-input bucket's
+    input plus half its new tokens) when the replay has buckets. ``quick``: only the smallest and largest L and prefill
     chunk (the costs between are interpolated, see ``cost.calibration``)."""
     from spectr_repro.data import typical_prompt_tokens
     from spectr_repro.verify import VERIFIERS
@@ -66,15 +74,14 @@ def run_shapes(base, cells, quick: bool = False) -> dict[str, Any]:
         Ls, chunks = {min(Ls), max(Ls)}, {min(chunks), max(chunks)}
     half = int(base.max_new_tokens) // 2
     context = int(sorted(prompts)[len(prompts) // 2] + half)
-    # The shortest and the longest typical context too: the costs are interpolated between them (a cell of 528-token
-    # HumanEval prompts priced at a 204-token median context ran 10-30 % slower than predicted, 2026-12-03).
-    contexts = sorted({min(prompts) + half, max(prompts) + half})
-    datasets = sorted({str(base.choices.dataset), *(str(c.choices.dataset) for c in cells
-                                                     if c.choices.model_pair == base.choices.model_pair),
-                       *(str(name) for name in replay.get("datasets") or [])})
+    # the datasets the cells and the replay decode (the base config's alone without either)
+    datasets = sorted({*(str(c.choices.dataset) for c in cells if c.choices.model_pair == base.choices.model_pair),
+                       *(str(name) for name in replay.get("datasets") or [])} or {str(base.choices.dataset)})
+    contexts, decode_contexts = measured_contexts({name: typical_prompt_tokens(name) + half for name in datasets})
     return {"Ks": sorted(Ks), "Ls": sorted(Ls), "prefill_chunks": sorted(chunks), "batch_sizes": sorted(batches),
             "methods": sorted(m for m in methods if m in VERIFIERS), "context": context,
-            "contexts": contexts if not quick else [context], "datasets": datasets}
+            "contexts": contexts if not quick else [context],
+            "decode_contexts": decode_contexts if not quick else [context], "datasets": datasets}
 
 
 def run_check(argv: Sequence[str]) -> tuple[int, dict[str, Any]]:

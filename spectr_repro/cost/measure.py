@@ -21,6 +21,8 @@ from spectr_repro.cost.calibration import ForwardCosts
 
 CONTEXT_TOKENS = 64  # cached tokens below each timed forward (a prompt's worth, as in decoding)
 AR_DECODES = 3  # measure_section_residuals: AR's decodes per context, their median kept
+PREFILL_PIECE = 2048  # the cached context is fed in pieces this long (a long-input bucket's 16K at once needs far more
+# activation memory than any forward that is timed on top of it)
 
 
 def plan_shapes(Ks: Sequence[int], Ls: Sequence[int], prefill_chunks: Sequence[int],
@@ -91,7 +93,8 @@ def _time_shapes(model, shapes, repeats: int, contexts: Sequence[int], vocab_siz
         for context_tokens in contexts:
             cache = DynamicCache()
             context = torch.randint(0, vocab, (1, context_tokens), generator=generator).to(device)
-            forward_logits(model, context, cache, vocab, keep_last=1)
+            for start in range(0, context_tokens, PREFILL_PIECE):  # a long context in pieces: no 16K-token forward
+                forward_logits(model, context[:, start:start + PREFILL_PIECE], cache, vocab, keep_last=1)
             for _ in range(2):
                 forward_logits(model, context[:, :1], cache, vocab, keep_last=1)
                 crop_to(cache, context_tokens)

@@ -1,6 +1,7 @@
 """Datasets by name: ``load_examples("gsm8k", num_prompts=8, seed=0, tokenizer=tok) -> list[Example]``.
 
-One small spec per dataset (``humaneval``, ``gsm8k``, ``mgsm``, ``lm1b``, ``alpaca``) says where the records
+One small spec per dataset (``humaneval``, ``gsm8k``, ``mgsm``, ``lm1b``, ``alpaca``; ``longcode``: long inputs
+cut from the standard library at a bucket of tokens, ``data/longcode.py``) says where the records
 come from (``$SPECTR_REPRO_DATA`` local copies first, then a package copy, then the HuggingFace hub), how a
 record becomes a prompt for a base model or a chat model, its stop strings, reference answer and answer
 extractor. Configs: ``conf/dataset/<name>.yaml`` (``name``, ``prompt_style``, ``options``).
@@ -25,13 +26,14 @@ from spectr_repro.data.base import (
 from spectr_repro.data.gsm8k import GSM8K
 from spectr_repro.data.humaneval import HumanEval
 from spectr_repro.data.lm1b import LM1B
+from spectr_repro.data.longcode import LongCode
 from spectr_repro.data.mgsm import LANGUAGES as MGSM_LANGUAGES
 from spectr_repro.data.mgsm import MGSM
 
 # The one dataset registry: its order is the order of every table and figure; the plan, the analysis and the
 # quality scorer read their per-dataset facts (typical prompt length, quality metric) from the specs.
 DATASETS: dict[str, DatasetSpec] = {
-    spec.name: spec for spec in (HumanEval(), GSM8K(), MGSM(), LM1B(), Alpaca())
+    spec.name: spec for spec in (HumanEval(), GSM8K(), MGSM(), LM1B(), Alpaca(), LongCode())
 }
 DATASET_ORDER: tuple[str, ...] = tuple(DATASETS)
 QUALITY_DATASETS: tuple[str, ...] = tuple(name for name, spec in DATASETS.items() if spec.quality_metric)
@@ -101,8 +103,43 @@ def _prompt_indices(num_records: int, num_prompts: int | None, seed: int, prompt
 
 
 def typical_prompt_tokens(name: str) -> int:
-    """The prompt length the plan assumes for dataset ``name`` (100 for a name not registered)."""
-    return DATASETS[name].typical_prompt_tokens if name in DATASETS else DatasetSpec.typical_prompt_tokens
+    """The prompt length the plan assumes for dataset config ``name`` (100 for a name not registered): a bucket's
+    own length for a config of a long-input dataset (``conf/dataset/longcode_4k.yaml``: its ``tokens``)."""
+    if name in DATASETS:
+        return DATASETS[name].typical_prompt_tokens
+    config = _packaged_dataset_config(name)
+    if config is not None and config.get("name") in DATASETS:
+        declared = declared_prompt_tokens(config)
+        return declared if declared is not None else DATASETS[config["name"]].typical_prompt_tokens
+    return DatasetSpec.typical_prompt_tokens
+
+
+def bucket_tokens(name: str) -> int | None:
+    """The input length a packaged dataset config fixes (``longcode_4k``: 4096), None for any other dataset."""
+    config = _packaged_dataset_config(name)
+    if config is None or config.get("name") not in DATASETS:
+        return None
+    return declared_prompt_tokens(config)
+
+
+def _packaged_dataset_config(name: str) -> dict | None:
+    """The packaged ``conf/dataset/<name>.yaml`` as a dict (read as a file: data sits below the configs' users), or
+    None when there is none or it cannot be read."""
+    import yaml
+
+    path = Path(__file__).resolve().parent.parent / "conf" / "dataset" / f"{name}.yaml"
+    try:
+        config = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, yaml.YAMLError):
+        return None
+    return config if isinstance(config, dict) else None
+
+
+def declared_prompt_tokens(dataset: Mapping) -> int | None:
+    """The prompt length a dataset config fixes before any tokenizer runs (a long-input bucket's ``tokens``), or
+    None (the prompts' lengths are known once tokenized): what the context and memory checks provision."""
+    spec = get_dataset(str(dataset.get("name")))
+    return spec.prompt_tokens(dict(dataset.get("options") or {}))
 
 
 def encode_prompt(tokenizer, example: Example):
@@ -122,6 +159,8 @@ __all__ = [
     "Example",
     "MGSM_LANGUAGES",
     "answers_match",
+    "bucket_tokens",
+    "declared_prompt_tokens",
     "encode_prompt",
     "extract_number_answer",
     "get_dataset",

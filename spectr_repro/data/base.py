@@ -84,6 +84,8 @@ class DatasetSpec:
     typical_prompt_tokens: ClassVar[int] = 100
     # The metric `python -m spectr_repro quality` scores ("pass@1", "exact match"), or None: not scored.
     quality_metric: ClassVar[str | None] = None
+    # True: a prompt is cut in the pair's tokens, so examples need the tokenizer (a long-input bucket)
+    needs_tokenizer: ClassVar[bool] = False
 
     # ---- sources -------------------------------------------------------------------------------------
     def local_files(self, data_dir: Path, **options) -> list[Path]:
@@ -116,6 +118,10 @@ class DatasetSpec:
         return ""
 
     def reference(self, record: dict) -> str | None:
+        return None
+
+    def prompt_tokens(self, options: dict) -> int | None:
+        """The prompt length (tokens) the options fix before tokenizing (a long-input bucket), else None."""
         return None
 
     def meta(self, record: dict) -> dict:

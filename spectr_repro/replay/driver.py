@@ -11,8 +11,10 @@ The reference's text has the target's law (it is lossless), so the blocks are th
 decoder meets. Blocks are always drafted whole (L_max): a replay value is never truncated; the end of
 the trajectory (max_new_tokens, EOS, a stop string) only decides how many blocks a prompt contributes.
 
-Records: ``<output_dir>/<experiment>/replay/<group>/prompts/<index>/blocks.jsonl`` (one line per block)
-and ``done.json`` (written last, with the sha256 and line count of blocks.jsonl: a prompt is finished when
+Records: ``<output_dir>/<experiment>/replay/<group>/prompts/<index>/blocks.jsonl`` (one line per block, with its
+``output_position``: the tokens generated before it; records written before 2026-12-03 lack it and the analysis
+sums the earlier blocks' ``reference_tokens`` instead) and ``done.json`` (with the prompt's ``prompt_tokens``;
+written last, with the sha256 and line count of blocks.jsonl: a prompt is finished when
 its blocks are the ones done.json vouches for); ``replay.json`` holds the group's settings. Prompts are
 claimed like cells (several runners over one folder compute each prompt once), an interrupted replay resumes
 with the prompts it had not finished, and a damaged or partial prompt is named, its files set aside under
@@ -183,7 +185,8 @@ def check_groups(groups: Sequence[tuple[DictConfig, ReplaySettings]]) -> None:
     longest = max(range(len(groups)), key=lambda i: lengths[i])
     settings = groups[longest][1]
     key = "L" if max(settings.L_values) >= settings.reference_L else "replay.reference_L"
-    check_before_loading(cfgs, num_prompts=[s.num_prompts for _, s in groups], block_L=lengths, L_key=key)
+    check_before_loading(cfgs, num_prompts=[s.num_prompts for _, s in groups], block_L=lengths, L_key=key,
+                         rows=[s.K_max for _, s in groups])
     for cfg, settings in groups:
         check_writable(cfg.output_dir, [replay_root(cfg), group_folder(cfg, settings)])
         _check_group_folder(group_folder(cfg, settings), group_meta(cfg, settings), bool(cfg.force))
@@ -222,6 +225,7 @@ class ReplayingReference(Verifier):
         self.reference = get_verifier(settings.reference, check_inputs=False)
         self.generator = generator  # the replay's own draws (the trajectory keeps the engine's)
         self.blocks: list[dict[str, Any]] = []
+        self.emitted = 0  # tokens of the trajectory before the current block (its output position)
 
     def _sample(self, draft_tokens, draft_probs, target_probs, generator, state):
         s = self.settings
@@ -233,10 +237,12 @@ class ReplayingReference(Verifier):
                                 generator=generator, state=state)
         self.blocks.append({
             "iteration": len(self.blocks),
+            "output_position": self.emitted,  # tokens generated before this block (0: the block after the prompt)
             "reference_tokens": int(result.num_accepted) + 1,
             "values": [[e.method, e.K, e.L, e.tokens, e.estimator, e.draws] for e in estimates],
             "rule_seconds": time.perf_counter() - start,  # the grid and the reference on this block (plan: replay cost)
         })
+        self.emitted += int(result.num_accepted) + 1
         return result
 
 
@@ -497,7 +503,8 @@ def _run_group(pairs, runner, cfg: DictConfig, settings: ReplaySettings, progres
                 blocks, summary = replay_prompt(pair, input_ids, settings, cfg, seed=int(cfg.seed) * 100_003 + index,
                                                 should_stop=stop_checker(pair.tokenizer, stops))
                 try:
-                    write_prompt(directory, blocks, {"prompt_id": str(example.id), "index": index, **summary})
+                    write_prompt(directory, blocks, {"prompt_id": str(example.id), "index": index,
+                                                     "prompt_tokens": len(input_ids), **summary})
                 except OSError as error:
                     raise ResourceError(f"cannot write prompt {index} into {directory}: {error}") from error
                 progress.computed += 1

@@ -441,13 +441,18 @@ def check_dataset_sizes(wanted: Iterable[tuple[DictConfig, int]]) -> None:
 
 
 def check_before_loading(cfgs: Sequence[DictConfig], num_prompts: Sequence[int] | None = None,
-                         block_L: Sequence[int] | None = None, L_key: str = "L") -> None:
+                         block_L: Sequence[int] | None = None, L_key: str = "L",
+                         rows: Sequence[int] | None = None) -> None:
     """The one validation of every command that loads models (run, sweep, replay, bias, check, bench): each
     config's values (:func:`validate`), its hardware, its dataset's size and the block length it drafts, as
     UsageError (one message; the command exits 2) before any model loads.
 
-    ``num_prompts[i]``/``block_L[i]``: what config i really asks (a replay's replay.num_prompts and L_max); by
-    default its num_prompts and min(L, max_new_tokens) (a cell's blocks never run past max_new_tokens)."""
+    ``num_prompts[i]``/``block_L[i]``/``rows[i]``: what config i really asks (a replay's replay.num_prompts, L_max
+    and K_max); by default its num_prompts, min(L, max_new_tokens) (a cell's blocks never run past max_new_tokens)
+    and K. A long-input bucket (a dataset config that fixes its prompt length) must also fit the pair's context
+    window and the device's memory (:func:`spectr_repro.runner.fit.check_context_fits`)."""
+    from spectr_repro.runner.fit import check_context_fits
+
     for cfg in cfgs:
         validate(cfg)
     for cfg in cfgs:
@@ -460,6 +465,8 @@ def check_before_loading(cfgs: Sequence[DictConfig], num_prompts: Sequence[int] 
         if (cfg.choices.model_pair, length) not in checked:
             checked.add((cfg.choices.model_pair, length))
             check_block_fits(cfg, length, L_key)
+    for cfg, length, K in zip(cfgs, lengths, rows or [int(cfg.K) for cfg in cfgs]):
+        check_context_fits(cfg, int(K), int(length), context_window(cfg.model_pair))
 
 
 def run_folders(cfg: DictConfig, cell_dirs: Iterable[Path] = ()) -> list[Path]:

@@ -170,3 +170,20 @@ def test_the_contexts_come_from_the_real_prompts_in_the_pairs_tokens():
     unchanged = run_shapes(base, cells)
     prompt_contexts(base, SimpleNamespace(tokenizer=None), unchanged)  # no tokenizer (the tiny pair): the registry's
     assert unchanged["contexts"] == run_shapes(base, cells)["contexts"]
+
+
+def test_check_calibrates_each_long_input_buckets_context():
+    """`check experiment=context_qwen` measures the forwards at each bucket's mean context (its input plus half the
+    new tokens) beside the usual one, so the buckets' calls are priced from measurements; without buckets, one."""
+    from spectr_repro.check.run import compose, run_shapes
+
+    base, cells = compose(["experiment=context_qwen"])
+    shapes = run_shapes(base, cells)
+    half = int(base.max_new_tokens) // 2
+    assert {n + half for n in (1024, 4096, 8192, 16384)} <= set(shapes["contexts"])
+    assert set(shapes["Ks"]) == {1, 3, 7} and set(shapes["Ls"]) == {1, 2, 3, 4, 5, 6}
+    # a decode prefills its context: never at a bucket while an ordinary context (here the base cell's) is there
+    assert len(shapes["decode_contexts"]) == 1 and shapes["decode_contexts"][0] < 1024
+    plain, plain_cells = compose(["hardware=cpu", "K=3", "L=8"])
+    plain_shapes = run_shapes(plain, plain_cells)
+    assert plain_shapes["contexts"] == plain_shapes["decode_contexts"] == [plain_shapes["context"]]

@@ -26,6 +26,7 @@ from spectr_repro import tracking
 from spectr_repro.analysis.report.audit import audit_section
 from spectr_repro.analysis.report.bias import bias_section
 from spectr_repro.analysis.report.context import ReportContext, load_context
+from spectr_repro.analysis.report.context_length import context_length_section
 from spectr_repro.analysis.report.environment import environment_section, integrity_section, settings_section
 from spectr_repro.analysis.report.pairs import pair_sections
 from spectr_repro.analysis.report.paper import paper_section
@@ -48,8 +49,8 @@ def header_section(context: ReportContext) -> str:
 
 # The verdicts open the report; the replayed Table 1 comes before the trajectory one.
 SECTIONS = [header_section, verdicts_section, environment_section, integrity_section, settings_section,
-            replay_section, speedup_section, pair_sections, paper_section, physics_section, audit_section,
-            quality_section, theory_section, bias_section]
+            replay_section, speedup_section, context_length_section, pair_sections, paper_section, physics_section,
+            audit_section, quality_section, theory_section, bias_section]
 
 
 def render(context: ReportContext) -> str:

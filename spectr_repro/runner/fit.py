@@ -1,0 +1,140 @@
+"""Will a long input fit? The context window and the memory a bucket of input length needs, before any model loads.
+
+A dataset config that fixes its prompt length (a long-input bucket, ``conf/dataset/longcode_<n>k.yaml``) is checked
+by :func:`check_context_fits`, which ``runner.config.check_before_loading`` calls for every command that loads
+models:
+
+- positions: prompt + max_new_tokens + the block's L + 1 must fit the pair's ``max_position_embeddings``;
+- memory: both models' weights + the KV caches of both at that many positions, on ``rows + 1`` rows (the engine
+  repeats the committed cache over the K drafts: ``repeat_interleave`` holds the original beside the K copies),
+  plus the logits of one target call, must fit the free memory of the device (``psutil`` on a CPU,
+  ``torch.cuda.mem_get_info`` on a GPU), less ``HEADROOM`` for the activations of a forward and the allocator.
+
+A bucket that does not fit is one UsageError naming the largest packaged bucket that does (exit 2, nothing written).
+Datasets whose prompts are only known once tokenized are not checked here (their prompts are short).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from omegaconf import DictConfig, OmegaConf
+
+from spectr_repro.errors import UsageError
+
+HEADROOM = 0.15  # of the free memory, kept for activations, the allocator and the rest of the process
+
+
+@dataclass(frozen=True)
+class ContextNeed:
+    """What one (pair, input length, rows) needs: positions of the longest sequence, and bytes in memory."""
+
+    positions: int
+    weight_bytes: int
+    cache_bytes: int  # KV caches of target and draft on rows + 1 copies, and one target call's logits
+
+    @property
+    def total_bytes(self) -> int:
+        return self.weight_bytes + self.cache_bytes
+
+
+def context_need(pair: dict, prompt_tokens: int, max_new_tokens: int, block_L: int, rows: int, width: int
+                 ) -> ContextNeed | None:
+    """The positions and bytes a run of ``rows`` drafts of ``block_L`` tokens after a ``prompt_tokens`` prompt needs
+    (``width``: bytes per weight and cache entry); None when the pair's architecture is not known here."""
+    from spectr_repro.cost.roofline import model_shape
+
+    positions = int(prompt_tokens) + int(max_new_tokens) + int(block_L) + 1
+    try:
+        target, draft = model_shape(pair, "target"), model_shape(pair, "draft")
+    except (ValueError, OSError, KeyError):
+        return None
+    weights = target.params * width + draft.params * width
+    cache = (rows + 1) * positions * (target.kv_bytes_per_token(width) + draft.kv_bytes_per_token(width))
+    logits = rows * (block_L + 1) * target.vocab * 4  # one target call's logits in float32
+    return ContextNeed(positions, weights, cache + logits)
+
+
+def free_bytes(device) -> int:
+    """Free memory of ``device`` (bytes): the GPU's for cuda, the machine's available memory otherwise."""
+    if device is not None and str(device).startswith("cuda"):
+        import torch
+
+        return int(torch.cuda.mem_get_info(torch.device(str(device)))[0])
+    import psutil
+
+    return int(psutil.virtual_memory().available)
+
+
+def packaged_buckets() -> list[tuple[str, int]]:
+    """(dataset config, input tokens) of every packaged config that fixes its prompt length, shortest first."""
+    from spectr_repro.conf import conf_dir
+    from spectr_repro.data import declared_prompt_tokens, get_dataset
+
+    buckets = []
+    for path in sorted((conf_dir() / "dataset").glob("*.yaml")):
+        config = OmegaConf.to_container(OmegaConf.load(path), resolve=True)
+        try:
+            get_dataset(str(config.get("name")))
+            tokens = declared_prompt_tokens(config)
+        except ValueError:
+            continue
+        if tokens is not None:
+            buckets.append((path.stem, tokens))
+    return sorted(buckets, key=lambda item: (item[1], item[0]))
+
+
+def check_context_fits(cfg: DictConfig, rows: int, block_L: int, window: tuple[int, str] | None,
+                       free: int | None = None) -> None:
+    """UsageError (one message naming the largest packaged bucket that fits) when ``cfg``'s dataset fixes a prompt
+    length that the pair's context ``window`` ((positions, which model): ``runner.config.context_window``; None:
+    unknown) or the device's free memory (``free``: bytes; None: measured) cannot hold at ``rows`` drafts of
+    ``block_L`` tokens and ``cfg.max_new_tokens``; nothing for other datasets."""
+    from spectr_repro.cost.roofline import width_of
+    from spectr_repro.data import declared_prompt_tokens
+    from spectr_repro.models import pair_config
+
+    dataset = OmegaConf.to_container(cfg.dataset, resolve=True)
+    dataset.setdefault("name", cfg.choices.dataset)
+    try:
+        prompt = declared_prompt_tokens(dataset)
+    except ValueError as error:
+        raise UsageError(str(error)) from None
+    if prompt is None:
+        return
+    pair = pair_config(OmegaConf.to_container(cfg.model_pair, resolve=True)
+                       | {"name": cfg.model_pair.get("name") or cfg.choices.model_pair})
+    width = width_of(str(cfg.hardware.get("dtype") or pair.get("dtype") or "float32"))
+    new_tokens = int(cfg.max_new_tokens)
+    available = None
+
+    def fits(tokens: int) -> tuple[bool, str]:
+        nonlocal available
+        need = context_need(pair, tokens, new_tokens, block_L, rows, width)
+        positions = tokens + new_tokens + block_L + 1
+        if window is not None and positions > window[0]:
+            return False, (f"{positions:,} positions (prompt {tokens:,} + max_new_tokens {new_tokens} + a block of "
+                           f"L={block_L} + 1) but {window[1]} hold at most {window[0]:,} (max_position_embeddings)")
+        if need is None:
+            return True, ""
+        if available is None:
+            available = free if free is not None else free_bytes(cfg.hardware.get("device"))
+        usable = int(available * (1 - HEADROOM))
+        if need.total_bytes > usable:
+            return False, (f"{need.total_bytes / 2**30:.1f} GiB (weights {need.weight_bytes / 2**30:.1f} + KV caches "
+                           f"of {rows} drafts + 1 at {positions:,} positions {need.cache_bytes / 2**30:.1f}) but "
+                           f"{usable / 2**30:.1f} GiB are free to use ({100 * (1 - HEADROOM):.0f} % of "
+                           f"{available / 2**30:.1f} GiB free)")
+        return True, ""
+
+    ok, why = fits(prompt)
+    if ok:
+        return
+    fitting = [name for name, tokens in packaged_buckets() if fits(tokens)[0]]
+    instead = (f"the largest bucket that fits is dataset={fitting[-1]}" if fitting
+               else "no packaged bucket fits: use fewer rows (K), a shorter L or max_new_tokens, or a larger device")
+    raise UsageError(f"dataset {cfg.choices.dataset} ({prompt:,}-token prompts) does not fit model pair "
+                     f"{cfg.choices.model_pair} at K={rows}: it needs {why}; {instead}")
+
+
+__all__ = ["HEADROOM", "ContextNeed", "check_context_fits", "context_need", "free_bytes", "packaged_buckets"]
