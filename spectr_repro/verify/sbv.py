@@ -29,8 +29,10 @@ q_sel and stop probabilities, without the correction laws: at most K selected pa
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass, replace
 
 import torch
@@ -133,6 +135,7 @@ class SelectionBlockVerification(Verifier):
         self._memos = ValueMemo(_CACHE_MAX_ENTRIES)  # memo tables (toy vocabularies)
         self._buffers: dict[str, torch.Tensor] = {}  # scratch space kept between calls
         self._serials = itertools.count()  # names each memoised rule (never reused)
+        self._row_rules: dict | None = None  # the rule per (row, depth) of one block (``shared_block``)
 
     # ---------------------------------------------------------------- the rule, shared by sampler and law
     def _rules(self, P_rows: torch.Tensor, Q_rows: torch.Tensor, K: int) -> Rules:
@@ -148,6 +151,54 @@ class SelectionBlockVerification(Verifier):
             return parts[0][1]
         return self._memo("stacks", tuple(serial for serial, _ in parts),
                           lambda: Rules.concat([rule for _, rule in parts]))
+
+    @contextlib.contextmanager
+    def shared_block(self, cache: dict | None = None) -> Iterator[dict]:
+        """Within the block: the rule at each (draft row, depth) of the block's tensors is computed once per K and
+        reused by every later call on the same tensors or their views (the sampler's draws, the exact walk, the
+        sub-blocks the replay slices from one block: rows [:K], positions [:L]). The rule reads its two rows only,
+        so the numbers are the same as unshared ones but for the round-off of batching rows differently (the
+        ranked sets are padded to each batch's width). Rows are named by where they lie in memory: the cache holds
+        a reference to each tensor it names (no other tensor can take that memory while it is open) and is dropped
+        on exit; the tensors must not be written to meanwhile. ``cache``: share one with another instance (sbv and
+        sbvf: its keys name the options the rule depends on)."""
+        previous = self._row_rules
+        self._row_rules = {} if cache is None else cache
+        try:
+            yield self._row_rules
+        finally:
+            self._row_rules = previous
+
+    def _rules_for(self, target_probs: torch.Tensor, draft_probs: torch.Tensor, rows: list[int], depths: list[int],
+                   K: int) -> Rules:
+        """The rule at the prefixes (rows[j], depths[j]) of the block: ``_rules`` on those rows, computed once per
+        block and K inside ``shared_block`` (only the rows not met before, in one batch)."""
+        if self._row_rules is None or draft_probs.shape[-1] <= _CACHE_MAX_VOCAB:
+            return self._rules(rows_at(target_probs, rows, depths), rows_at(draft_probs, rows, depths), K)
+        options = (K, self.grid_size, self.head_size, self.tail_threshold, self.rank_size)
+        keys = [(*_row_place(target_probs, row, depth), *_row_place(draft_probs, row, depth), options)
+                for row, depth in zip(rows, depths)]
+        new = [key for key in dict.fromkeys(keys) if key not in self._row_rules]
+        if new:
+            first = [keys.index(key) for key in new]
+            new_rows, new_depths = [rows[j] for j in first], [depths[j] for j in first]
+            batch = self._rules(rows_at(target_probs, new_rows, new_depths), rows_at(draft_probs, new_rows,
+                                                                                     new_depths), K)
+            self._row_rules.setdefault("tensors", []).extend([target_probs, draft_probs])  # keeps their memory
+            self._row_rules.update({key: (batch, index) for index, key in enumerate(new)})
+        places = [self._row_rules[key] for key in keys]
+        if all(batch is places[0][0] for batch, _ in places) and [i for _, i in places] == list(
+                range(places[0][0].ids.shape[0])):
+            return places[0][0]  # exactly one batch, in order: no copy
+        runs: list[tuple[Rules, list[int]]] = []  # consecutive rows from one batch: one take each
+        for batch, index in places:
+            if runs and runs[-1][0] is batch:
+                runs[-1][1].append(index)
+            else:
+                runs.append((batch, [index]))
+        device = draft_probs.device
+        parts = [batch.take(torch.tensor(indices, device=device)) for batch, indices in runs]
+        return parts[0] if len(parts) == 1 else Rules.concat(parts)
 
     def _rule_at(self, P: torch.Tensor, Q: torch.Tensor, K: int) -> tuple[int, Rules]:
         """(serial, the rule at one prefix), memoised by (P, Q, K) on toy vocabularies."""
@@ -225,7 +276,7 @@ class SelectionBlockVerification(Verifier):
         if groups:
             depth = [i for i, _ in groups]
             rows = [row for _, row in groups]
-            shared = self._rules(rows_at(target_probs, rows, depth), rows_at(draft_probs, rows, depth), K)
+            shared = self._rules_for(target_probs, draft_probs, rows, depth, K)
             levels = torch.tensor([leaders[i] for i in depth], device=device)  # [n, K]: each draft's leader
             member = levels == torch.tensor(rows, device=device)[:, None]
             count_index = torch.tensor([sizes[i][row] - 2 for i, row in groups], device=device)
@@ -253,7 +304,7 @@ class SelectionBlockVerification(Verifier):
                 parts.append(shared if shared_depths == list(range(n)) else
                              shared.take(torch.tensor(shared_depths, device=device)))
             if split < L:
-                parts.append(self._rules(P_rows[split:], Q_rows[split:], K))
+                parts.append(self._rules_for(target_probs, draft_probs, rows[split:L], depths[split:], K))
             rules = parts[0] if len(parts) == 1 else Rules.concat(parts)
             terms = self._path_terms(rules, P_rows, Q_rows, path, counts, K)
 
@@ -407,12 +458,12 @@ class SelectionBlockVerification(Verifier):
         where: dict[tuple[int, int], tuple[Rules, int]] = {}
         if groups:
             depth, rows = [i for i, _ in groups], [row for _, row in groups]
-            shared = self._rules(rows_at(target_probs, rows, depth), rows_at(draft_probs, rows, depth), K)
+            shared = self._rules_for(target_probs, draft_probs, rows, depth, K)
             where.update({group: (shared, j) for j, group in enumerate(groups)})
 
         def rule_at(i: int, row: int) -> tuple[int, Rules]:
             if (i, row) not in where:  # draft ``row`` alone from depth i on
-                alone = self._rules(target_probs[row, i:L], draft_probs[row, i:L], K)
+                alone = self._rules_for(target_probs, draft_probs, [row] * (L - i), list(range(i, L)), K)
                 where.update({(i + m, row): (alone, m) for m in range(L - i)})
             rules, j = where[(i, row)]
             return next(self._serials), rules.take(torch.tensor([j], device=device))
@@ -446,6 +497,13 @@ class SelectionBlockVerification(Verifier):
             if stop_law[i] > 0:
                 out += [(tuple(path[:i]) + (y,), stop_law[i] * p_y) for y, p_y in enumerate(outcome_laws[i]) if p_y > 0]
         return out
+
+
+def _row_place(probs: torch.Tensor, row: int, depth: int) -> tuple[int, int, torch.dtype]:
+    """Where row ``probs[row, depth]`` lies in memory (its storage, first element and dtype): the same for every
+    view of a block that reads that row."""
+    offset = probs.storage_offset() + row * probs.stride(0) + depth * probs.stride(1)
+    return probs.untyped_storage().data_ptr(), offset, probs.dtype
 
 
 @dataclass(frozen=True)
