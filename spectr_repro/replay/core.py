@@ -31,6 +31,7 @@ at the cost of the rules' work only; "first" uses rows [:K] alone (the replays w
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -123,22 +124,48 @@ def block_estimates(
                           is not None else "cpu").tolist()  # one read per block
     options = options or {}
     controls = {VERIFIERS[m].shares_draws_with for m in methods} - {None} if mode == "auto" else set()
-    verifiers = {m: get_verifier(m, **{"check_inputs": False, **options.get(m, {})}) for m in {*methods, *controls}}
+    reduced = single_draft_reductions(methods, K_values, options, sampled) if mode == "auto" else {}
+    verifiers = {m: get_verifier(m, **{"check_inputs": False, **options.get(m, {})})
+                 for m in {*methods, *controls, *reduced.values()}}
     block = (draft_tokens, draft_probs, target_probs)
     closed = _ClosedForms(verifiers, block, sorted(set(L_values)), set(sampled)) if mode == "auto" else None
     estimates = []
-    for method, K, L in grid(methods, K_values, L_values):
-        groups = range(K_max // K if row_groups == "disjoint" else 1)
-        values = [_group_value(verifiers, closed, block, method, K, L, g, seeds, mode) for g in groups]
-        tokens = sum(value for value, _, _ in values) / len(values)
-        estimator, used = values[0][1], sum(draws_used for _, _, draws_used in values)
-        estimates.append(BlockEstimate(method, K, L, tokens, estimator, used, VERIFIERS[method].carries_state))
+    with contextlib.ExitStack() as shared:
+        rules_by_row: dict = {}  # sbv and sbvf: one rule per (row, depth, K) of this block, for every draw and L
+        for verifier in verifiers.values():
+            if hasattr(verifier, "shared_block"):
+                shared.enter_context(verifier.shared_block(rules_by_row))
+        for method, K, L in grid(methods, K_values, L_values):
+            groups = range(K_max // K if row_groups == "disjoint" else 1)
+            values = [_group_value(verifiers, closed, block, method, K, L, g, seeds, mode, reduced)
+                      for g in groups]
+            tokens = sum(value for value, _, _ in values) / len(values)
+            estimator, used = values[0][1], sum(draws_used for _, _, draws_used in values)
+            estimates.append(BlockEstimate(method, K, L, tokens, estimator, used, VERIFIERS[method].carries_state))
     return estimates
 
 
+def single_draft_reductions(methods: Sequence[str], K_values: Sequence[int], options: dict[str, dict[str, Any]],
+                            sampled: Sequence[str] = ()) -> dict[str, str]:
+    """{rule: the single-draft rule whose law it has at K = 1} for the rules whose K = 1 values the replay takes
+    from that rule's closed form (``VerifierSpec.reduces_at_K1_to``, a law identity the registry's contract tests
+    prove: rbv, sbv, sbvf, mpbv -> bv, spectr -> sd, spectr_gbv -> gbv). At K_max = 7 a block has seven K = 1
+    groups per rule: each rule's own K = 1 evaluation (mpbv's greedy path, sbvf's draws, rbv's recursion) would
+    repeat bv's number seven times over. Only with default options on both sides (an option may break the
+    identity) and never for a rule in ``sampled`` (asked for by its draws)."""
+    if 1 not in K_values:
+        return {}
+    return {m: base for m in methods if (base := VERIFIERS[m].reduces_at_K1_to) is not None
+            and m not in sampled and base not in sampled and not options.get(m) and not options.get(base)}
+
+
 def _group_value(verifiers, closed, block, method: str, K: int, L: int, group: int, seeds: list[int],
-                 mode: str) -> tuple[float, str, int]:
+                 mode: str, reduced: dict[str, str] | None = None) -> tuple[float, str, int]:
     """(tokens, estimator, draws) of ``method`` on positions [:L] of rows [group K, (group + 1) K)."""
+    if K == 1 and closed is not None and method in (reduced or {}):
+        value = closed.value(reduced[method], K, L, group)
+        if value is not None:
+            return value, "exact", 0
     draft_tokens, draft_probs, target_probs = block
     rows = slice(group * K, (group + 1) * K)
     sub_block = (draft_tokens[rows, :L], draft_probs[rows, :L], target_probs[rows, :L + 1])
@@ -187,4 +214,5 @@ def _mean_draw(verifier, block, seeds: list[int]) -> float:
     return total / len(seeds)
 
 
-__all__ = ["BlockEstimate", "ESTIMATORS", "ROW_GROUPS", "block_estimates", "check_grid", "grid"]
+__all__ = ["BlockEstimate", "ESTIMATORS", "ROW_GROUPS", "block_estimates", "check_grid", "grid",
+           "single_draft_reductions"]
