@@ -373,6 +373,23 @@ class SelectionBlockVerification(Verifier):
         self._walk(draft_tokens, draft_probs, target_probs, leaf, by_draw=False)
         return total
 
+    def expected_emitted_by_length(self, draft_tokens, draft_probs, target_probs, lengths, state=None):
+        """``expected_emitted`` of the first L tokens for every L in ``lengths`` from ONE walk at the longest: the
+        selection at depth i and q_sel, w, Z there read depths <= i only, so a path of the longest walk carries the
+        stops of its first L depths, and the walk's paths that share their first L tokens add up to that prefix's
+        probability. Cost: the longest length's ``expected_emitted`` (a shorter one adds no V-wide pass)."""
+        longest = max(lengths)
+        totals = {L: torch.zeros((), dtype=_F64, device=draft_probs.device) for L in lengths}
+
+        def leaf(walk: LawWalk, prob: float) -> None:
+            stops = self._leaf_terms(target_probs, draft_probs, walk).exact_stops_by_length(lengths)
+            for L, h in stops.items():
+                totals[L] = totals[L] + prob * expected_emitted_from_stops(h)
+
+        self._walk(draft_tokens[:, :longest], draft_probs[:, :longest], target_probs[:, :longest + 1], leaf,
+                   by_draw=False)
+        return totals
+
     def first_token_law(self, draft_tokens, draft_probs, target_probs) -> FirstTokenLaw:
         """Exact: the law's walk over the selection's events; a selected path (probability pi) emits its first
         token with probability pi (1 - P(tau = 0)) and BV's depth-0 correction with pi P(tau = 0) (the

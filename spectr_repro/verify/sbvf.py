@@ -218,6 +218,12 @@ class SelectionBlockVerificationFallback(SelectionBlockVerification):
             return super().expected_emitted(draft_tokens, draft_probs, target_probs, state)
         return None
 
+    def expected_emitted_by_length(self, draft_tokens, draft_probs, target_probs, lengths, state=None):
+        """SBV's (one walk for every length) with ``fallback=False``; None otherwise, as ``expected_emitted``."""
+        if not self.fallback:
+            return super().expected_emitted_by_length(draft_tokens, draft_probs, target_probs, lengths, state)
+        return None
+
     def first_token_law(self, draft_tokens, draft_probs, target_probs):
         """SBV's with ``fallback=False``; None otherwise (the fallback re-verifies other drafts after a stop at
         depth 0, so SBV's first-token law would be wrong; callers count the rule's own draws)."""
