@@ -127,6 +127,10 @@ def block_estimates(
     reduced = single_draft_reductions(methods, K_values, options, sampled) if mode == "auto" else {}
     verifiers = {m: get_verifier(m, **{"check_inputs": False, **options.get(m, {})})
                  for m in {*methods, *controls, *reduced.values()}}
+    # a rule whose one run draws its control's sample too (sbvf: sbv's sampler is its first stages), with default
+    # options on both sides (the identity holds between the default rules)
+    paired = frozenset(m for m in methods if hasattr(verifiers[m], "paired_draw") and VERIFIERS[m].shares_draws_with
+                       and not options.get(m) and not options.get(VERIFIERS[m].shares_draws_with))
     block = (draft_tokens, draft_probs, target_probs)
     closed = _ClosedForms(verifiers, block, sorted(set(L_values)), set(sampled)) if mode == "auto" else None
     estimates = []
@@ -137,7 +141,7 @@ def block_estimates(
                 shared.enter_context(verifier.shared_block(rules_by_row))
         for method, K, L in grid(methods, K_values, L_values):
             groups = range(K_max // K if row_groups == "disjoint" else 1)
-            values = [_group_value(verifiers, closed, block, method, K, L, g, seeds, mode, reduced)
+            values = [_group_value(verifiers, closed, block, method, K, L, g, seeds, mode, reduced, paired)
                       for g in groups]
             tokens = sum(value for value, _, _ in values) / len(values)
             estimator, used = values[0][1], sum(draws_used for _, _, draws_used in values)
@@ -160,7 +164,8 @@ def single_draft_reductions(methods: Sequence[str], K_values: Sequence[int], opt
 
 
 def _group_value(verifiers, closed, block, method: str, K: int, L: int, group: int, seeds: list[int],
-                 mode: str, reduced: dict[str, str] | None = None) -> tuple[float, str, int]:
+                 mode: str, reduced: dict[str, str] | None = None, paired: frozenset[str] = frozenset()
+                 ) -> tuple[float, str, int]:
     """(tokens, estimator, draws) of ``method`` on positions [:L] of rows [group K, (group + 1) K)."""
     if K == 1 and closed is not None and method in (reduced or {}):
         value = closed.value(reduced[method], K, L, group)
@@ -176,7 +181,10 @@ def _group_value(verifiers, closed, block, method: str, K: int, L: int, group: i
     if closed is not None and (value := closed.value(method, K, L, group)) is not None:
         return value, "exact", 0
     if control is not None and (base := closed.value(control, K, L, group)) is not None:
-        difference = _mean_draw(verifier, sub_block, seeds) - _mean_draw(verifiers[control], sub_block, seeds)
+        if method in paired:
+            difference = _mean_paired_difference(verifier, sub_block, seeds)
+        else:
+            difference = _mean_draw(verifier, sub_block, seeds) - _mean_draw(verifiers[control], sub_block, seeds)
         return base + difference, "control_variate", len(seeds)
     return _mean_draw(verifier, sub_block, seeds), "monte_carlo", len(seeds)
 
@@ -202,6 +210,17 @@ class _ClosedForms:
             self.values[key] = None if values is None else {n: float(v) for n, v in values.items()}
         values = self.values[key]
         return None if values is None else values[L]
+
+
+def _mean_paired_difference(verifier, block, seeds: list[int]) -> float:
+    """Mean of (this rule's tau - its control's tau) over one run per seed of ``verifier.paired_draw``, which gives
+    both (sbvf: sbv's sampler is its first stages): what two ``_mean_draw`` with the same seeds give, in one run."""
+    device = block[1].device
+    total = 0
+    for seed in seeds:
+        own, control = verifier.paired_draw(*block, generator=torch.Generator(device=device).manual_seed(seed))
+        total += own - control
+    return total / len(seeds)
 
 
 def _mean_draw(verifier, block, seeds: list[int]) -> float:
