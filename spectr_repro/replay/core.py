@@ -153,13 +153,14 @@ def single_draft_reductions(methods: Sequence[str], K_values: Sequence[int], opt
                             sampled: Sequence[str] = ()) -> dict[str, str]:
     """{rule: the single-draft rule whose law it has at K = 1} for the rules whose K = 1 values the replay takes
     from that rule's closed form (``VerifierSpec.reduces_at_K1_to``, a law identity the registry's contract tests
-    prove: rbv, sbv, sbvf, mpbv -> bv, spectr -> sd, spectr_gbv -> gbv). At K_max = 7 a block has seven K = 1
-    groups per rule: each rule's own K = 1 evaluation (mpbv's greedy path, sbvf's draws, rbv's recursion) would
-    repeat bv's number seven times over. Only with default options on both sides (an option may break the
-    identity) and never for a rule in ``sampled`` (asked for by its draws)."""
+    prove: rbv, sbv, sbvf, mpbv -> bv, spectr -> sd). At K_max = 7 a block has seven K = 1 groups per rule: each
+    rule's own K = 1 evaluation (mpbv's greedy path, sbvf's draws, rbv's recursion) would repeat bv's number seven
+    times over. Only for lossless rules (ours and SpecTr): the release's K = 1 = GBV is a claim of the paper that
+    the report's verdicts test on these very values, so spectr_gbv keeps its own. Only with default options on both
+    sides (an option may break the identity) and never for a rule in ``sampled`` (asked for by its draws)."""
     if 1 not in K_values:
         return {}
-    return {m: base for m in methods if (base := VERIFIERS[m].reduces_at_K1_to) is not None
+    return {m: base for m in methods if (base := VERIFIERS[m].reduces_at_K1_to) is not None and VERIFIERS[m].lossless
             and m not in sampled and base not in sampled and not options.get(m) and not options.get(base)}
 
 

@@ -130,8 +130,9 @@ def test_sbvf_paired_draw_is_its_own_draw_and_sbvs_draw_of_the_seed(blocks, toy)
 
 
 def test_single_draft_reductions_only_with_default_options_and_never_sampled():
-    assert single_draft_reductions(["sd", "mpbv", "sbvf", "spectr"], [1, 3], {}) == {"mpbv": "bv", "sbvf": "bv",
-                                                                                     "spectr": "sd"}
+    """Lossless rules only: the release keeps its own K = 1 values (the report tests its K=1 = GBV claim on them)."""
+    assert single_draft_reductions(["sd", "mpbv", "sbvf", "spectr", "spectr_gbv"], [1, 3], {}) == {
+        "mpbv": "bv", "sbvf": "bv", "spectr": "sd"}
     assert single_draft_reductions(["mpbv", "sbvf", "spectr"], [1, 3], {"mpbv": {"check_inputs": True}},
                                    sampled=["sbvf", "sd"]) == {}
     assert single_draft_reductions(["mpbv"], [3], {}) == {}
