@@ -22,6 +22,13 @@ Estimators (``BlockEstimate.estimator``):
 Rules that carry state across iterations (gbv's carry-over) are run from a fresh state: their values are
 first-iteration values (``first_iteration=True``), above what they average over a whole generation.
 
+Shared work (issue 35; what each rule computes alone, to float round-off: tests/replay/test_shared_work.py):
+K = 1 values of the lossless rules that reduce to a single-draft rule there (``single_draft_reductions``) are that
+rule's closed form, computed once per row group; inside one block, sbv and sbvf compute the rule at each (row,
+depth, K) once, mpbv sorts each path row once, rbv each draft's rows once and spectr solves each tree node's rho*
+once (their ``shared_block``), across row groups, draws and L; sbv walks its events once for every L; sbvf's
+paired draws come from one run each (``paired_draw``: sbv's sampler is its first stages).
+
 Row groups (``row_groups``): the K_max rows are i.i.d., so every set of K distinct rows is a valid K-draft block.
 "disjoint" (the default) averages a rule's value over the floor(K_max / K) disjoint groups of K consecutive rows
 (rows [gK, (g + 1)K)): at K_max = 7, single-draft rules average 7 drafts and K = 3 rules 2 triples, which removes
@@ -32,7 +39,7 @@ at the cost of the rules' work only; "first" uses rows [:K] alone (the replays w
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -127,18 +134,11 @@ def block_estimates(
     reduced = single_draft_reductions(methods, K_values, options, sampled) if mode == "auto" else {}
     verifiers = {m: get_verifier(m, **{"check_inputs": False, **options.get(m, {})})
                  for m in {*methods, *controls, *reduced.values()}}
-    # a rule whose one run draws its control's sample too (sbvf: sbv's sampler is its first stages), with default
-    # options on both sides (the identity holds between the default rules)
-    paired = frozenset(m for m in methods if hasattr(verifiers[m], "paired_draw") and VERIFIERS[m].shares_draws_with
-                       and not options.get(m) and not options.get(VERIFIERS[m].shares_draws_with))
+    paired = _paired_rules(methods, verifiers, options)
     block = (draft_tokens, draft_probs, target_probs)
     closed = _ClosedForms(verifiers, block, sorted(set(L_values)), set(sampled)) if mode == "auto" else None
     estimates = []
-    with contextlib.ExitStack() as shared:
-        rules_by_row: dict = {}  # sbv and sbvf: one rule per (row, depth, K) of this block, for every draw and L
-        for verifier in verifiers.values():
-            if hasattr(verifier, "shared_block"):
-                shared.enter_context(verifier.shared_block(rules_by_row))
+    with _shared_block(verifiers):
         for method, K, L in grid(methods, K_values, L_values):
             groups = range(K_max // K if row_groups == "disjoint" else 1)
             values = [_group_value(verifiers, closed, block, method, K, L, g, seeds, mode, reduced, paired)
@@ -147,6 +147,26 @@ def block_estimates(
             estimator, used = values[0][1], sum(draws_used for _, _, draws_used in values)
             estimates.append(BlockEstimate(method, K, L, tokens, estimator, used, VERIFIERS[method].carries_state))
     return estimates
+
+
+def _paired_rules(methods: Sequence[str], verifiers: dict[str, Any], options: dict[str, dict[str, Any]]
+                  ) -> frozenset[str]:
+    """The rules whose one run draws their control's sample too (``paired_draw``; sbvf: sbv's sampler is its first
+    stages), with default options on both sides (the identity holds between the default rules)."""
+    return frozenset(m for m in methods if hasattr(verifiers[m], "paired_draw") and VERIFIERS[m].shares_draws_with
+                     and not options.get(m) and not options.get(VERIFIERS[m].shares_draws_with))
+
+
+@contextlib.contextmanager
+def _shared_block(verifiers: dict[str, Any]) -> Iterator[None]:
+    """Every rule that can share work across the calls on one block's views opens its ``shared_block`` (sbv and
+    sbvf one dict of rules by (row, depth, K), mpbv, rbv and spectr their own entries in it); dropped on exit."""
+    with contextlib.ExitStack() as stack:
+        cache: dict = {}
+        for verifier in verifiers.values():
+            if hasattr(verifier, "shared_block"):
+                stack.enter_context(verifier.shared_block(cache))
+        yield
 
 
 def single_draft_reductions(methods: Sequence[str], K_values: Sequence[int], options: dict[str, dict[str, Any]],

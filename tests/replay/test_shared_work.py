@@ -21,6 +21,7 @@ from spectr_repro.replay import block_estimates
 from spectr_repro.replay.core import single_draft_reductions
 from spectr_repro.theory.toy import block_tensors, toy_pair
 from spectr_repro.verify import VERIFIERS, get_verifier
+from spectr_repro.verify import rbv as rbv_module
 
 METHODS = list(VERIFIERS)
 K_VALUES, L_VALUES, DRAWS = [1, 2, 4], [2, 5], 4
@@ -173,3 +174,16 @@ def test_control_variate_from_paired_draws_equals_two_separate_samplers_where_th
     assert estimate.estimator == "control_variate"
     assert abs(estimate.tokens - (float(sbv.expected_emitted(*block)) + difference)) < 1e-9
     assert difference > 0.1
+
+
+def test_rbv_shares_its_sorted_rows_across_row_groups_and_lengths(blocks, monkeypatch):
+    """Every rbv query through sorted rows (the V-wide path of long or repeated drafts): the replay's values, whose
+    sorts are made once per draft of the block and sliced for the shorter L, equal rbv alone on each sub-block."""
+    monkeypatch.setattr(rbv_module, "SORT_ABOVE_QUERIES_PER_ROW", 0)
+    tokens, draft_probs, target_probs = blocks[1]
+    rbv = get_verifier("rbv", check_inputs=False)
+    for e in block_estimates(tokens, draft_probs, target_probs, ["rbv"], [2, 4], L_VALUES, 2):
+        groups = [slice(g * e.K, (g + 1) * e.K) for g in range(tokens.shape[0] // e.K)]
+        alone = [float(rbv.expected_emitted(tokens[g, :e.L], draft_probs[g, :e.L], target_probs[g, :e.L + 1]))
+                 for g in groups]
+        assert abs(e.tokens - sum(alone) / len(alone)) < 1e-12, (e.K, e.L)
