@@ -21,6 +21,7 @@ from spectr_repro.analysis.figures import dodge, method_dash, method_marker
 from spectr_repro.analysis.format import AVERAGE, interval_text
 from spectr_repro.analysis.load import base_method
 from spectr_repro.analysis.replay import LABEL
+from spectr_repro.analysis.replay_grid import STABLE_GAIN_CHANGE, temperature_verdict
 from spectr_repro.analysis.stats import RESAMPLES, Interval, mean_of_ratios, paired_comparison
 from spectr_repro.verify import VERIFIERS, method_labels
 
@@ -169,13 +170,12 @@ def verdict_rows(blocks: pd.DataFrame, table: pd.DataFrame, audit_rows: list[dic
                  "measured": "; ".join(f"L {a}→{b} {_text(s)}" for (a, b), s in zip(zip(Ls, Ls[1:]), steps)) or "-",
                  "verdict": verdict, "note": f"SpecTr-GBV at K={K}. {note}"})
 
-    # 5. Stable over temperature.
+    # 5. Stable over temperature: the ranking at the main setting and the release's gains (analysis.replay_grid).
     if len(temps) > 1:
-        values = [cell_interval(blocks[blocks["temperature"] == t], ("spectr_gbv", K, L), resamples=resamples)
-                  for t in temps]
-        measured = "; ".join(f"T={t:g}: {_text(v)}" for t, v in zip(temps, values))
+        verdict, measured, note = temperature_verdict(temperature_differences(blocks, K, L, resamples))
         rows.append({"claim": "stable over temperature", "paper": "T ablation", "measured": measured,
-                     "verdict": "undecided", "note": "the paper states no tolerance: values shown, not judged"})
+                     "verdict": verdict, "note": f"K={K} L={L}, average over datasets; criterion: same ranking, gains "
+                                                 f"over SpecTr and GBV within {STABLE_GAIN_CHANGE:g}. {note}"})
     else:
         rows.append({"claim": "stable over temperature", "paper": "T ablation",
                      "measured": f"one temperature replayed (T={temps[0]:g})", "verdict": "undecided",
@@ -188,6 +188,22 @@ def verdict_rows(blocks: pd.DataFrame, table: pd.DataFrame, audit_rows: list[dic
     rows.append({"claim": "K=1 reduces to GBV", "paper": "SpecTr-GBV(K=1) = GBV",
                  "measured": f"SpecTr-GBV(K=1)−GBV {_text(step)}", "verdict": verdict, "note": note})
     return rows
+
+
+def temperature_differences(blocks: pd.DataFrame, K: int, L: int, resamples: int = RESAMPLES) -> pd.DataFrame:
+    """Each rule's paired difference to the release at (K, L) (single-draft rules at K = 1) per temperature, on the
+    average over datasets: what :func:`spectr_repro.analysis.replay_grid.temperature_verdict` judges."""
+    rows = []
+    for temperature, part in blocks.groupby("temperature", sort=True):
+        methods = set(part["method"])
+        if "spectr_gbv" not in methods:
+            continue
+        for method in [m for m in VERIFIERS if m in methods and m != "spectr_gbv"]:
+            interval = difference_interval(part, _cell(method, K, L), ("spectr_gbv", K, L), resamples=resamples)
+            if interval is not None and interval.has_interval:
+                rows.append({"temperature": float(temperature), "method": method, "difference": interval.estimate,
+                             "ci_low": interval.low, "ci_high": interval.high})
+    return pd.DataFrame(rows, columns=["temperature", "method", "difference", "ci_low", "ci_high"])
 
 
 def _equality_verdict(step: Interval | None, missing: str) -> tuple[str, str]:
@@ -368,4 +384,4 @@ def agreement_markdown(blocks, table, records, K, L, resamples=RESAMPLES) -> str
 
 
 __all__ = ["ablation_figure", "agreement_markdown", "default_variant", "full_block_tokens", "main_cells",
-           "replayed_differences_markdown", "table1_markdown", "verdict_rows"]
+           "replayed_differences_markdown", "table1_markdown", "temperature_differences", "verdict_rows"]

@@ -22,6 +22,13 @@ Estimators (``BlockEstimate.estimator``):
 Rules that carry state across iterations (gbv's carry-over) are run from a fresh state: their values are
 first-iteration values (``first_iteration=True``), above what they average over a whole generation.
 
+Shared work (issue 35; what each rule computes alone, to float round-off: tests/replay/test_shared_work.py):
+K = 1 values of the lossless rules that reduce to a single-draft rule there (``single_draft_reductions``) are that
+rule's closed form, computed once per row group; inside one block, sbv and sbvf compute the rule at each (row,
+depth, K) once, mpbv sorts each path row once, rbv each draft's rows once and spectr solves each tree node's rho*
+once (their ``shared_block``), across row groups, draws and L; sbv walks its events once for every L; sbvf's
+paired draws come from one run each (``paired_draw``: sbv's sampler is its first stages).
+
 Row groups (``row_groups``): the K_max rows are i.i.d., so every set of K distinct rows is a valid K-draft block.
 "disjoint" (the default) averages a rule's value over the floor(K_max / K) disjoint groups of K consecutive rows
 (rows [gK, (g + 1)K)): at K_max = 7, single-draft rules average 7 drafts and K = 3 rules 2 triples, which removes
@@ -31,7 +38,8 @@ at the cost of the rules' work only; "first" uses rows [:K] alone (the replays w
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -123,22 +131,67 @@ def block_estimates(
                           is not None else "cpu").tolist()  # one read per block
     options = options or {}
     controls = {VERIFIERS[m].shares_draws_with for m in methods} - {None} if mode == "auto" else set()
-    verifiers = {m: get_verifier(m, **{"check_inputs": False, **options.get(m, {})}) for m in {*methods, *controls}}
+    reduced = single_draft_reductions(methods, K_values, options, sampled) if mode == "auto" else {}
+    verifiers = {m: get_verifier(m, **{"check_inputs": False, **options.get(m, {})})
+                 for m in {*methods, *controls, *reduced.values()}}
+    paired = _paired_rules(methods, verifiers, options)
     block = (draft_tokens, draft_probs, target_probs)
     closed = _ClosedForms(verifiers, block, sorted(set(L_values)), set(sampled)) if mode == "auto" else None
     estimates = []
-    for method, K, L in grid(methods, K_values, L_values):
-        groups = range(K_max // K if row_groups == "disjoint" else 1)
-        values = [_group_value(verifiers, closed, block, method, K, L, g, seeds, mode) for g in groups]
-        tokens = sum(value for value, _, _ in values) / len(values)
-        estimator, used = values[0][1], sum(draws_used for _, _, draws_used in values)
-        estimates.append(BlockEstimate(method, K, L, tokens, estimator, used, VERIFIERS[method].carries_state))
+    with _shared_block(verifiers):
+        for method, K, L in grid(methods, K_values, L_values):
+            groups = range(K_max // K if row_groups == "disjoint" else 1)
+            values = [_group_value(verifiers, closed, block, method, K, L, g, seeds, mode, reduced, paired)
+                      for g in groups]
+            tokens = sum(value for value, _, _ in values) / len(values)
+            estimator, used = values[0][1], sum(draws_used for _, _, draws_used in values)
+            estimates.append(BlockEstimate(method, K, L, tokens, estimator, used, VERIFIERS[method].carries_state))
     return estimates
 
 
+def _paired_rules(methods: Sequence[str], verifiers: dict[str, Any], options: dict[str, dict[str, Any]]
+                  ) -> frozenset[str]:
+    """The rules whose one run draws their control's sample too (``paired_draw``; sbvf: sbv's sampler is its first
+    stages), with default options on both sides (the identity holds between the default rules)."""
+    return frozenset(m for m in methods if hasattr(verifiers[m], "paired_draw") and VERIFIERS[m].shares_draws_with
+                     and not options.get(m) and not options.get(VERIFIERS[m].shares_draws_with))
+
+
+@contextlib.contextmanager
+def _shared_block(verifiers: dict[str, Any]) -> Iterator[None]:
+    """Every rule that can share work across the calls on one block's views opens its ``shared_block`` (sbv and
+    sbvf one dict of rules by (row, depth, K), mpbv, rbv and spectr their own entries in it); dropped on exit."""
+    with contextlib.ExitStack() as stack:
+        cache: dict = {}
+        for verifier in verifiers.values():
+            if hasattr(verifier, "shared_block"):
+                stack.enter_context(verifier.shared_block(cache))
+        yield
+
+
+def single_draft_reductions(methods: Sequence[str], K_values: Sequence[int], options: dict[str, dict[str, Any]],
+                            sampled: Sequence[str] = ()) -> dict[str, str]:
+    """{rule: the single-draft rule whose law it has at K = 1} for the rules whose K = 1 values the replay takes
+    from that rule's closed form (``VerifierSpec.reduces_at_K1_to``, a law identity the registry's contract tests
+    prove: rbv, sbv, sbvf, mpbv -> bv, spectr -> sd). At K_max = 7 a block has seven K = 1 groups per rule: each
+    rule's own K = 1 evaluation (mpbv's greedy path, sbvf's draws, rbv's recursion) would repeat bv's number seven
+    times over. Only for lossless rules (ours and SpecTr): the release's K = 1 = GBV is a claim of the paper that
+    the report's verdicts test on these very values, so spectr_gbv keeps its own. Only with default options on both
+    sides (an option may break the identity) and never for a rule in ``sampled`` (asked for by its draws)."""
+    if 1 not in K_values:
+        return {}
+    return {m: base for m in methods if (base := VERIFIERS[m].reduces_at_K1_to) is not None and VERIFIERS[m].lossless
+            and m not in sampled and base not in sampled and not options.get(m) and not options.get(base)}
+
+
 def _group_value(verifiers, closed, block, method: str, K: int, L: int, group: int, seeds: list[int],
-                 mode: str) -> tuple[float, str, int]:
+                 mode: str, reduced: dict[str, str] | None = None, paired: frozenset[str] = frozenset()
+                 ) -> tuple[float, str, int]:
     """(tokens, estimator, draws) of ``method`` on positions [:L] of rows [group K, (group + 1) K)."""
+    if K == 1 and closed is not None and method in (reduced or {}):
+        value = closed.value(reduced[method], K, L, group)
+        if value is not None:
+            return value, "exact", 0
     draft_tokens, draft_probs, target_probs = block
     rows = slice(group * K, (group + 1) * K)
     sub_block = (draft_tokens[rows, :L], draft_probs[rows, :L], target_probs[rows, :L + 1])
@@ -149,7 +202,10 @@ def _group_value(verifiers, closed, block, method: str, K: int, L: int, group: i
     if closed is not None and (value := closed.value(method, K, L, group)) is not None:
         return value, "exact", 0
     if control is not None and (base := closed.value(control, K, L, group)) is not None:
-        difference = _mean_draw(verifier, sub_block, seeds) - _mean_draw(verifiers[control], sub_block, seeds)
+        if method in paired:
+            difference = _mean_paired_difference(verifier, sub_block, seeds)
+        else:
+            difference = _mean_draw(verifier, sub_block, seeds) - _mean_draw(verifiers[control], sub_block, seeds)
         return base + difference, "control_variate", len(seeds)
     return _mean_draw(verifier, sub_block, seeds), "monte_carlo", len(seeds)
 
@@ -177,6 +233,17 @@ class _ClosedForms:
         return None if values is None else values[L]
 
 
+def _mean_paired_difference(verifier, block, seeds: list[int]) -> float:
+    """Mean of (this rule's tau - its control's tau) over one run per seed of ``verifier.paired_draw``, which gives
+    both (sbvf: sbv's sampler is its first stages): what two ``_mean_draw`` with the same seeds give, in one run."""
+    device = block[1].device
+    total = 0
+    for seed in seeds:
+        own, control = verifier.paired_draw(*block, generator=torch.Generator(device=device).manual_seed(seed))
+        total += own - control
+    return total / len(seeds)
+
+
 def _mean_draw(verifier, block, seeds: list[int]) -> float:
     """Mean of tau + 1 over one run of the sampler per seed (the same seeds for every rule of a block)."""
     device = block[1].device
@@ -187,4 +254,5 @@ def _mean_draw(verifier, block, seeds: list[int]) -> float:
     return total / len(seeds)
 
 
-__all__ = ["BlockEstimate", "ESTIMATORS", "ROW_GROUPS", "block_estimates", "check_grid", "grid"]
+__all__ = ["BlockEstimate", "ESTIMATORS", "ROW_GROUPS", "block_estimates", "check_grid", "grid",
+           "single_draft_reductions"]

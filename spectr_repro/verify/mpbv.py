@@ -51,7 +51,9 @@ Shapes: draft_tokens [K, L], draft_probs [K, L, V], target_probs [K, L+1, V] (se
 
 from __future__ import annotations
 
+import contextlib
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -151,12 +153,36 @@ def _count_posteriors(masses: list[list[float]], K: int) -> np.ndarray:
     return posteriors
 
 
+def _row_place(probs: torch.Tensor, row: int, depth: int) -> tuple[int, int, torch.dtype]:
+    """Where row ``probs[row, depth]`` lies in memory: the same for every view of a block that reads it."""
+    return (probs.untyped_storage().data_ptr(), probs.storage_offset() + row * probs.stride(0)
+            + depth * probs.stride(1), probs.dtype)
+
+
+def _sorted_keys(keys: torch.Tensor, places: list[tuple] | None, cache: dict | None
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """torch.sort(keys, stable=True) of the path rows [L, V]; with ``cache`` (``shared_block``) each row's sort is
+    looked up by ``places`` (the memory of its target and draft rows) and only the rows not met before are sorted
+    (a sort of the same keys: the same result, bit for bit)."""
+    if cache is None:
+        return torch.sort(keys, dim=-1, stable=True)
+    new = [i for i, place in enumerate(places) if place not in cache]
+    if new:
+        index = torch.tensor(new, device=keys.device)
+        values, order = torch.sort(keys.index_select(0, index), dim=-1, stable=True)
+        cache.update({places[i]: (values[j], order[j]) for j, i in enumerate(new)})
+    rows = [cache[place] for place in places]
+    return torch.stack([values for values, _ in rows]), torch.stack([order for _, order in rows])
+
+
 def greedy_path(draft_tokens: torch.Tensor, draft_probs: torch.Tensor, target_probs: torch.Tensor,
-                host: tuple[list[list[int]], list[list[float]]] | None = None) -> GreedyPath:
+                host: tuple[list[list[int]], list[list[float]]] | None = None,
+                sort_cache: dict | None = None) -> GreedyPath:
     """The greedy path of one block and its exact law q_sel (see the module docstring).
 
     ``host`` = (tokens, rank keys at the draft tokens) when the caller already read them (the sampler's
-    first host read); otherwise they are read here."""
+    first host read); otherwise they are read here. ``sort_cache``: the sorted rows of the block met before
+    (``GreedyMultiPathBlockVerification.shared_block``): the sort is most of this function's time."""
     device = draft_probs.device
     tokens = draft_tokens.long().to(device)
     K, L = tokens.shape
@@ -171,7 +197,9 @@ def greedy_path(draft_tokens: torch.Tensor, draft_probs: torch.Tensor, target_pr
     targets = target_probs[carrier_t, depth]  # [L+1, V]: p(.|x^i)
     drafts = draft_probs[carrier_t[:L], depth[:L]]  # [L, V]: q(.|x^i)
     keys = _rank_keys(targets[:L], drafts)
-    ranked_keys, order = torch.sort(keys, dim=-1, stable=True)
+    places = None if sort_cache is None else [(*_row_place(target_probs, row, i), *_row_place(draft_probs, row, i))
+                                              for i, row in enumerate(carrier[:L])]
+    ranked_keys, order = _sorted_keys(keys, places, sort_cache)
     ranked_q = drafts.gather(-1, order).to(_F64)
     ranked_q /= ranked_q.sum(-1, keepdim=True)  # the law the drafts were drawn from (sampling normalises)
     # Key classes (tokens with equal r; with q = p every token has r = 1): the selection takes the first survivor
@@ -224,6 +252,21 @@ class GreedyMultiPathBlockVerification(Verifier):
     lossless = True
     claimed_lossless = True
     single_draft = False
+    _sorted_rows: dict | None = None  # inside ``shared_block``: each path row's sort, by where the row lies
+
+    @contextlib.contextmanager
+    def shared_block(self, cache: dict | None = None) -> Iterator[dict]:
+        """Within the block: the sort of each (draft row, depth) of the block's tensors is made once and reused by
+        every later greedy path through that row of the same tensors or their views (the replay's row groups and
+        K share their first rows; a sort of the same keys gives the same result). Rows are named by where they lie
+        in memory: the cache keeps a reference to the tensors it names and is dropped on exit; they must not be
+        written to meanwhile. ``cache``: a dict shared with other rules (keys are this rule's own)."""
+        previous = self._sorted_rows
+        self._sorted_rows = {} if cache is None else cache.setdefault("mpbv", {})
+        try:
+            yield self._sorted_rows
+        finally:
+            self._sorted_rows = previous
 
     def _sample(self, draft_tokens, draft_probs, target_probs, generator, state) -> VerifyResult:
         device = draft_probs.device
@@ -253,7 +296,10 @@ class GreedyMultiPathBlockVerification(Verifier):
         """One greedy path for the longest length serves every shorter one: the selection and the count
         posterior at depth i read depths <= i only, so the path (and q_sel) of the first L tokens is a prefix."""
         longest = max(lengths)
-        path = greedy_path(draft_tokens[:, :longest], draft_probs[:, :longest], target_probs[:, :longest + 1])
+        blocks = (draft_tokens[:, :longest], draft_probs[:, :longest], target_probs[:, :longest + 1])
+        if self._sorted_rows is not None:
+            self._sorted_rows.setdefault("tensors", []).extend([draft_probs, target_probs])  # keeps their memory
+        path = greedy_path(*blocks, sort_cache=self._sorted_rows)
         values = {}
         for L in lengths:
             stop, _, _ = path_block_test(path.targets[:L + 1], path.draft_law[:L], path.tokens[:L])

@@ -21,7 +21,9 @@ per (draft, position)), then at most one per draft that is scanned: the first ra
 
 from __future__ import annotations
 
+import contextlib
 import math
+from collections.abc import Iterator
 
 import torch
 
@@ -123,6 +125,18 @@ class SortedExcess:
         self.p_upto = torch.cat([zero, p.double().gather(-1, order).cumsum(-1)], -1)  # [n, V + 1]
         self.q_upto = torch.cat([zero, q.double().gather(-1, order).cumsum(-1)], -1)
 
+    @property
+    def rows(self) -> int:
+        return self.neg_ratio.shape[0]
+
+    def first(self, n: int) -> SortedExcess:
+        """The same for the first ``n`` rows (views: a sorted row does not depend on the others)."""
+        if n == self.rows:
+            return self
+        view = object.__new__(SortedExcess)
+        view.neg_ratio, view.p_upto, view.q_upto = self.neg_ratio[:n], self.p_upto[:n], self.q_upto[:n]
+        return view
+
     def __call__(self, row: torch.Tensor, w: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
         """H at rows ``row`` [Q] (long) for w, c [Q] float64 (w, c >= 0): [Q] float64."""
         n = self.neg_ratio.shape[0]
@@ -135,9 +149,16 @@ class SortedExcess:
         return mass.clamp_min_(0.0)
 
 
+def _row_place(probs: torch.Tensor, row: int, depth: int) -> tuple[int, int, torch.dtype]:
+    """Where row ``probs[row, depth]`` lies in memory: the same for every view of a block that reads it."""
+    return (probs.untyped_storage().data_ptr(), probs.storage_offset() + row * probs.stride(0)
+            + depth * probs.stride(1), probs.dtype)
+
+
 class RecursiveBlockVerification(Verifier):
     name = "rbv"
     lossless = True
+    _sorted_drafts: dict | None = None  # inside ``shared_block``: each draft's sorted rows, by where they lie
     claimed_lossless = True
     single_draft = False
 
@@ -162,6 +183,46 @@ class RecursiveBlockVerification(Verifier):
             current = segment.correction(tau)
         extra = sample(current, generator)
         return VerifyResult(torch.cat([tokens[owner, :committed], extra.view(1)]), committed, owner, None)
+
+    @contextlib.contextmanager
+    def shared_block(self, cache: dict | None = None) -> Iterator[dict]:
+        """Within the block: a draft row's sorted vocabulary rows (``SortedExcess``), once made, serve every later
+        ``expected_emitted`` on the same tensors or their views that reads that draft (the replay's row groups of
+        every K and every L: rows [:L] of the longest are the shorter ones'); ``expected_emitted_by_length`` then
+        goes longest first. A draft that has them uses them even where few queries would make direct passes
+        cheaper (the same H to ~1e-16 of the row's mass). The tensors are named by where they lie in memory: the
+        cache keeps a reference to them and is dropped on exit; they must not be written to meanwhile."""
+        previous = self._sorted_drafts
+        self._sorted_drafts = {} if cache is None else cache.setdefault("rbv", {})
+        try:
+            yield self._sorted_drafts
+        finally:
+            self._sorted_drafts = previous
+
+    def expected_emitted_by_length(self, draft_tokens, draft_probs, target_probs, lengths, state=None):
+        """``expected_emitted`` at every L, the longest first (inside ``shared_block`` its sorted rows serve the
+        shorter lengths)."""
+        values = {L: self.expected_emitted(draft_tokens[:, :L], draft_probs[:, :L], target_probs[:, :L + 1], state)
+                  for L in sorted(set(lengths), reverse=True)}
+        return {L: values[L] for L in lengths}
+
+    def _shared_sorted(self, target_probs, draft_probs, k: int, L: int) -> SortedExcess | None:
+        """Draft k's sorted rows [:L] made earlier in this block (``shared_block``), or None."""
+        if self._sorted_drafts is None:
+            return None
+        found = self._sorted_drafts.get((*_row_place(target_probs, k, 0), *_row_place(draft_probs, k, 0)))
+        return found.first(L) if found is not None and found.rows >= L else None
+
+    def _sorted(self, target_probs, draft_probs, k: int, L: int) -> SortedExcess:
+        """Draft k's rows [:L] sorted (kept for the block inside ``shared_block``)."""
+        found = self._shared_sorted(target_probs, draft_probs, k, L)
+        if found is not None:
+            return found
+        made = SortedExcess(target_probs[k, :L], draft_probs[k, :L])
+        if self._sorted_drafts is not None:
+            self._sorted_drafts.setdefault("tensors", []).extend([target_probs, draft_probs])  # keeps their memory
+            self._sorted_drafts[(*_row_place(target_probs, k, 0), *_row_place(draft_probs, k, 0))] = made
+        return made
 
     def expected_emitted(self, draft_tokens, draft_probs, target_probs, state=None) -> torch.Tensor:
         """E[tau + 1 | drafts] by a recursion over the drafts, exact.
@@ -214,12 +275,15 @@ class RecursiveBlockVerification(Verifier):
             # Z queries: (position m, state i) for j_i < m < L, in the order of a [L + 1, M] flattening.
             z_at = [(m, i) for i, start in enumerate(j_host) for m in range(start + 1, L)]
             queries = 2 * M + len(z_at)
-            if queries <= SORT_ABOVE_QUERIES_PER_ROW * L:
+            excess = self._shared_sorted(target_probs, draft_probs, k, L)
+            if excess is not None:
+                pass  # sorted earlier in this block (shared_block)
+            elif queries <= SORT_ABOVE_QUERIES_PER_ROW * L:
                 excess = DirectExcess(target_probs[k, :L], draft_probs[k])  # H at row k's nodes of length 0..L-1
             else:  # drafts with the same first L - 1 tokens share their rows: one sort serves them all
                 path = tuple(rows[k][: L - 1]) if rows is not None else ()
                 if path not in sorted_rows:
-                    sorted_rows[path] = SortedExcess(target_probs[k, :L], draft_probs[k])
+                    sorted_rows[path] = self._sorted(target_probs, draft_probs, k, L)
                 excess = sorted_rows[path]
             pick = torch.tensor(match, device=device)
             j = torch.tensor(j_host, device=device)  # [M]

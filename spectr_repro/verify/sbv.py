@@ -29,8 +29,10 @@ q_sel and stop probabilities, without the correction laws: at most K selected pa
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass, replace
 
 import torch
@@ -133,6 +135,7 @@ class SelectionBlockVerification(Verifier):
         self._memos = ValueMemo(_CACHE_MAX_ENTRIES)  # memo tables (toy vocabularies)
         self._buffers: dict[str, torch.Tensor] = {}  # scratch space kept between calls
         self._serials = itertools.count()  # names each memoised rule (never reused)
+        self._row_rules: dict | None = None  # the rule per (row, depth) of one block (``shared_block``)
 
     # ---------------------------------------------------------------- the rule, shared by sampler and law
     def _rules(self, P_rows: torch.Tensor, Q_rows: torch.Tensor, K: int) -> Rules:
@@ -149,6 +152,54 @@ class SelectionBlockVerification(Verifier):
         return self._memo("stacks", tuple(serial for serial, _ in parts),
                           lambda: Rules.concat([rule for _, rule in parts]))
 
+    @contextlib.contextmanager
+    def shared_block(self, cache: dict | None = None) -> Iterator[dict]:
+        """Within the block: the rule at each (draft row, depth) of the block's tensors is computed once per K and
+        reused by every later call on the same tensors or their views (the sampler's draws, the exact walk, the
+        sub-blocks the replay slices from one block: rows [:K], positions [:L]). The rule reads its two rows only,
+        so the numbers are the same as unshared ones but for the round-off of batching rows differently (the
+        ranked sets are padded to each batch's width). Rows are named by where they lie in memory: the cache holds
+        a reference to each tensor it names (no other tensor can take that memory while it is open) and is dropped
+        on exit; the tensors must not be written to meanwhile. ``cache``: share one with another instance (sbv and
+        sbvf: its keys name the options the rule depends on)."""
+        previous = self._row_rules
+        self._row_rules = {} if cache is None else cache
+        try:
+            yield self._row_rules
+        finally:
+            self._row_rules = previous
+
+    def _rules_for(self, target_probs: torch.Tensor, draft_probs: torch.Tensor, rows: list[int], depths: list[int],
+                   K: int) -> Rules:
+        """The rule at the prefixes (rows[j], depths[j]) of the block: ``_rules`` on those rows, computed once per
+        block and K inside ``shared_block`` (only the rows not met before, in one batch)."""
+        if self._row_rules is None or draft_probs.shape[-1] <= _CACHE_MAX_VOCAB:
+            return self._rules(rows_at(target_probs, rows, depths), rows_at(draft_probs, rows, depths), K)
+        options = (K, self.grid_size, self.head_size, self.tail_threshold, self.rank_size)
+        keys = [(*_row_place(target_probs, row, depth), *_row_place(draft_probs, row, depth), options)
+                for row, depth in zip(rows, depths)]
+        new = [key for key in dict.fromkeys(keys) if key not in self._row_rules]
+        if new:
+            first = [keys.index(key) for key in new]
+            new_rows, new_depths = [rows[j] for j in first], [depths[j] for j in first]
+            batch = self._rules(rows_at(target_probs, new_rows, new_depths), rows_at(draft_probs, new_rows,
+                                                                                     new_depths), K)
+            self._row_rules.setdefault("tensors", []).extend([target_probs, draft_probs])  # keeps their memory
+            self._row_rules.update({key: (batch, index) for index, key in enumerate(new)})
+        places = [self._row_rules[key] for key in keys]
+        if all(batch is places[0][0] for batch, _ in places) and [i for _, i in places] == list(
+                range(places[0][0].ids.shape[0])):
+            return places[0][0]  # exactly one batch, in order: no copy
+        runs: list[tuple[Rules, list[int]]] = []  # consecutive rows from one batch: one take each
+        for batch, index in places:
+            if runs and runs[-1][0] is batch:
+                runs[-1][1].append(index)
+            else:
+                runs.append((batch, [index]))
+        device = draft_probs.device
+        parts = [batch.take(torch.tensor(indices, device=device)) for batch, indices in runs]
+        return parts[0] if len(parts) == 1 else Rules.concat(parts)
+
     def _rule_at(self, P: torch.Tensor, Q: torch.Tensor, K: int) -> tuple[int, Rules]:
         """(serial, the rule at one prefix), memoised by (P, Q, K) on toy vocabularies."""
         compute = lambda: (next(self._serials), self._compute_rules(P[None], Q[None], K))  # noqa: E731
@@ -164,8 +215,9 @@ class SelectionBlockVerification(Verifier):
 
     def _rows_rules(self, target_probs, draft_probs, rows: list[int], depths: list[int], tokens, K: int) -> Rules:
         """The rules at the prefixes (draft rows[j], depth depths[j]) of the drafts ``tokens`` (host lists), one
-        batch: SBV's reads each prefix's rows only."""
-        return self._rules(rows_at(target_probs, rows, depths), rows_at(draft_probs, rows, depths), K)
+        batch: SBV's reads each prefix's rows only (computed once per block inside ``shared_block``: ``_rules_for``);
+        an option whose rule depends on more (sbvf's ``selection="mixture"``) overrides this."""
+        return self._rules_for(target_probs, draft_probs, rows, depths, K)
 
     def _scratch(self, shape, dtype: torch.dtype, device: torch.device, name: str) -> torch.Tensor:
         """A buffer kept between calls for the [n, V] temporaries: on the CPU a fresh tensor of megabytes costs
@@ -333,6 +385,23 @@ class SelectionBlockVerification(Verifier):
         self._walk(draft_tokens, draft_probs, target_probs, leaf, by_draw=False)
         return total
 
+    def expected_emitted_by_length(self, draft_tokens, draft_probs, target_probs, lengths, state=None):
+        """``expected_emitted`` of the first L tokens for every L in ``lengths`` from ONE walk at the longest: the
+        selection at depth i and q_sel, w, Z there read depths <= i only, so a path of the longest walk carries the
+        stops of its first L depths, and the walk's paths that share their first L tokens add up to that prefix's
+        probability. Cost: the longest length's ``expected_emitted`` (a shorter one adds no V-wide pass)."""
+        longest = max(lengths)
+        totals = {L: torch.zeros((), dtype=_F64, device=draft_probs.device) for L in lengths}
+
+        def leaf(walk: LawWalk, prob: float) -> None:
+            stops = self._leaf_terms(target_probs, draft_probs, walk).exact_stops_by_length(lengths)
+            for L, h in stops.items():
+                totals[L] = totals[L] + prob * expected_emitted_from_stops(h)
+
+        self._walk(draft_tokens[:, :longest], draft_probs[:, :longest], target_probs[:, :longest + 1], leaf,
+                   by_draw=False)
+        return totals
+
     def first_token_law(self, draft_tokens, draft_probs, target_probs) -> FirstTokenLaw:
         """Exact: the law's walk over the selection's events; a selected path (probability pi) emits its first
         token with probability pi (1 - P(tau = 0)) and BV's depth-0 correction with pi P(tau = 0) (the
@@ -457,6 +526,13 @@ class SelectionBlockVerification(Verifier):
             if stop_law[i] > 0:
                 out += [(tuple(path[:i]) + (y,), stop_law[i] * p_y) for y, p_y in enumerate(outcome_laws[i]) if p_y > 0]
         return out
+
+
+def _row_place(probs: torch.Tensor, row: int, depth: int) -> tuple[int, int, torch.dtype]:
+    """Where row ``probs[row, depth]`` lies in memory (its storage, first element and dtype): the same for every
+    view of a block that reads that row."""
+    offset = probs.storage_offset() + row * probs.stride(0) + depth * probs.stride(1)
+    return probs.untyped_storage().data_ptr(), offset, probs.dtype
 
 
 @dataclass(frozen=True)

@@ -181,6 +181,19 @@ class SelectionBlockVerificationFallback(SelectionBlockVerification):
     # ------------------------------------------------------------------------------------------- sampler
     def _sample(self, draft_tokens, draft_probs, target_probs, generator, state) -> VerifyResult:
         decision = self._decide(draft_tokens, draft_probs, target_probs, generator)
+        return self._complete(decision, draft_tokens, draft_probs, target_probs, generator)
+
+    def paired_draw(self, draft_tokens, draft_probs, target_probs, generator=None) -> tuple[int, int]:
+        """(this rule's number of accepted tokens, SBV's) on one draw, from one run: SBV with its default options
+        (this rule's selection) is stages 1-2 of this sampler uniform for uniform (its stop depth tau is SBV's
+        num_accepted; stage 3 draws only after them), so the replay's control variate (registry:
+        ``shares_draws_with``) gets both draws of a seed for the price of one. Inputs are not validated."""
+        decision = self._decide(draft_tokens, draft_probs, target_probs, generator)
+        result = self._complete(decision, draft_tokens, draft_probs, target_probs, generator)
+        return int(result.num_accepted), decision.tau
+
+    def _complete(self, decision, draft_tokens, draft_probs, target_probs, generator) -> VerifyResult:
+        """Stage 3 after SBV's decision: SBV's own last token, or the fallback over the candidates."""
         tau, tokens, L = decision.tau, decision.tokens, len(decision.path)
         if not self.fallback or tau == L:
             return self._finish(decision, target_probs)
@@ -259,6 +272,12 @@ class SelectionBlockVerificationFallback(SelectionBlockVerification):
         early stop, so SBV's expectation would be wrong, and no cheap closed form of the fallback's is known."""
         if not self.fallback:
             return super().expected_emitted(draft_tokens, draft_probs, target_probs, state)
+        return None
+
+    def expected_emitted_by_length(self, draft_tokens, draft_probs, target_probs, lengths, state=None):
+        """SBV's (one walk for every length) with ``fallback=False``; None otherwise, as ``expected_emitted``."""
+        if not self.fallback:
+            return super().expected_emitted_by_length(draft_tokens, draft_probs, target_probs, lengths, state)
         return None
 
     def first_token_law(self, draft_tokens, draft_probs, target_probs):

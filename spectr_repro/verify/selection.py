@@ -451,6 +451,16 @@ class PathTerms:
             z = torch.where(self.tail_p[1:L] > 0, self.exact_z(slice(1, L)), z)
         return stop_probabilities(z, self.w)
 
+    def exact_stops_by_length(self, lengths) -> dict[int, torch.Tensor]:
+        """``exact_stops`` of the path's first L depths for every L in ``lengths`` (each <= the path's length): q_sel,
+        w and Z at depth i read depths <= i only, so the shorter paths' stops are the first L - 1 Z_i of this one
+        and h_L = w_L. One pass over the tail for the longest, as ``exact_stops``."""
+        longest = max(lengths)
+        z = self.z_head[1:longest]
+        if longest > 1:
+            z = torch.where(self.tail_p[1:longest] > 0, self.exact_z(slice(1, longest)), z)
+        return {L: stop_probabilities(z[:L - 1], self.w[:L + 1]) for L in lengths}
+
     def residual(self, index: slice) -> torch.Tensor:
         """(w P - q_sel)+ (P normalised) at depths ``index``, float64 [m, V]: the correction's law, unnormalised."""
         rules = self.rules

@@ -29,7 +29,8 @@ more drafts; the groups the scan can still reach are solved on the device in wav
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+from collections.abc import Iterator, Sequence
 
 import torch
 
@@ -215,6 +216,12 @@ def survivor_groups(rows: list[list[int]]) -> list[tuple[int, list[int]]]:
     return groups
 
 
+def _row_place(probs: torch.Tensor, row: int, depth: int) -> tuple[int, int, torch.dtype]:
+    """Where row ``probs[row, depth]`` lies in memory: the same for every view of a block that reads it."""
+    return (probs.untyped_storage().data_ptr(), probs.storage_offset() + row * probs.stride(0)
+            + depth * probs.stride(1), probs.dtype)
+
+
 def shared_prefix(tokens: torch.Tensor) -> torch.Tensor:
     """[K, K, L + 1] bool: entry (s, i, t) says drafts s and i agree on their first t tokens (same tree node)."""
     K = tokens.shape[0]
@@ -234,6 +241,48 @@ class SpecTr(Verifier):
         # The exact law is called for every draft tuple of a toy, and the depth-t step (rho*, residual)
         # depends only on (p, q, k): memoise it across calls by value (law inputs are small by contract).
         self._memos = ValueMemo()
+
+    _node_rho: dict | None = None  # inside ``shared_block``: rho* of each (row, depth, survivors) of the block
+
+    @contextlib.contextmanager
+    def shared_block(self, cache: dict | None = None) -> Iterator[dict]:
+        """Within the block: rho* of a tree node, once solved, serves every later ``expected_emitted`` on the same
+        tensors or their views (the node's rows named by where they lie in memory, with its number of survivors):
+        the replay's shorter L (their nodes are the longer L's first depths) and the row groups of other K whose
+        nodes coincide. The cache keeps a reference to the tensors and is dropped on exit; they must not be written
+        to meanwhile."""
+        previous = self._node_rho
+        self._node_rho = {} if cache is None else cache.setdefault("spectr", {})
+        try:
+            yield self._node_rho
+        finally:
+            self._node_rho = previous
+
+    def _node_rhos(self, target_probs, draft_probs, groups: list[tuple[int, list[int]]]) -> list[float]:
+        """rho* of each node (depth, members) of ``groups``: batched rho_pieces rows finished by ``solve_piece``,
+        only for the nodes not solved earlier in this block (``shared_block``)."""
+        V, device = draft_probs.shape[-1], draft_probs.device
+        cache = self._node_rho
+        keys = None if cache is None else [
+            (*_row_place(target_probs, members[0], depth), *_row_place(draft_probs, members[0], depth), len(members))
+            for depth, members in groups]
+        missing = [j for j in range(len(groups)) if keys is None or keys[j] not in cache]
+        values: dict[int, float] = {}
+        per_call = max(1, _PIECE_ELEMENTS // V)
+        for lo in range(0, len(missing), per_call):
+            batch = [groups[j] for j in missing[lo : lo + per_call]]
+            index = (torch.tensor([members[0] for _, members in batch], device=device),
+                     torch.tensor([depth for depth, _ in batch], device=device))
+            sizes = [len(members) for _, members in batch]
+            pieces = rho_pieces(target_probs[index], draft_probs[index], sizes).tolist()
+            for j, size, piece in zip(missing[lo : lo + per_call], sizes, pieces):
+                values[j] = solve_piece(piece, size, V)
+        if cache is not None:
+            if missing:
+                cache.setdefault("tensors", []).extend([target_probs, draft_probs])  # keeps their memory
+            cache.update({keys[j]: values[j] for j in missing})
+            return [values[j] if j in values else cache[keys[j]] for j in range(len(groups))]
+        return [values[j] for j in range(len(groups))]
 
     def correction(self, p: torch.Tensor, q: torch.Tensor, rho: float, k: int) -> torch.Tensor:
         """Law of the token emitted when all k survivors are rejected (see ``kseq_residual``)."""
@@ -290,23 +339,14 @@ class SpecTr(Verifier):
         device = draft_probs.device
         tokens = draft_tokens.long().to(device)
         K, L = tokens.shape
-        V = draft_probs.shape[-1]
         ratios = token_ratios(target_probs[:, :L], draft_probs, tokens)  # [K, L] float64
         rho = torch.ones(K, L, dtype=torch.float64, device=device)
         groups = survivor_groups(tokens.tolist()) if K > 1 else []
         if groups:
             solved = [[1.0] * L for _ in range(K)]  # rho* of each row's node at each depth (host floats)
-            per_call = max(1, _PIECE_ELEMENTS // V)
-            for lo in range(0, len(groups), per_call):
-                batch = groups[lo : lo + per_call]
-                index = (torch.tensor([members[0] for _, members in batch], device=device),
-                         torch.tensor([depth for depth, _ in batch], device=device))
-                sizes = [len(members) for _, members in batch]
-                pieces = rho_pieces(target_probs[index], draft_probs[index], sizes).tolist()
-                for (depth, members), size, piece in zip(batch, sizes, pieces):
-                    value = solve_piece(piece, size, V)
-                    for s in members:
-                        solved[s][depth] = value
+            for (depth, members), value in zip(groups, self._node_rhos(target_probs, draft_probs, groups)):
+                for s in members:
+                    solved[s][depth] = value
             rho = torch.tensor(solved, dtype=torch.float64, device=device)  # a host-to-device copy, no read
         accept = (ratios / rho).clamp_(max=1.0)  # a_s at each depth, [K, L]
         shared = shared_prefix(tokens)  # [K, K, L + 1]
