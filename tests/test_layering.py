@@ -32,7 +32,7 @@ ALLOWED = {
     "paper": set(),
     "files": set(),
     "theory": {"models", "sampling", "tracking", "verify"},  # tracking: its commands log their results to W&B
-    "quality": {"data", "verify", "errors", "records"},
+    "quality": {"data", "verify", "errors", "records", "tracking"},  # tracking: quality.csv logged to W&B
     # the one cost model: below every command that prices or predicts (plan, replay, check, bench)
     "cost": {"data", "engine", "errors", "files", "models", "paper", "verify"},
 }

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from spectr_repro import tracking
 from spectr_repro.data import QUALITY_DATASETS
 from spectr_repro.quality.sandbox import SANDBOX_MODES, SandboxUnavailable
 from spectr_repro.quality.score import DEFAULT_TIMEOUT_S
@@ -33,6 +34,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--timeout", type=float, default=DEFAULT_TIMEOUT_S, help="seconds per HumanEval program"
     )
     parser.add_argument("--workers", type=int, default=2)
+    tracking.add_logger_option(parser)
     parser.add_argument(
         "--sandbox",
         choices=SANDBOX_MODES,
@@ -63,5 +65,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (SandboxUnavailable, ValueError, OSError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-    print(summary_text(df, Path(args.out or args.results)))
+    out = Path(args.out or args.results)
+    print(summary_text(df, out))
+    tracking.log_command("quality", tracking.logger_config(args.logger), out,
+                         tables={"quality": out / QUALITY_FILE}, config=vars(args))
     return 0

@@ -27,13 +27,16 @@ from spectr_repro.tracking.names import derive
 
 
 def read_tables(tables: Mapping[str, pd.DataFrame | str | Path | None]) -> dict[str, pd.DataFrame]:
-    """Frames as given, CSV paths read (a missing or empty file, or None, is left out)."""
+    """Frames as given, CSV paths read (a missing or empty file, one without columns, or None, is left out)."""
     frames = {}
     for name, table in tables.items():
         if isinstance(table, pd.DataFrame):
             frames[name] = table
         elif table is not None and Path(table).is_file() and Path(table).stat().st_size:
-            frames[name] = pd.read_csv(table)
+            try:
+                frames[name] = pd.read_csv(table)
+            except pd.errors.EmptyDataError:  # a table with no columns (e.g. quality.csv without scored cells)
+                continue
     return frames
 
 

@@ -178,3 +178,21 @@ def test_a_table_of_mixed_types_is_logged_whole(tmp_path):
     assert tracking.log_command("bench", tracking.logger_config(), tmp_path, tables={"mixed": frame}) is not None
     (run,) = read_runs([tmp_path])
     assert run.summary["bench/mixed"]["nrows"] == 3
+
+
+def test_quality_logs_its_table(tmp_path):
+    """`quality` (a step of make reproduce) leaves one offline run holding quality.csv; --logger disabled none."""
+    from spectr_repro.quality.cli import main as main_quality
+    from spectr_repro.quality.tables import QUALITY_FILE
+
+    results = tmp_path / "results"
+    results.mkdir()
+    assert main_quality([str(results)]) == 0
+    assert (results / QUALITY_FILE).is_file()
+    runs = read_runs([results])
+    assert [run.job_type for run in runs] == ["quality"]
+    assert (results / QUALITY_FILE).stat().st_size < 10  # no scored cell here: a table with no columns, still a run
+    quiet = tmp_path / "quiet"
+    quiet.mkdir()
+    assert main_quality([str(quiet), "--logger", "disabled"]) == 0
+    assert not (quiet / "wandb").exists()
