@@ -5,12 +5,29 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+
 import torch
 
 from spectr_repro.sampling import sample, uniform
 from spectr_repro.verify.base import Outcome
 
-__all__ = [
+
+@contextlib.contextmanager
+def block_cache(owner: object, attribute: str, cache: dict | None = None, key: str | None = None) -> Iterator[dict]:
+    """A rule's ``shared_block``: ``owner.<attribute>`` is a cache for the block while it lasts (a fresh dict, or
+    ``cache[key]`` shared with other rules, ``cache`` itself without a key), the previous one restored after."""
+    previous = getattr(owner, attribute)
+    current = {} if cache is None else (cache.setdefault(key, {}) if key else cache)
+    setattr(owner, attribute, current)
+    try:
+        yield current
+    finally:
+        setattr(owner, attribute, previous)
+
+
+__all__ = ["block_cache",
     "LawBuilder", "ValueMemo", "block_on_host", "clipped_stop_probability", "expected_emitted_from_stops", "normalize",
     "positive_part", "residual", "running_ratio", "sample", "stop_law", "stop_probability", "token_ratios",
     "tensor_key", "uniform", "uniform_list",

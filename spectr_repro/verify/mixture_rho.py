@@ -26,9 +26,8 @@ from spectr_repro.verify.common import running_ratio
 from spectr_repro.verify.selection import (
     Head,
     Rules,
-    _count_likelihoods,
-    _locate,
     best_rho,
+    count_likelihoods_at,
     log_grid,
     selection_laws,
 )
@@ -50,15 +49,7 @@ def prefix_state(rules: Rules, P_rows: torch.Tensor, Q_rows: torch.Tensor, prefi
     tokens = prefix[:, None]
     q_at = Q_rows.gather(1, tokens).squeeze(1).to(_F64) / rules.qsum
     p_at = P_rows.gather(1, tokens).squeeze(1).to(_F64) / rules.psum
-    C = rules.accepted.shape[1]
-    position, ranked = _locate(rules, tokens)
-    at = position[:, None, :].expand(i, C, 1)
-    m = rules.accepted.gather(2, at).squeeze(2)
-    g_minus = rules.g_minus.gather(2, at).squeeze(2) * ranked
-    a = torch.where(ranked, m / q_at[:, None], 1.0)
-    one, zero = torch.ones_like(q_at[:, None]), torch.zeros_like(q_at[:, None])  # count 1: a = 1, nothing rejected
-    lik = _count_likelihoods(q_at, torch.cat([one, a], 1), torch.cat([zero, rules.reject], 1),
-                             torch.cat([zero, g_minus], 1))  # [i, K, K]: P(x_{m+1}, m' survivors | c)
+    lik = count_likelihoods_at(rules, q_at, tokens)  # [i, K, K]: P(x_{m+1}, m' survivors | c)
     pi = torch.zeros(K, dtype=_F64, device=lik.device)
     pi[K - 1] = 1.0
     selected = []

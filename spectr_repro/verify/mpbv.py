@@ -63,6 +63,7 @@ from spectr_repro.sampling import sample, uniform
 from spectr_repro.verify.base import Outcome, Verifier, VerifyResult
 from spectr_repro.verify.common import (
     LawBuilder,
+    block_cache,
     clipped_stop_probability,
     expected_emitted_from_stops,
     running_ratio,
@@ -261,12 +262,8 @@ class GreedyMultiPathBlockVerification(Verifier):
         K share their first rows; a sort of the same keys gives the same result). Rows are named by where they lie
         in memory: the cache keeps a reference to the tensors it names and is dropped on exit; they must not be
         written to meanwhile. ``cache``: a dict shared with other rules (keys are this rule's own)."""
-        previous = self._sorted_rows
-        self._sorted_rows = {} if cache is None else cache.setdefault("mpbv", {})
-        try:
-            yield self._sorted_rows
-        finally:
-            self._sorted_rows = previous
+        with block_cache(self, "_sorted_rows", cache, "mpbv") as shared:
+            yield shared
 
     def _sample(self, draft_tokens, draft_probs, target_probs, generator, state) -> VerifyResult:
         device = draft_probs.device

@@ -31,6 +31,7 @@ from spectr_repro.verify.base import Outcome, Verifier, VerifyResult
 from spectr_repro.verify.bv import BlockSegment, clipped_weights, excess_mass, rows_at
 from spectr_repro.verify.common import (
     LawBuilder,
+    block_cache,
     block_on_host,
     clipped_stop_probability,
     sample,
@@ -192,12 +193,8 @@ class RecursiveBlockVerification(Verifier):
         goes longest first. A draft that has them uses them even where few queries would make direct passes
         cheaper (the same H to ~1e-16 of the row's mass). The tensors are named by where they lie in memory: the
         cache keeps a reference to them and is dropped on exit; they must not be written to meanwhile."""
-        previous = self._sorted_drafts
-        self._sorted_drafts = {} if cache is None else cache.setdefault("rbv", {})
-        try:
-            yield self._sorted_drafts
-        finally:
-            self._sorted_drafts = previous
+        with block_cache(self, "_sorted_drafts", cache, "rbv") as shared:
+            yield shared
 
     def expected_emitted_by_length(self, draft_tokens, draft_probs, target_probs, lengths, state=None):
         """``expected_emitted`` at every L, the longest first (inside ``shared_block`` its sorted rows serve the

@@ -41,6 +41,7 @@ from spectr_repro.sampling import uniform
 from spectr_repro.verify.base import FirstTokenLaw, Outcome, Verifier, VerifyResult
 from spectr_repro.verify.common import (
     ValueMemo,
+    block_cache,
     expected_emitted_from_stops,
     stop_law,
     stop_probability,
@@ -162,12 +163,8 @@ class SelectionBlockVerification(Verifier):
         a reference to each tensor it names (no other tensor can take that memory while it is open) and is dropped
         on exit; the tensors must not be written to meanwhile. ``cache``: share one with another instance (sbv and
         sbvf: its keys name the options the rule depends on)."""
-        previous = self._row_rules
-        self._row_rules = {} if cache is None else cache
-        try:
-            yield self._row_rules
-        finally:
-            self._row_rules = previous
+        with block_cache(self, "_row_rules", cache) as shared:
+            yield shared
 
     def _rules_for(self, target_probs: torch.Tensor, draft_probs: torch.Tensor, rows: list[int], depths: list[int],
                    K: int) -> Rules:

@@ -370,18 +370,23 @@ def _posterior_chain(lik: torch.Tensor) -> torch.Tensor:
     return torch.cat(laws)
 
 
-def count_posterior(rules: Rules, q_at: torch.Tensor, path: torch.Tensor) -> torch.Tensor:
-    """[L, K] posterior of the survivor count along the selected path (rules [L], q_at = Q(x_{i+1}) [L])."""
-    L, C, _ = rules.accepted.shape
-    position, ranked = _locate(rules, path[:, None])
-    at = position[:, None, :].expand(L, C, 1)
+def count_likelihoods_at(rules: Rules, q_at: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    """[n, K, K] P(x, m' survivors | c survivors) at each depth's token ``tokens`` [n, 1] (rules [n],
+    q_at = Q(x) [n])."""
+    n, C, _ = rules.accepted.shape
+    position, ranked = _locate(rules, tokens)
+    at = position[:, None, :].expand(n, C, 1)
     m = rules.accepted.gather(2, at).squeeze(2)
     g_minus = rules.g_minus.gather(2, at).squeeze(2) * ranked
     a = torch.where(ranked, m / q_at[:, None], 1.0)
     one, zero = torch.ones_like(q_at[:, None]), torch.zeros_like(q_at[:, None])  # count 1: a = 1, nothing rejected
-    lik = _count_likelihoods(q_at, torch.cat([one, a], 1), torch.cat([zero, rules.reject], 1),
-                             torch.cat([zero, g_minus], 1))
-    return _posterior_chain(lik)
+    return _count_likelihoods(q_at, torch.cat([one, a], 1), torch.cat([zero, rules.reject], 1),
+                              torch.cat([zero, g_minus], 1))
+
+
+def count_posterior(rules: Rules, q_at: torch.Tensor, path: torch.Tensor) -> torch.Tensor:
+    """[L, K] posterior of the survivor count along the selected path (rules [L], q_at = Q(x_{i+1}) [L])."""
+    return _posterior_chain(count_likelihoods_at(rules, q_at, path[:, None]))
 
 
 # ------------------------------------------------------------------------------------------------ q_sel and BV

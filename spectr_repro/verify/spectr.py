@@ -38,6 +38,7 @@ from spectr_repro.verify.base import Outcome, Verifier, VerifyResult
 from spectr_repro.verify.common import (
     LawBuilder,
     ValueMemo,
+    block_cache,
     block_on_host,
     normalize,
     sample,
@@ -251,12 +252,8 @@ class SpecTr(Verifier):
         the replay's shorter L (their nodes are the longer L's first depths) and the row groups of other K whose
         nodes coincide. The cache keeps a reference to the tensors and is dropped on exit; they must not be written
         to meanwhile."""
-        previous = self._node_rho
-        self._node_rho = {} if cache is None else cache.setdefault("spectr", {})
-        try:
-            yield self._node_rho
-        finally:
-            self._node_rho = previous
+        with block_cache(self, "_node_rho", cache, "spectr") as shared:
+            yield shared
 
     def _node_rhos(self, target_probs, draft_probs, groups: list[tuple[int, list[int]]]) -> list[float]:
         """rho* of each node (depth, members) of ``groups``: batched rho_pieces rows finished by ``solve_piece``,

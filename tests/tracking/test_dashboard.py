@@ -10,6 +10,7 @@ import pytest
 from spectr_repro import tracking
 from spectr_repro.tracking import dashboard, names
 from spectr_repro.tracking.offline import read_runs, run_files
+from tests.tracking.conftest import without_wandb_variables
 from tests.tracking.synthetic import BENCH, EXPERIMENT, log_everything, replay_summary
 
 SECTIONS = ["Verdicts", "Table 1 (replay)", "Tokens per call against K and L",
@@ -20,8 +21,7 @@ SECTIONS = ["Verdicts", "Table 1 (replay)", "Tokens per call against K and L",
 def logged(tmp_path_factory):
     root = tmp_path_factory.mktemp("results")
     with pytest.MonkeyPatch.context() as patch:
-        for name in ("WANDB_MODE", "WANDB_PROJECT", "WANDB_ENTITY", "WANDB_DIR"):
-            patch.delenv(name, raising=False)
+        without_wandb_variables(patch)
         patch.chdir(root)
         folder = log_everything(root)
         assert not (root / "wandb").exists(), "runs go under the results folders, never the working directory"

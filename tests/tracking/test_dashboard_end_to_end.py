@@ -10,6 +10,7 @@ import pytest
 
 from spectr_repro.tracking import dashboard
 from spectr_repro.tracking.offline import read_runs
+from tests.tracking.conftest import without_wandb_variables
 from tests.tracking.results import EXPERIMENT, make_results
 
 pytestmark = pytest.mark.slow
@@ -21,8 +22,7 @@ def results(tmp_path_factory):
 
     root = tmp_path_factory.mktemp("reproduce")
     with pytest.MonkeyPatch.context() as patch:
-        for name in ("WANDB_MODE", "WANDB_PROJECT", "WANDB_ENTITY", "WANDB_DIR"):
-            patch.delenv(name, raising=False)
+        without_wandb_variables(patch)
         patch.setenv("SPECTR_REPRO_RUNNERS", str(root / "runners"))
         patch.setenv(CALIBRATION_ENV_VAR, str(root / "calibration.json"))
         patch.chdir(root)
