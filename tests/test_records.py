@@ -7,7 +7,7 @@ from dataclasses import fields
 
 import pytest
 
-from spectr_repro import quality, records, tracking
+from spectr_repro import quality, records
 from spectr_repro.analysis import load
 from spectr_repro.analysis.load import load_cells
 from spectr_repro.records import (
@@ -21,12 +21,13 @@ from spectr_repro.records import (
     summary_from_json,
     table_columns,
 )
+from spectr_repro.tracking import conventions as tracking_conventions
 
 # Every consumer's full column list (module, name, the schema's columns it must hold, in order).
 FULL_COLUMN_LISTS = [
     (load, "SUMMARY_KEYS", [f.name for f in fields(CellSummary)]),
     (load, "RECORD_KEYS", [f.name for f in fields(PromptRecord)]),
-    (tracking, "TABLE_COLUMNS", [f.name for f in fields(PromptRecord) if f.metadata["table"]]),
+    (tracking_conventions, "TABLE_COLUMNS", [f.name for f in fields(PromptRecord) if f.metadata["table"]]),
 ]
 # Selections of columns written out by hand: each must name only fields of its schema dataclass.
 HAND_WRITTEN_SELECTIONS = [
