@@ -21,8 +21,12 @@ from pathlib import Path
 import pytest
 
 from spectr_repro.analysis.replay import read_summaries
+from spectr_repro.cost import Calibration, ForwardCosts, calibrated_prompt_seconds, write_calibration
+from spectr_repro.cost.calibration import CALIBRATION_ENV_VAR, calibration_dtype
+from spectr_repro.cost.measure import plan_shapes
 from spectr_repro.replay import driver
-from spectr_repro.replay.driver import main, prompt_state
+from spectr_repro.replay.driver import main, parse, prompt_state
+from spectr_repro.replay.plan import plan_replays
 
 # sd, spectr, sbv: exact; sbvf: control variate; spectr_gbv: Monte-Carlo (replay.sampled).
 GRID = ["model_pair=tiny_random", "dataset=humaneval", "temperature=0.7", "logger=disabled",
@@ -150,3 +154,38 @@ def test_bad_batch_prompts_is_one_message_and_exit_2_before_loading(tmp_path, ca
     assert err.startswith("error:") and "replay.batch_prompts must be an integer >= 1" in err
     assert "Traceback" not in err and err.count("\n") == 1
     assert not (tmp_path / "out").exists()
+
+
+def test_plan_prices_a_batch_of_prompts_at_b_times_the_rows(tmp_path, monkeypatch):
+    """`plan` with replay.batch_prompts=4 over 9 prompts: two batches of 4 and one prompt alone, each call over
+    B x K_max rows (the calibrated cost model's batched price); B = 1 prices 9 prompts alone, which costs more when a
+    forward has a fixed part (here 0.2 s target, 0.1 s draft). Without a calibration (roofline) B changes nothing."""
+    monkeypatch.setenv(CALIBRATION_ENV_VAR, str(tmp_path / "calibration.json"))
+    argv = ["experiment=replay_qwen", "dataset=humaneval", "replay.num_prompts=9", f"output_dir={tmp_path / 'out'}"]
+
+    def model_seconds(batch: int):
+        (plan,) = plan_replays([([*argv, f"replay.batch_prompts={batch}"], "replay_qwen")], {})
+        return plan
+
+    roofline = [model_seconds(batch) for batch in (1, 4)]
+    assert roofline[0].model_seconds == roofline[1].model_seconds > 0
+    assert "each prompt as if alone" in roofline[1].model_note and "alone" not in roofline[0].model_note
+
+    ((cfg, _),) = parse(argv)
+    shapes = plan_shapes([1, 3, 5, 7], [6, 12], [512, 2048], [1, 4])
+    costs = {role: ForwardCosts(tuple((r, t, k, a + b * r * t) for r, t, k in shapes[role]))
+             for role, a, b in (("target", 0.2, 0.007), ("draft", 0.1, 0.003))}
+    calibration = Calibration("cpu", "qwen25coder_1.5b_0.5b", calibration_dtype(cfg), "Test CPU", "2026-12-03",
+                              False, costs["target"], costs["draft"], extra={"overhead_s_per_call": 0.01})
+    write_calibration(calibration)
+    alone, batched = model_seconds(1), model_seconds(4)
+    assert "4 prompts a batch" in batched.model_note
+    iterations = batched.groups[0].iterations
+    assert batched.groups[0].to_replay == 9 and alone.groups[0].iterations == iterations
+    price = {size: calibrated_prompt_seconds(cfg, calibration, 7, 12, iterations, size) for size in (1, 4)}
+    assert alone.model_seconds == pytest.approx(9 * price[1], rel=1e-9)
+    assert batched.model_seconds == pytest.approx(2 * price[4] + price[1], rel=1e-9)
+    # a batch of 4 saves, per call, the fixed parts of 3 prompts' forwards (0.2 s the target's, 0.1 s each of the
+    # draft's 12) and their overhead per call (0.01 s, charged once per call by the cost model), x 2 batches
+    saved = 2 * 3 * iterations * (0.2 + 12 * 0.1 + 0.01)
+    assert alone.model_seconds - batched.model_seconds == pytest.approx(saved, rel=1e-6)
