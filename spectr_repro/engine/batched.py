@@ -138,15 +138,7 @@ def generate_batch(
     verifiers = _verifiers_per_prompt(draft, method, count, K, L, temperature,
                                       max_new_tokens if isinstance(max_new_tokens, int) else 0, verifier_options)
     verifier = verifiers[0]  # what every prompt's rule shares: AR or not, the device and vocabulary checks
-    budgets = _per_prompt(max_new_tokens, count, "max_new_tokens")
-    if any(isinstance(b, bool) or not isinstance(b, int) or b < 0 for b in budgets):
-        raise ValueError(f"max_new_tokens must be integers >= 0, got {budgets}")
-    seeds = list(range(count)) if seeds is None else list(seeds)
-    if len(seeds) != count:
-        raise ValueError(f"{len(seeds)} seeds for {count} prompts")
-    stops = list(should_stop) if isinstance(should_stop, Sequence) else [should_stop] * count
-    if len(stops) != count:
-        raise ValueError(f"{len(stops)} should_stop callables for {count} prompts")
+    budgets, seeds, stops = _prompt_arguments(count, max_new_tokens, seeds, should_stop)
     device, prefill_chunk, vocab_size, eos = check_setup(target, draft, verifier, prefill_chunk, vocab_size,
                                                           eos_token_ids)
     rows = []
@@ -167,6 +159,20 @@ def generate_batch(
     timer.seconds["total"] = time.perf_counter() - start
     outputs = [row.output(0 if verifier is None else L, count) for row in rows]
     return BatchOutput(outputs, {"time_s": dict(timer.seconds), "batch_prompts": count})
+
+
+def _prompt_arguments(count: int, max_new_tokens, seeds, should_stop) -> tuple[list[int], list[int], list]:
+    """(budgets, seeds, should_stop callables), one of each per prompt, checked."""
+    budgets = _per_prompt(max_new_tokens, count, "max_new_tokens")
+    if any(isinstance(b, bool) or not isinstance(b, int) or b < 0 for b in budgets):
+        raise ValueError(f"max_new_tokens must be integers >= 0, got {budgets}")
+    seeds = list(range(count)) if seeds is None else list(seeds)
+    if len(seeds) != count:
+        raise ValueError(f"{len(seeds)} seeds for {count} prompts")
+    stops = list(should_stop) if isinstance(should_stop, Sequence) else [should_stop] * count
+    if len(stops) != count:
+        raise ValueError(f"{len(stops)} should_stop callables for {count} prompts")
+    return budgets, seeds, stops
 
 
 def _verifiers_per_prompt(draft, method, count: int, K, L, temperature, max_new_tokens, verifier_options
