@@ -541,11 +541,11 @@ def _run_group(pairs, runner, cfg: DictConfig, settings: ReplaySettings, progres
                     bar.update()
                     continue  # another live runner replays it
                 claimed.append((index, example, directory))
-                if len(claimed) == settings.batch_prompts or index == len(examples) - 1:
+                if len(claimed) == settings.batch_prompts:
                     batch, claimed = claimed, []  # _replay_claimed releases the batch's claims
                     bar.set_postfix(blocks=_replay_claimed(pair, runner, cfg, settings, folder, batch, progress))
                     bar.update(len(batch))
-            if claimed:  # the group's last prompts were finished or claimed elsewhere: a short last batch
+            if claimed:  # the prompts left over: a last, shorter batch
                 batch, claimed = claimed, []
                 bar.set_postfix(blocks=_replay_claimed(pair, runner, cfg, settings, folder, batch, progress))
                 bar.update(len(batch))
