@@ -1,13 +1,21 @@
-"""Replay throughput of two commits, measured in alternation (issue 35): prompts per hour, before and after.
+"""Replay throughput of two commits, or of batch sizes at one commit, measured in alternation (issue 35): prompts
+per hour, before and after.
 
     python scripts/replay_throughput.py BEFORE AFTER [--rounds 2] [--prompts 4] [--dataset humaneval]
         [--model-pair qwen25coder_1.5b_0.5b] [--max-new-tokens 48] [--keep DIR] [-- extra replay arguments]
+    python scripts/replay_throughput.py COMMIT --batch-prompts 1,4 [same options]
+
+With ``--batch-prompts B1,B2,...`` one commit is measured at each ``replay.batch_prompts`` value in turn (B1, B2,
+B1, B2, ...: the same alternation), each run labelled ``B=<value>``, and the ratios are against B1. A batched
+prompt's ``seconds`` is its share of its batch's wall time (docs/replay.md), so the prompts' seconds still add up
+to the time the replay spent on them.
 
 Each commit is checked out in its own ``git worktree`` (detached, under a temporary folder, removed at the end).
 This one driver process then runs, ``--rounds`` times in alternation (before, after, before, after: ABAB, so a
-drift of the machine's speed falls on both), ``python -m spectr_repro replay K=1,3,5,7 L=6,12 dataset=D
-num_prompts=N model_pair=P max_new_tokens=M`` in that worktree (its own code: cwd and PYTHONPATH), each run into
-a fresh output folder (nothing resumed). Every run replays the same prompts with the same seed.
+drift of the machine's speed falls on both; with ``--batch-prompts`` each batch size in turn), ``python -m
+spectr_repro replay K=1,3,5,7 L=6,12 dataset=D num_prompts=N model_pair=P max_new_tokens=M`` (plus
+``replay.batch_prompts=B``) in that worktree (its own code: cwd and PYTHONPATH), each run into a fresh output
+folder (nothing resumed). Every run replays the same prompts with the same seed.
 
 Per run it reads the records the replay writes: each prompt's ``seconds`` (its trajectory: model forwards and
 the rules; done.json) and each block's ``rule_seconds`` (the rules' evaluation on it; blocks.jsonl). It prints
@@ -16,7 +24,8 @@ time is printed beside it), the rules' share of the prompts' seconds, and, over 
 median and the ratio after / before of the medians. A number is only a measurement on a quiet machine (nothing
 else running): on a loaded one only the proportions mean anything.
 
-Exit status 2 with one message for bad arguments (an unknown commit, rounds < 1), before anything runs.
+Exit status 2 with one message for bad arguments (an unknown commit, rounds < 1, a second commit with
+--batch-prompts, batch sizes not integers >= 1 or fewer than two), before anything runs.
 """
 
 from __future__ import annotations
@@ -56,8 +65,12 @@ class RunResult:
 
 def parse_arguments(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("before", help="the commit measured first in each round (e.g. main)")
-    parser.add_argument("after", help="the commit compared with it (e.g. s3-fast)")
+    parser.add_argument("before", help="the commit measured first in each round (e.g. main); with --batch-prompts "
+                        "the one commit measured")
+    parser.add_argument("after", nargs="?", default=None, help="the commit compared with it (e.g. s3-fast); none with "
+                        "--batch-prompts")
+    parser.add_argument("--batch-prompts", default=None, help="compare these replay.batch_prompts values at one "
+                        "commit (comma list, e.g. 1,4; the first is the baseline)")
     parser.add_argument("--rounds", type=int, default=2, help="ABAB rounds (default 2)")
     parser.add_argument("--prompts", type=int, default=4, help="prompts per run (default 4)")
     parser.add_argument("--dataset", default="humaneval")
@@ -66,7 +79,51 @@ def parse_arguments(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--python", default=sys.executable, help="the interpreter of the replays")
     parser.add_argument("--keep", type=Path, default=None, help="keep the runs' records under this folder")
     parser.add_argument("extra", nargs="*", help="more replay arguments (after --), the same for both commits")
-    return parser.parse_args(argv)
+    return parser.parse_intermixed_args(argv)  # positionals after the options too (`COMMIT --rounds 2 -- key=value`)
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One thing measured in each round: a commit and the replay arguments that set it apart."""
+
+    label: str
+    name: str  # the commit as given (e.g. main)
+    commit: str  # its full hash
+    arguments: tuple[str, ...] = ()
+
+    def __str__(self) -> str:
+        return " ".join([f"{self.label} = {self.name} ({self.commit[:10]})", *self.arguments])
+
+
+def batch_sizes(text: str) -> list[int]:
+    """``--batch-prompts``'s values; SystemExit(2) with one message unless two or more distinct integers >= 1."""
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        values = []
+    if len(values) < 2 or len(set(values)) != len(values) or min(values) < 1:
+        print(f"error: --batch-prompts must be two or more distinct integers >= 1 (e.g. 1,4), got {text!r}",
+              file=sys.stderr)
+        raise SystemExit(2)
+    return values
+
+
+def variants_of(args: argparse.Namespace) -> list[Variant]:
+    """before and after (two commits), or one commit at each batch size; SystemExit(2) for bad arguments."""
+    if args.batch_prompts is None:
+        if args.after is None:
+            print("error: give two commits (BEFORE AFTER), or one commit and --batch-prompts", file=sys.stderr)
+            raise SystemExit(2)
+        return [Variant("before", args.before, resolve_commit(args.before)),
+                Variant("after", args.after, resolve_commit(args.after))]
+    if args.after is not None and "=" in args.after:  # `COMMIT --batch-prompts 1,4 -- key=value`: a replay argument
+        args.extra, args.after = [args.after, *args.extra], None
+    if args.after is not None:
+        print("error: --batch-prompts compares batch sizes at ONE commit: give one commit", file=sys.stderr)
+        raise SystemExit(2)
+    sizes = batch_sizes(args.batch_prompts)
+    commit = resolve_commit(args.before)
+    return [Variant(f"B={size}", args.before, commit, (f"replay.batch_prompts={size}",)) for size in sizes]
 
 
 def resolve_commit(name: str) -> str:
@@ -79,10 +136,10 @@ def resolve_commit(name: str) -> str:
     return done.stdout.strip()
 
 
-def replay_command(args: argparse.Namespace, output_dir: Path) -> list[str]:
+def replay_command(args: argparse.Namespace, output_dir: Path, variant: Variant | None = None) -> list[str]:
     return [args.python, "-m", "spectr_repro", "replay", *GRID, f"dataset={args.dataset}",
             f"num_prompts={args.prompts}", f"model_pair={args.model_pair}", f"max_new_tokens={args.max_new_tokens}",
-            f"output_dir={output_dir}", *args.extra]
+            f"output_dir={output_dir}", *args.extra, *(variant.arguments if variant else ())]
 
 
 def read_run(label: str, output_dir: Path, wall_seconds: float) -> RunResult:
@@ -98,16 +155,16 @@ def read_run(label: str, output_dir: Path, wall_seconds: float) -> RunResult:
     return RunResult(label, prompts, prompt_seconds, rule_seconds, blocks, wall_seconds)
 
 
-def run_once(args: argparse.Namespace, label: str, worktree: Path, output_dir: Path) -> RunResult:
+def run_once(args: argparse.Namespace, variant: Variant, worktree: Path, output_dir: Path) -> RunResult:
     environment = {**os.environ, "PYTHONPATH": str(worktree)}
     start = time.perf_counter()
-    done = subprocess.run(replay_command(args, output_dir), cwd=worktree, env=environment, capture_output=True,
-                          text=True)
+    done = subprocess.run(replay_command(args, output_dir, variant), cwd=worktree, env=environment,
+                          capture_output=True, text=True)
     wall = time.perf_counter() - start
     if done.returncode != 0:
         tail = "\n".join((done.stdout + done.stderr).splitlines()[-20:])
-        raise RuntimeError(f"the {label} replay failed (exit {done.returncode}):\n{tail}")
-    return read_run(label, output_dir, wall)
+        raise RuntimeError(f"the {variant.label} replay failed (exit {done.returncode}):\n{tail}")
+    return read_run(variant.label, output_dir, wall)
 
 
 def format_run(result: RunResult) -> str:
@@ -116,16 +173,19 @@ def format_run(result: RunResult) -> str:
             f"wall {result.wall_seconds:.1f} s (model loading included)")
 
 
-def summarise(results: list[RunResult]) -> list[str]:
-    """Each commit's median prompts per hour and rules' share over the rounds, and after / before."""
+def summarise(results: list[RunResult], labels: list[str] | None = None) -> list[str]:
+    """Each variant's median prompts per hour and rules' share over the rounds, and each one's ratio to the first
+    (``labels``, default before and after: after / before)."""
+    labels = labels or ["before", "after"]
     lines, medians = [], {}
-    for label in ("before", "after"):
+    for label in labels:
         runs = [r for r in results if r.label == label]
         medians[label] = statistics.median(r.prompts_per_hour for r in runs)
         share = statistics.median(r.rule_share for r in runs)
         lines.append(f"{label:>6}: median {medians[label]:.1f} prompts/h over {len(runs)} run(s); rules "
                      f"{100 * share:.1f} % of the prompts' time")
-    lines.append(f"ratio after / before: {medians['after'] / medians['before']:.2f}x prompts per hour")
+    for label in labels[1:]:
+        lines.append(f"ratio {label} / {labels[0]}: {medians[label] / medians[labels[0]]:.2f}x prompts per hour")
     return lines
 
 
@@ -134,25 +194,26 @@ def main(argv: list[str] | None = None) -> int:
     if args.rounds < 1 or args.prompts < 1:
         print("error: --rounds and --prompts must be >= 1", file=sys.stderr)
         return 2
-    commits = {"before": resolve_commit(args.before), "after": resolve_commit(args.after)}
+    variants = variants_of(args)
     with tempfile.TemporaryDirectory(prefix="replay_throughput_") as scratch:
         root = Path(scratch)
-        worktrees = {}
+        worktrees: dict[str, Path] = {}  # commit -> its worktree (one per commit, shared by its batch sizes)
         try:
-            for label, commit in commits.items():
-                worktrees[label] = root / label
-                subprocess.run(["git", "-C", str(REPOSITORY), "worktree", "add", "--detach", str(worktrees[label]),
-                                commit], check=True, capture_output=True)
-            print(f"before = {args.before} ({commits['before'][:10]}), after = {args.after} "
-                  f"({commits['after'][:10]}); {args.rounds} ABAB round(s) of: "
+            for variant in variants:
+                if variant.commit not in worktrees:
+                    worktrees[variant.commit] = root / f"worktree_{len(worktrees)}"
+                    subprocess.run(["git", "-C", str(REPOSITORY), "worktree", "add", "--detach",
+                                    str(worktrees[variant.commit]), variant.commit], check=True, capture_output=True)
+            print(f"{', '.join(map(str, variants))}; {args.rounds} alternating round(s) of: "
                   f"{' '.join(replay_command(args, Path('<fresh>'))[1:])}", flush=True)
             results = []
             for round_index in range(args.rounds):
-                for label in ("before", "after"):
-                    output_dir = (args.keep or root / "runs") / f"{round_index}_{label}"
-                    results.append(run_once(args, label, worktrees[label], output_dir))
+                for variant in variants:
+                    name = variant.label.replace("=", "")
+                    output_dir = (args.keep or root / "runs") / f"{round_index}_{name}"
+                    results.append(run_once(args, variant, worktrees[variant.commit], output_dir))
                     print(f"round {round_index + 1} {format_run(results[-1])}", flush=True)
-            print("\n".join(summarise(results)))
+            print("\n".join(summarise(results, [v.label for v in variants])))
         finally:
             for path in worktrees.values():
                 subprocess.run(["git", "-C", str(REPOSITORY), "worktree", "remove", "--force", str(path)],

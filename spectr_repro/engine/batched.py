@@ -10,7 +10,8 @@ One iteration for the R prompts still running (p = target, q = draft):
        position; the cache is repeated K times; L-1 forwards of R*K rows draft the blocks;
     2. one target forward scores the R*K rows [last committed token, x_1..x_L];
     3. the rule runs once per prompt on that prompt's [K, L] slice, with that prompt's generator and
-       carry-over state: exactly the call the batch-1 engine makes (``engine.loop``);
+       carry-over state (and that prompt's own ``Verifier`` instance when ``method`` gives one per prompt):
+       exactly the call the batch-1 engine makes (``engine.loop``);
     4. both caches keep each prompt's chosen row; the tokens after each prompt's accepted prefix
        become holes (``engine.batch_cache``); finished prompts leave the batch.
 
@@ -54,6 +55,7 @@ from spectr_repro.engine.forward import forward_chunked
 from spectr_repro.engine.loop import TIME_SECTIONS, GenerationOutput, acceptance_by_position
 from spectr_repro.engine.timing import SectionTimer
 from spectr_repro.sampling import probs_from_logits, sample
+from spectr_repro.verify import Verifier
 
 
 @dataclass
@@ -72,6 +74,7 @@ class _Prompt:
     generator: torch.Generator
     should_stop: Callable[[list[int]], bool] | None
     committed: list[int]  # prompt + emitted tokens (host)
+    verifier: Verifier | None = None  # this prompt's rule (None: AR); batch mates may share one instance
     new_tokens: list[int] = field(default_factory=list)
     accepted_lengths: list[int] = field(default_factory=list)
     block_lengths: list[int] = field(default_factory=list)
@@ -104,7 +107,7 @@ def generate_batch(
     target: torch.nn.Module,
     draft: torch.nn.Module | None,
     prompts: Sequence[torch.Tensor | Sequence[int]],
-    method: str = "ar",
+    method: str | Verifier | Sequence[Verifier] = "ar",
     K: int = 1,
     L: int = 1,
     temperature: float = 0.0,
@@ -119,16 +122,47 @@ def generate_batch(
     """Decode every prompt of ``prompts`` as ``engine.generate`` would, all at once.
 
     Arguments as ``engine.generate``, per prompt where it says so:
+    method: "ar", a rule's name or a ``Verifier`` instance, as ``engine.generate``; or a sequence of distinct
+        ``Verifier`` instances, one per prompt, for rules that keep per-prompt records on themselves (the
+        replay's ``ReplayingReference``): prompt b is verified by ``method[b]`` only. Each prompt's block
+        lengths follow its own instance (``common.block_length``: a rule not lossless drafts whole blocks), as
+        ``engine.generate`` with that instance would.
     max_new_tokens: one budget for all prompts or one per prompt.
     seeds: one per prompt (default 0, 1, ..., B-1); prompt b draws from its own generator seeded
         with ``seeds[b]``, as ``generate(..., seed=seeds[b])`` does.
     should_stop: one callable for all prompts or one (or None) per prompt.
     """
-    verifier = check_arguments(draft, method, K, L, temperature, max_new_tokens if isinstance(max_new_tokens, int)
-                                else 0, verifier_options)
     if isinstance(prompts, torch.Tensor) or not len(prompts):
         raise ValueError("prompts must be a non-empty sequence of prompts (1-D token ids each)")
     count = len(prompts)
+    verifiers = _verifiers_per_prompt(draft, method, count, K, L, temperature,
+                                      max_new_tokens if isinstance(max_new_tokens, int) else 0, verifier_options)
+    verifier = verifiers[0]  # what every prompt's rule shares: AR or not, the device and vocabulary checks
+    budgets, seeds, stops = _prompt_arguments(count, max_new_tokens, seeds, should_stop)
+    device, prefill_chunk, vocab_size, eos = check_setup(target, draft, verifier, prefill_chunk, vocab_size,
+                                                          eos_token_ids)
+    rows = []
+    for index, (ids, budget, seed, stop, rule) in enumerate(zip(prompts, budgets, seeds, stops, verifiers)):
+        prompt = prompt_tensor(ids, device, [target] if verifier is None else [target, draft])
+        rows.append(_Prompt(index, prompt, budget, torch.Generator(device=device).manual_seed(int(seed)), stop,
+                            committed=prompt.tolist(), verifier=rule))
+    timer = SectionTimer(device, TIME_SECTIONS, events=True)  # as engine.loop: CUDA events, one sync at the end
+    timer.sync()
+    start = time.perf_counter()
+    with torch.inference_mode():
+        running = [row for row in rows if row.budget > 0]
+        if running and verifier is None:
+            _decode_ar(target, running, temperature, eos, vocab_size, timer, prefill_chunk)
+        elif running:
+            _decode_speculative(target, draft, running, K, L, temperature, eos, vocab_size, timer, prefill_chunk)
+    timer.sync()
+    timer.seconds["total"] = time.perf_counter() - start
+    outputs = [row.output(0 if verifier is None else L, count) for row in rows]
+    return BatchOutput(outputs, {"time_s": dict(timer.seconds), "batch_prompts": count})
+
+
+def _prompt_arguments(count: int, max_new_tokens, seeds, should_stop) -> tuple[list[int], list[int], list]:
+    """(budgets, seeds, should_stop callables), one of each per prompt, checked."""
     budgets = _per_prompt(max_new_tokens, count, "max_new_tokens")
     if any(isinstance(b, bool) or not isinstance(b, int) or b < 0 for b in budgets):
         raise ValueError(f"max_new_tokens must be integers >= 0, got {budgets}")
@@ -138,27 +172,24 @@ def generate_batch(
     stops = list(should_stop) if isinstance(should_stop, Sequence) else [should_stop] * count
     if len(stops) != count:
         raise ValueError(f"{len(stops)} should_stop callables for {count} prompts")
-    device, prefill_chunk, vocab_size, eos = check_setup(target, draft, verifier, prefill_chunk, vocab_size,
-                                                          eos_token_ids)
-    rows = []
-    for index, (ids, budget, seed, stop) in enumerate(zip(prompts, budgets, seeds, stops)):
-        prompt = prompt_tensor(ids, device, [target] if verifier is None else [target, draft])
-        rows.append(_Prompt(index, prompt, budget, torch.Generator(device=device).manual_seed(int(seed)), stop,
-                            committed=prompt.tolist()))
-    timer = SectionTimer(device, TIME_SECTIONS, events=True)  # as engine.loop: CUDA events, one sync at the end
-    timer.sync()
-    start = time.perf_counter()
-    with torch.inference_mode():
-        running = [row for row in rows if row.budget > 0]
-        if running and verifier is None:
-            _decode_ar(target, running, temperature, eos, vocab_size, timer, prefill_chunk)
-        elif running:
-            _decode_speculative(target, draft, running, verifier, K, L, temperature, eos, vocab_size, timer,
-                                prefill_chunk)
-    timer.sync()
-    timer.seconds["total"] = time.perf_counter() - start
-    outputs = [row.output(0 if verifier is None else L, count) for row in rows]
-    return BatchOutput(outputs, {"time_s": dict(timer.seconds), "batch_prompts": count})
+    return budgets, seeds, stops
+
+
+def _verifiers_per_prompt(draft, method, count: int, K, L, temperature, max_new_tokens, verifier_options
+                          ) -> list[Verifier | None]:
+    """One verifier per prompt (None for AR), each checked as ``engine.generate`` checks its ``method``: one rule
+    (a name or an instance) is shared by every prompt; a sequence gives each prompt its own instance."""
+    if isinstance(method, (str, Verifier)) or not isinstance(method, Sequence):
+        return [check_arguments(draft, method, K, L, temperature, max_new_tokens, verifier_options)] * count
+    if not all(isinstance(rule, Verifier) for rule in method):
+        raise ValueError(f"method must be 'ar', a rule's name, a Verifier or a sequence of Verifier instances (one "
+                         f"per prompt), got {method!r}")
+    if len(method) != count:
+        raise ValueError(f"{len(method)} verifiers (method) for {count} prompts")
+    if len({id(rule) for rule in method}) != count:
+        raise ValueError("method: the per-prompt verifiers must be distinct instances (pass one Verifier to share "
+                         "it between prompts)")
+    return [check_arguments(draft, rule, K, L, temperature, max_new_tokens, verifier_options) for rule in method]
 
 
 def _per_prompt(value, count: int, name: str) -> list:
@@ -225,7 +256,7 @@ def _decode_ar(target, rows, temperature, eos, vocab_size, timer, prefill_chunk)
             tokens = _sample_per_prompt(probs_from_logits(logits[:, -1], temperature), rows)
 
 
-def _decode_speculative(target, draft, rows, verifier, K, L, temperature, eos, vocab_size, timer, prefill_chunk):
+def _decode_speculative(target, draft, rows, K, L, temperature, eos, vocab_size, timer, prefill_chunk):
     device = model_device(target)
     with timer("prefill"):
         draft_cache, first_logits = _prefill(draft, rows, vocab_size, prefill_chunk, drop_last=False)
@@ -234,7 +265,7 @@ def _decode_speculative(target, draft, rows, verifier, K, L, temperature, eos, v
     first = True
     while rows:
         R = len(rows)
-        blocks = [block_length(verifier, row.state, L, row.budget - len(row.new_tokens)) for row in rows]
+        blocks = [block_length(row.verifier, row.state, L, row.budget - len(row.new_tokens)) for row in rows]
         width = max(blocks)
         with timer("draft"):
             if not first:
@@ -249,11 +280,12 @@ def _decode_speculative(target, draft, rows, verifier, K, L, temperature, eos, v
             target_probs = probs_from_logits(logits, temperature).view(R, K, width + 1, -1)
         with timer("verify"):
             results = [
-                verifier(draft_tokens[i, :, :block], draft_probs[i, :, :block], target_probs[i, :, :block + 1],
-                         generator=row.generator, state=row.state)
+                row.verifier(draft_tokens[i, :, :block], draft_probs[i, :, :block], target_probs[i, :, :block + 1],
+                             generator=row.generator, state=row.state)
                 for i, (row, block) in enumerate(zip(rows, blocks))
             ]
-            emitted = read_outcomes(results, draft_tokens, blocks, K, verifier)  # the one host read
+            # the one host read (the verifier only names the rule in a contract error's message)
+            emitted = read_outcomes(results, draft_tokens, blocks, K, rows[0].verifier)
         keep_rows, target_lengths, draft_lengths, still = [], [], [], []
         for i, (row, result, block, tokens) in enumerate(zip(rows, results, blocks, emitted)):
             tau, chosen = len(tokens) - 1, int(result.draft_index)

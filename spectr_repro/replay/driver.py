@@ -24,6 +24,11 @@ resume. The summary (``replay_summary.csv``,
 num_prompts extends a replay in its folder: the seeded prompt selection keeps its first prompts).
 Bad input: one message, exit 2, before any model loads (the checks of every command that loads models:
 :func:`spectr_repro.runner.config.check_before_loading`, with the replay's num_prompts and L_max).
+
+Batched prompts (``replay.batch_prompts: B``, default 1): B > 1 replays up to B unfinished prompts of a group in
+one ``engine.generate_batch`` call, each prompt with its own ``ReplayingReference`` and exactly the seeds of the
+one-prompt path, so each prompt's blocks do not depend on its batch mates; each prompt's files are written as at
+B = 1 (its ``done.json`` adds ``batch_prompts`` and ``batch_seconds``; its ``seconds`` is the batch's share).
 """
 
 from __future__ import annotations
@@ -77,6 +82,9 @@ class ReplaySettings:
     num_prompts: int
     row_groups: str = "disjoint"
     sampled: tuple[str, ...] = ()  # rules taken by their sampler's draws (replay.sampled), not their closed form
+    # Prompts replayed together (replay.batch_prompts): how the blocks are computed, not which blocks, so it is
+    # not a setting of the group's folder (as_dict): a folder started at one batch size resumes at another.
+    batch_prompts: int = 1
 
     @property
     def K_max(self) -> int:
@@ -147,13 +155,18 @@ def settings_of(cfg: DictConfig, grid: dict[str, list[str]]) -> ReplaySettings:
     row_groups = replay.get("row_groups", "disjoint")
     if row_groups not in ROW_GROUPS:
         raise UsageError(f"replay.row_groups must be one of {', '.join(ROW_GROUPS)}, got {row_groups!r}")
+    batch_prompts = replay.get("batch_prompts", 1)
+    if isinstance(batch_prompts, bool) or not isinstance(batch_prompts, int) or batch_prompts < 1:
+        raise UsageError(f"replay.batch_prompts must be an integer >= 1 (prompts replayed together), got "
+                         f"{batch_prompts!r}")
     sampled = tuple(str(m) for m in replay.get("sampled") or ())
     unknown = [m for m in sampled if m not in methods]
     if unknown:
         raise UsageError(f"replay.sampled names rules the replay does not run: {', '.join(unknown)} "
                          f"(it runs {', '.join(methods)})")
     return ReplaySettings(tuple(dict.fromkeys(methods)), K_values, L_values, reference, int(reference_K),
-                          int(reference_L), int(draws), int(num_prompts), str(row_groups), sampled)
+                          int(reference_L), int(draws), int(num_prompts), str(row_groups), sampled,
+                          int(batch_prompts))
 
 
 def parse(argv: Sequence[str]) -> list[tuple[DictConfig, ReplaySettings]]:
@@ -246,13 +259,20 @@ class ReplayingReference(Verifier):
         return result
 
 
+def replay_generator(device, seed: int) -> torch.Generator:
+    """The replay's own draws for the prompt whose engine seed is ``seed`` (the same at every batch size)."""
+    return torch.Generator(device=device).manual_seed(seed * 7919 + 17)
+
+
+PromptReplay = tuple[list[dict[str, Any]], dict[str, Any]]  # (block rows, prompt summary) of one prompt
+
+
 def replay_prompt(pair, input_ids, settings: ReplaySettings, cfg: DictConfig, seed: int, should_stop=None
-                  ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+                  ) -> PromptReplay:
     """(block rows, prompt summary) of one prompt's trajectory."""
     from spectr_repro.engine.loop import generate
 
-    draws = torch.Generator(device=pair.device).manual_seed(seed * 7919 + 17)
-    reference = ReplayingReference(settings, draws)
+    reference = ReplayingReference(settings, replay_generator(pair.device, seed))
     start = time.perf_counter()
     out = generate(pair.target, pair.draft, input_ids, method=reference, K=settings.K_max, L=settings.L_max,
                    temperature=float(cfg.temperature), max_new_tokens=int(cfg.max_new_tokens), seed=seed,
@@ -261,6 +281,32 @@ def replay_prompt(pair, input_ids, settings: ReplaySettings, cfg: DictConfig, se
     summary = {"new_tokens": len(out.new_tokens), "target_calls": out.target_calls, "blocks": len(reference.blocks),
                "trajectory_block_efficiency": out.block_efficiency, "seconds": time.perf_counter() - start}
     return reference.blocks, summary
+
+
+def replay_prompts(pair, prompts: Sequence[Sequence[int]], settings: ReplaySettings, cfg: DictConfig,
+                   seeds: Sequence[int], should_stops: Sequence[Any]) -> list[PromptReplay]:
+    """(block rows, prompt summary) of each prompt's trajectory, the prompts replayed together by the engine's
+    batched path (``engine.generate_batch``): prompt b with its own ReplayingReference and the seeds
+    :func:`replay_prompt` gives it (engine ``seeds[b]``, replay draws ``seeds[b] * 7919 + 17``)."""
+    from spectr_repro.engine.batched import generate_batch
+
+    references = [ReplayingReference(settings, replay_generator(pair.device, seed)) for seed in seeds]
+    start = time.perf_counter()
+    out = generate_batch(pair.target, pair.draft, prompts, method=references, K=settings.K_max, L=settings.L_max,
+                         temperature=float(cfg.temperature), max_new_tokens=int(cfg.max_new_tokens), seeds=seeds,
+                         eos_token_ids=pair.eos_token_ids, should_stop=list(should_stops),
+                         vocab_size=pair.vocab_size, prefill_chunk=cfg.hardware.get("prefill_chunk"))
+    batch_seconds = time.perf_counter() - start
+    results = []
+    for reference, prompt_out in zip(references, out.outputs):
+        # A batch has one wall time: each prompt is charged an equal share of it, so that the prompts' seconds
+        # still add up to the replay's time (prompts per hour); batch_seconds keeps the whole.
+        summary = {"new_tokens": len(prompt_out.new_tokens), "target_calls": prompt_out.target_calls,
+                   "blocks": len(reference.blocks), "trajectory_block_efficiency": prompt_out.block_efficiency,
+                   "seconds": batch_seconds / len(prompts), "batch_prompts": len(prompts),
+                   "batch_seconds": batch_seconds}
+        results.append((reference.blocks, summary))
+    return results
 
 
 # --------------------------------------------------------------------------------------------------
@@ -401,12 +447,17 @@ class Progress:
     planned: int = 0  # prompts of the command, every group
     computed: int = 0  # replayed and written by this run
     earlier: int = 0  # finished before this run (or by another runner)
-    current: Path | None = None  # the prompt being replayed
+    current: list[Path] = field(default_factory=list)  # the prompts being replayed (one batch)
     warned_unverified: set[Path] = field(default_factory=set)  # groups told once about their unverified prompts
 
     def stopped_message(self, stop: BaseException, roots: Sequence[Path]) -> str:
-        dropped = (f"the prompt being replayed ({self.current}) was dropped and starts over"
-                   if self.current is not None else "no prompt was being replayed")
+        if len(self.current) > 1:
+            dropped = (f"the {len(self.current)} prompts being replayed together ({', '.join(map(str, self.current))})"
+                       f" were dropped and start over")
+        elif self.current:
+            dropped = f"the prompt being replayed ({self.current[0]}) was dropped and starts over"
+        else:
+            dropped = "no prompt was being replayed"
         left = max(self.planned - self.computed - self.earlier, 0)
         return (f"stopped by {stop_name(stop)}: kept {self.computed} prompt(s) replayed in this run and "
                 f"{self.earlier} finished before, in {', '.join(map(str, roots))}; {dropped}; rerun the same "
@@ -460,10 +511,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _run_group(pairs, runner, cfg: DictConfig, settings: ReplaySettings, progress: Progress) -> None:
-    """Replay every prompt of one group not finished yet (counted in ``progress``)."""
-    from spectr_repro.data import encode_prompt
-    from spectr_repro.runner.stops import stop_checker
-
+    """Replay every prompt of one group not finished yet (counted in ``progress``), up to
+    ``settings.batch_prompts`` claimed prompts at a time."""
     folder = group_folder(cfg, settings)
     try:
         folder.mkdir(parents=True, exist_ok=True)
@@ -475,43 +524,85 @@ def _run_group(pairs, runner, cfg: DictConfig, settings: ReplaySettings, progres
     examples = pairs.examples(cfg_prompts, pair.tokenizer)
     force = bool(cfg.force)
     label = f"replay {cfg.choices.dataset} T={float(cfg.temperature):g}"
-    with tqdm(list(enumerate(examples)), desc=label, unit="prompt", file=sys.stderr, dynamic_ncols=True) as bar:
-        for index, example in bar:
-            directory = prompt_directory(folder, index)
-            if not force and _finished(directory, folder, progress):
+    claimed: list[tuple[int, Any, Path]] = []  # (index, example, folder) claimed and not replayed yet
+    with tqdm(total=len(examples), desc=label, unit="prompt", file=sys.stderr, dynamic_ncols=True) as bar:
+        try:
+            for index, example in enumerate(examples):
+                directory = prompt_directory(folder, index)
+                if not force and _finished(directory, folder, progress):
+                    progress.earlier += 1
+                    bar.update()
+                    continue
+                try:
+                    claim = runner.claim(directory)
+                except OSError as error:
+                    raise ResourceError(f"cannot write into {directory}: {error}") from error
+                if not claim.acquired:
+                    bar.update()
+                    continue  # another live runner replays it
+                claimed.append((index, example, directory))
+                if len(claimed) == settings.batch_prompts:
+                    batch, claimed = claimed, []  # _replay_claimed releases the batch's claims
+                    bar.set_postfix(blocks=_replay_claimed(pair, runner, cfg, settings, folder, batch, progress))
+                    bar.update(len(batch))
+            if claimed:  # the prompts left over: a last, shorter batch
+                batch, claimed = claimed, []
+                bar.set_postfix(blocks=_replay_claimed(pair, runner, cfg, settings, folder, batch, progress))
+                bar.update(len(batch))
+        finally:
+            _release(runner, claimed)  # claimed but not replayed (a stop, an error): free for the next run
+
+
+def _release(runner, claimed: Sequence[tuple[int, Any, Path]]) -> None:
+    for _, _, directory in claimed:
+        runner.release(directory)
+
+
+def _replay_claimed(pair, runner, cfg: DictConfig, settings: ReplaySettings, folder: Path,
+                    claimed: Sequence[tuple[int, Any, Path]], progress: Progress) -> int:
+    """Replay and write the claimed prompts (one batch; a batch of one takes the one-prompt path) and release their
+    claims, whatever happens. A prompt's files are written only once the whole batch is replayed: a stop before
+    leaves none of its prompts written. Returns the blocks written."""
+    from spectr_repro.data import encode_prompt
+    from spectr_repro.runner.stops import stop_checker
+
+    written = 0
+    try:
+        todo = []
+        for index, example, directory in claimed:
+            state = prompt_state(directory)  # another runner may have finished it between our look and the claim
+            if state.status in FINISHED and not cfg.force:
                 progress.earlier += 1
                 continue
+            if state.status in ("damaged", "partial"):
+                moved = set_aside(directory, folder)
+                tqdm.write(f"warning: {state.problem}; its files are set aside in {moved} and prompt {index} is "
+                           f"replayed again", file=sys.stderr)
+            (directory / DONE_FILE).unlink(missing_ok=True)
+            todo.append((index, example, directory))
+        if not todo:
+            return 0
+        progress.current = [directory for _, _, directory in todo]
+        inputs = [encode_prompt(pair.tokenizer, example)[0].tolist() for _, example, _ in todo]
+        stops = [stop_checker(pair.tokenizer, tuple(getattr(example, "stop_strings", ()) or ()))
+                 for _, example, _ in todo]
+        seeds = [int(cfg.seed) * 100_003 + index for index, _, _ in todo]
+        if len(todo) == 1:
+            results = [replay_prompt(pair, inputs[0], settings, cfg, seed=seeds[0], should_stop=stops[0])]
+        else:
+            results = replay_prompts(pair, inputs, settings, cfg, seeds, stops)
+        for (index, example, directory), input_ids, (blocks, summary) in zip(todo, inputs, results):
             try:
-                claim = runner.claim(directory)
+                write_prompt(directory, blocks, {"prompt_id": str(example.id), "index": index,
+                                                 "prompt_tokens": len(input_ids), **summary})
             except OSError as error:
-                raise ResourceError(f"cannot write into {directory}: {error}") from error
-            if not claim.acquired:
-                continue  # another live runner replays it
-            try:
-                state = prompt_state(directory)  # another runner may have finished it between our look and the claim
-                if state.status in FINISHED and not force:
-                    progress.earlier += 1
-                    continue
-                if state.status in ("damaged", "partial"):
-                    moved = set_aside(directory, folder)
-                    tqdm.write(f"warning: {state.problem}; its files are set aside in {moved} and prompt {index} is "
-                               f"replayed again", file=sys.stderr)
-                (directory / DONE_FILE).unlink(missing_ok=True)
-                progress.current = directory
-                input_ids = encode_prompt(pair.tokenizer, example)[0].tolist()
-                stops = tuple(getattr(example, "stop_strings", ()) or ())
-                blocks, summary = replay_prompt(pair, input_ids, settings, cfg, seed=int(cfg.seed) * 100_003 + index,
-                                                should_stop=stop_checker(pair.tokenizer, stops))
-                try:
-                    write_prompt(directory, blocks, {"prompt_id": str(example.id), "index": index,
-                                                     "prompt_tokens": len(input_ids), **summary})
-                except OSError as error:
-                    raise ResourceError(f"cannot write prompt {index} into {directory}: {error}") from error
-                progress.computed += 1
-                progress.current = None
-            finally:
-                runner.release(directory)
-            bar.set_postfix(blocks=summary["blocks"])
+                raise ResourceError(f"cannot write prompt {index} into {directory}: {error}") from error
+            progress.computed += 1
+            progress.current.remove(directory)
+            written += summary["blocks"]
+    finally:
+        _release(runner, claimed)
+    return written
 
 
 def _finished(directory: Path, folder: Path, progress: Progress) -> bool:
@@ -524,7 +615,7 @@ def _finished(directory: Path, folder: Path, progress: Progress) -> bool:
     return state.status in FINISHED
 
 
-__all__ = ["FINISHED", "Progress", "PromptState", "ReplaySettings", "ReplayingReference", "changed_settings",
-           "check_groups", "group_folder", "group_meta", "group_name", "main", "parse", "prompt_directory",
-           "prompt_finished", "prompt_state", "recursion_room", "replay_prompt", "replay_root", "set_aside",
-           "settings_of", "write_prompt"]
+__all__ = ["FINISHED", "Progress", "PromptReplay", "PromptState", "ReplaySettings", "ReplayingReference",
+           "changed_settings", "check_groups", "group_folder", "group_meta", "group_name", "main", "parse",
+           "prompt_directory", "prompt_finished", "prompt_state", "recursion_room", "replay_generator",
+           "replay_prompt", "replay_prompts", "replay_root", "set_aside", "settings_of", "write_prompt"]

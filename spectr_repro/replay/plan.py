@@ -17,6 +17,14 @@ machine's calibration when ``check`` wrote one, else ``hardware.estimate``). The
 are the mean ``rule_seconds`` of the finished blocks of the replay's groups (same pair, hardware and grid);
 with none finished they are not estimated (counted 0, and said so).
 
+With ``replay.batch_prompts`` B > 1 and a calibration, the prompts left are priced a batch at a time (full
+batches, then a short last one): a batch's prefills are its prompts', and each of its calls is one target forward
+over B x K_max rows x (L_max + 1) tokens, the B prompts' pending tokens through the draft, and L_max - 1 draft
+steps over B x K_max rows (``cost.calibrated_prompt_seconds(batch=B)``: the cost model's price of the engine's
+batched calls, interpolated in rows x tokens where the calibration did not measure B x K_max rows). The roofline
+(no calibration) has no batched shape: there each prompt is priced as if alone, an upper bound, and the line says
+so. The rules' seconds per block do not change with B (each prompt's rules run on its own blocks).
+
 The default ``replay:`` block of config.yaml (datasets null) is no planned replay: ``plan K=3`` prints none.
 """
 
@@ -32,7 +40,13 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from spectr_repro.cost import calibration_for, expected_block_efficiency, model_calls_source, prompt_seconds
+from spectr_repro.cost import (
+    calibrated_prompt_seconds,
+    calibration_for,
+    expected_block_efficiency,
+    model_calls_source,
+    prompt_seconds,
+)
 from spectr_repro.cost.model import rule_seconds_per_block
 from spectr_repro.errors import UsageError
 from spectr_repro.replay.driver import (
@@ -151,6 +165,9 @@ def _plan_pair(command: str, groups: list, measured: dict[tuple, float], argumen
                       configs=[group_cfg for group_cfg, _ in groups])
     calibration = calibration_for(cfg)
     plan.model_note = model_calls_source(cfg, calibration)
+    if settings.batch_prompts > 1:
+        plan.model_note += (f"; {settings.batch_prompts} prompts a batch" if calibration is not None else
+                            f"; each prompt as if alone: the roofline has no batch of {settings.batch_prompts}")
     folders, blocks = [], []
     for cfg, settings in groups:
         folder = group_folder(cfg, settings)
@@ -169,11 +186,23 @@ def _plan_pair(command: str, groups: list, measured: dict[tuple, float], argumen
             cfg, settings, own, pooled, measured)
         group.iterations = math.ceil(int(cfg.max_new_tokens) / group.block_efficiency)
         group.blocks = group.to_replay * group.iterations
-        per_prompt = prompt_seconds(cfg, pair_config_of(cfg) if calibration is None else None, calibration,
-                                    settings.K_max, settings.L_max, group.iterations)
-        group.model_seconds = group.to_replay * (per_prompt or 0.0)
+        group.model_seconds = _model_seconds(cfg, settings, calibration, group.to_replay, group.iterations)
         plan.groups.append(group)
     return plan
+
+
+def _model_seconds(cfg: DictConfig, settings, calibration, prompts: int, iterations: int) -> float:
+    """The model calls of ``prompts`` prompts of ``iterations`` blocks each, replayed ``settings.batch_prompts`` at
+    a time: calibrated, full batches and a last short one at B x K_max rows a call; otherwise one at a time."""
+    batch = settings.batch_prompts
+    if calibration is not None and batch > 1:
+        full, rest = divmod(prompts, batch)
+        sizes = [batch] * full + ([rest] if rest else [])
+        return sum(calibrated_prompt_seconds(cfg, calibration, settings.K_max, settings.L_max, iterations, size)
+                   for size in sizes)
+    per_prompt = prompt_seconds(cfg, pair_config_of(cfg) if calibration is None else None, calibration,
+                                settings.K_max, settings.L_max, iterations)
+    return prompts * (per_prompt or 0.0)
 
 
 def _reference_block_efficiency(cfg: DictConfig, settings, own: list[dict], pooled: list[float],

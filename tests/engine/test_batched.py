@@ -16,6 +16,7 @@ import spectr_repro.engine.batch_cache as batch_cache
 from spectr_repro.engine import generate, generate_batch
 from spectr_repro.engine.batch_cache import BatchCache
 from spectr_repro.engine.forward import forward_logits
+from spectr_repro.verify import Verifier, get_verifier
 from tests.engine.engine_helpers import ALL_METHODS, SPECULATIVE, draft_count
 
 VOCAB = 259
@@ -160,6 +161,49 @@ def test_batch_cache_forward_equals_a_fresh_forward(tiny):
             torch.testing.assert_close(logits[row], fresh, atol=1e-5, rtol=1e-5)
 
 
+class RecordingRule(Verifier):
+    """SpecTr, recording each block it verifies on the instance (as the replay's reference records its blocks);
+    ``lossless`` decides, as for any instance, whether the engine shortens a last block."""
+
+    name = "recording_spectr"
+
+    def __init__(self, lossless: bool) -> None:
+        super().__init__(check_inputs=True)
+        self.lossless = lossless
+        self.rule = get_verifier("spectr", check_inputs=True)
+        self.blocks: list[tuple[list[list[int]], int]] = []  # (draft tokens, tokens emitted) per call
+
+    def _sample(self, draft_tokens, draft_probs, target_probs, generator, state):
+        result = self.rule(draft_tokens, draft_probs, target_probs, generator=generator, state=state)
+        self.blocks.append((draft_tokens.tolist(), int(result.num_accepted) + 1))
+        return result
+
+
+SHARED_RULE = RecordingRule(False)  # one instance named twice in a per-prompt list: refused
+
+
+def test_one_verifier_instance_per_prompt_sees_only_its_prompt(tiny, prompts):
+    """method = one instance per prompt: each instance is called on its own prompt's blocks only, exactly as
+    engine.generate calls a fresh instance on that prompt alone; each prompt's block lengths follow its own
+    instance (not lossless: every block drafted whole, L, to the end; lossless: a short last block)."""
+    target, draft, _ = tiny
+    lossless = [False, True, False, True]
+    budgets, seeds = [13, 3, 6, 4], [41, 42, 43, 44]  # a budget <= L: a lossless rule's first block is short
+    alone, together = [RecordingRule(flag) for flag in lossless], [RecordingRule(flag) for flag in lossless]
+    outputs = [generate(target, draft, prompt, method=rule, K=2, L=L, temperature=0.7, max_new_tokens=budget,
+                        seed=seed, vocab_size=VOCAB)
+               for prompt, rule, budget, seed in zip(prompts, alone, budgets, seeds)]
+    batch = generate_batch(target, draft, prompts, method=together, K=2, L=L, temperature=0.7, max_new_tokens=budgets,
+                           seeds=seeds, vocab_size=VOCAB)
+    assert_same_decoding(outputs, batch)
+    for a, b, out in zip(alone, together, batch.outputs):
+        assert b.blocks == a.blocks and len(b.blocks) == out.target_calls
+    whole = [all(length == L for length in out.stats["block_lengths"]) for out in batch.outputs]
+    assert whole == [True, False, True, False]
+    # Power: another prompt's recorded blocks differ from this one's.
+    assert together[0].blocks != alone[1].blocks and together[2].blocks != alone[0].blocks
+
+
 @pytest.mark.parametrize(
     "kwargs, message",
     [
@@ -170,6 +214,10 @@ def test_batch_cache_forward_equals_a_fresh_forward(tiny):
         (dict(should_stop=[None]), "should_stop"),
         (dict(method="sd", K=2), "single draft"),
         (dict(prefill_chunk=0), "prefill_chunk"),
+        (dict(method=[RecordingRule(False)]), "1 verifiers"),
+        (dict(method=[RecordingRule(False), "spectr"]), "sequence of Verifier"),
+        (dict(method=[SHARED_RULE, SHARED_RULE]), "distinct"),
+        (dict(method=[RecordingRule(False), get_verifier("sd")]), "single draft"),
     ],
 )
 def test_bad_arguments_raise_value_error(tiny, kwargs, message):
