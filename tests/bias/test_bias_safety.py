@@ -5,18 +5,16 @@ never a traceback."""
 from __future__ import annotations
 
 import json
-import os
 import re
 import signal
 import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
 
 from spectr_repro.__main__ import main as cli
 from spectr_repro.bias import driver
+from tests.process_helpers import command_process, stop_once_written
 
 SMALL = ["model_pair=tiny_random", "hardware=cpu", "K=2", "L=3", "num_prompts=1", "bias.samples=8", "bias.batch=4",
          "bias.continuation_tokens=6", "bias.contexts_per_prompt=2", "logger=disabled", "method=spectr"]
@@ -32,9 +30,7 @@ def contexts(output: Path) -> list[Path]:
 
 
 def subprocess_bias(output: Path, arguments: list[str], prelude: str = "") -> subprocess.Popen:
-    code = "import sys\nfrom spectr_repro.bias import driver\n" + prelude + "\nsys.exit(driver.main(sys.argv[1:]))"
-    return subprocess.Popen([sys.executable, "-c", code, *arguments, f"output_dir={output}"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=dict(os.environ))
+    return command_process("spectr_repro.bias.driver", output, arguments, prelude)
 
 
 def test_a_damaged_record_is_named_left_out_set_aside_and_measured_again(tmp_path, capsys, monkeypatch):
@@ -105,15 +101,7 @@ def test_a_full_disk_stops_with_one_message(tmp_path, capsys, monkeypatch):
 def test_a_stop_by_signal_says_what_is_kept_and_how_to_resume(tmp_path, capsys, sent, status, name):
     arguments = [*SMALL[:-1], "method=spectr,spectr_gbv", "bias.contexts_per_prompt=3", "bias.samples=128"]
     process = subprocess_bias(tmp_path, arguments)
-    deadline = time.monotonic() + 300
-    while not list(tmp_path.glob("default/bias/contexts/*/*/done.json")):
-        assert process.poll() is None and time.monotonic() < deadline, process.communicate()
-        time.sleep(0.2)
-    process.send_signal(sent)
-    _, err = process.communicate(timeout=120)
-    assert process.returncode == status, err
-    assert "Traceback" not in err
-    message = err.strip().splitlines()[-1]
+    message = stop_once_written(process, tmp_path, "default/bias/contexts/*/*/done.json", sent, status)
     assert re.search(rf"stopped by {name}.*: kept [1-3] context\(s\) measured in this run and 0 finished before, "
                      r"in .*rerun the same command to resume\.", message), message
     assert cli(["bias", *arguments, f"output_dir={tmp_path}"]) == 0
