@@ -106,3 +106,15 @@ def test_a_stop_by_signal_says_what_is_kept_and_how_to_resume(tmp_path, capsys, 
                      r"in .*rerun the same command to resume\.", message), message
     assert cli(["bias", *arguments, f"output_dir={tmp_path}"]) == 0
     assert all(driver.context_problem(c) is None for c in contexts(tmp_path))
+
+
+def test_the_stop_message_says_what_is_kept_and_what_was_dropped():
+    """The words the slow stop-by-signal test reads, from the shared runner.signals.RunProgress."""
+    from spectr_repro.runner.signals import Terminated
+
+    progress = driver.Progress(computed=2, earlier=1, current="setting/ctx+3")
+    assert progress.stopped_message(Terminated(15), Path("out/bias")) == (
+        "stopped by SIGTERM: kept 2 context(s) measured in this run and 1 finished before, in out/bias; the context "
+        "being measured (setting/ctx+3) was dropped and starts over; rerun the same command to resume.")
+    idle = driver.Progress().stopped_message(KeyboardInterrupt(), Path("out/bias"))
+    assert idle.startswith("stopped by SIGINT (Ctrl-C): kept 0 context(s)") and "no context was being measured" in idle
