@@ -58,7 +58,7 @@ from spectr_repro.runner.config import (
     print_help_if_asked,
     validate,
 )
-from spectr_repro.runner.signals import RunProgress, Terminated, stop_on_signals, stop_status
+from spectr_repro.runner.signals import Terminated, stop_name, stop_on_signals, stop_status
 from spectr_repro.runner.store import atomic_write_text
 from spectr_repro.verify import VERIFIERS, Verifier, get_verifier
 
@@ -395,18 +395,22 @@ def write_prompt(directory: Path, blocks: Sequence[dict[str, Any]], done: dict[s
 
 
 @dataclass
-class Progress(RunProgress):
-    """What this run has done so far (prompts; computed, earlier: runner.signals.RunProgress): what a stop by signal
-    reports."""
+class Progress:
+    """What this run has done so far: what a stop by signal reports."""
 
     planned: int = 0  # prompts of the command, every group
+    computed: int = 0  # replayed and written by this run
+    earlier: int = 0  # finished before this run (or by another runner)
     current: Path | None = None  # the prompt being replayed
     warned_unverified: set[Path] = field(default_factory=set)  # groups told once about their unverified prompts
 
     def stopped_message(self, stop: BaseException, roots: Sequence[Path]) -> str:
+        dropped = (f"the prompt being replayed ({self.current}) was dropped and starts over"
+                   if self.current is not None else "no prompt was being replayed")
         left = max(self.planned - self.computed - self.earlier, 0)
-        return self.stop_report(stop, roots, "prompt", "replayed", f"rerun the same command to replay the {left} "
-                                f"prompt(s) left.")
+        return (f"stopped by {stop_name(stop)}: kept {self.computed} prompt(s) replayed in this run and "
+                f"{self.earlier} finished before, in {', '.join(map(str, roots))}; {dropped}; rerun the same "
+                f"command to replay the {left} prompt(s) left.")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

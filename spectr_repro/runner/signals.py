@@ -60,10 +60,15 @@ class RunProgress:
     def stop_report(self, stop: BaseException, folders: Sequence[Path], noun: str, doing: str, resume: str) -> str:
         """``stopped by SIGTERM: kept 2 prompt(s) replayed in this run and 1 finished before, in <folders>; <what
         was dropped>; <resume>`` (``noun``: prompt, context; ``doing``: replayed, measured)."""
-        dropped = (f"the {noun} being {doing} ({self.current}) was dropped and starts over"
-                   if self.current is not None else f"no {noun} was being {doing}")
         return (f"stopped by {stop_name(stop)}: kept {self.computed} {noun}(s) {doing} in this run and "
-                f"{self.earlier} finished before, in {', '.join(map(str, folders))}; {dropped}; {resume}")
+                f"{self.earlier} finished before, in {', '.join(map(str, folders))}; {self.dropped(noun, doing)}; "
+                f"{resume}")
+
+    def dropped(self, noun: str, doing: str) -> str:
+        """What the stop dropped (a command that computes several at once says so in its own words)."""
+        if self.current is None:
+            return f"no {noun} was being {doing}"
+        return f"the {noun} being {doing} ({self.current}) was dropped and starts over"
 
 
 __all__ = ["RunProgress", "Terminated", "stop_name", "stop_on_signals", "stop_status"]

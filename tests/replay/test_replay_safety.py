@@ -245,16 +245,3 @@ def test_the_recursion_room_lets_sbv_walk_a_block_longer_than_the_default_limit(
                                       torch.Generator())
     assert 1 - 1e-9 <= estimate.tokens <= L + 1  # E[tau + 1]: at least the one token every block emits
 
-
-def test_the_stop_message_says_what_is_kept_dropped_and_left():
-    """The words the slow stop-by-signal test reads, from the shared runner.signals.RunProgress."""
-    from spectr_repro.runner.signals import Terminated
-
-    progress = driver.Progress(planned=6, computed=2, earlier=1, current=Path("g/prompts/0003"))
-    assert progress.stopped_message(Terminated(15), [Path("a/replay"), Path("b/replay")]) == (
-        "stopped by SIGTERM: kept 2 prompt(s) replayed in this run and 1 finished before, in a/replay, b/replay; the "
-        "prompt being replayed (g/prompts/0003) was dropped and starts over; rerun the same command to replay the 3 "
-        "prompt(s) left.")
-    idle = driver.Progress(planned=1).stopped_message(KeyboardInterrupt(), [Path("a")])
-    assert "SIGINT (Ctrl-C): kept 0 prompt(s)" in idle and "no prompt was being replayed" in idle
-    assert idle.endswith("replay the 1 prompt(s) left.")
