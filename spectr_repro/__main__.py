@@ -1,5 +1,6 @@
 """``python -m spectr_repro <command> [args]`` (also the ``spectr-repro`` script), where <command> is one of
-run, sweep, plan, replay, report, theory, audit, bias, quality, bench, check, dashboard (``COMMANDS`` below).
+run, sweep, plan, replay, excursions, report, theory, audit, bias, quality, bench, check, dashboard (``COMMANDS``
+below).
 
 Each subcommand lives in its own module and takes the remaining argv; they are imported lazily so
 that e.g. ``report`` works on a laptop without loading the runner.
@@ -20,6 +21,8 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
              "what a sweep would cost (cells, tokens, downloads vs disk, time), loading nothing"),
     "replay": ("spectr_repro.replay.driver", "main",
                "every rule, K and L on the same draft blocks of a lossless trajectory (block efficiency)"),
+    "excursions": ("spectr_repro.replay.excursions", "main",
+                   "where the release's h leaves [0, 1] on the replay's real-model blocks (counts per K, L, T)"),
     "report": ("spectr_repro.analysis.report", "main", "tables, figures and REPORT.md from a results folder"),
     "theory": ("spectr_repro.theory.cli", "main_theory", "exact laws, LP limit, paper's bound (toys)"),
     "audit": ("spectr_repro.theory.cli", "main_audit", "validity audit of every verification rule"),
@@ -36,7 +39,8 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
 
 def usage() -> str:
     lines = ["usage: python -m spectr_repro <command> [args]", "", "commands:"]
-    lines += [f"  {name:<9} {description}" for name, (_, _, description) in COMMANDS.items()]
+    width = max(map(len, COMMANDS))
+    lines += [f"  {name:<{width}} {description}" for name, (_, _, description) in COMMANDS.items()]
     lines += ["", "Run `python -m spectr_repro <command> --help` for a command's options."]
     try:
         from spectr_repro.runner.cli import help_text

@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 
 from spectr_repro.analysis.load import DATASET_ORDER, method_label, order_methods, ordered
+from spectr_repro.verify import VERIFIERS, method_labels
 
 AVERAGE = "average"  # the column (or dataset) that averages over a table's datasets
 COMPARATORS = ("spectr_gbv", "sd")  # the methods every other method is compared with, prompt by prompt
@@ -47,6 +50,34 @@ def methods_by_datasets(long: pd.DataFrame, values: str, aggfunc="first", labels
         wide.index = [method_label(m) for m in wide.index]
     wide.index.name, wide.columns.name = index_name, columns_name
     return wide
+
+
+def main_cell(method: str, K: int, L: int) -> tuple[str, int, int]:
+    """A method's (method, K, L) at the main setting (K, L): a single-draft rule's K is 1."""
+    return (method, 1 if VERIFIERS[method].single_draft else K, L)
+
+
+def main_setting_rows(table: pd.DataFrame, K: int, L: int, text: Callable[[Any], str],
+                      extra: Callable[[str], dict[str, Any]] = lambda method: {}) -> pd.DataFrame:
+    """Table 1's shape: one row per method of the registry that ``table`` (columns method, K, L, dataset...) holds at
+    its main-setting cell (:func:`main_cell`): its label (a rule that carries state across iterations marked
+    "(1st iter.)"), K, the columns of ``extra(method)``, then one column per dataset holding ``text`` of the table's
+    row (a named tuple), the average last, "-" where a dataset lacks the cell. Empty when no method has its cell."""
+    labels = method_labels()
+    rows, leading = [], {"method": None, "K": None}
+    for method in [m for m in VERIFIERS if m in set(table["method"])]:
+        name, cell_K, cell_L = main_cell(method, K, L)
+        part = table[(table["method"] == name) & (table["K"] == cell_K) & (table["L"] == cell_L)]
+        if part.empty:
+            continue
+        row = {"method": labels[method] + (" (1st iter.)" if VERIFIERS[method].carries_state else ""), "K": cell_K,
+               **extra(method)}
+        leading.update(dict.fromkeys(row))
+        row.update({r.dataset: text(r) for r in part.itertuples()})
+        rows.append(row)
+    frame = pd.DataFrame(rows)
+    datasets = [c for c in frame.columns if c not in leading and c != AVERAGE]
+    return frame[[*leading, *datasets, *([AVERAGE] if AVERAGE in frame else [])]].fillna("-") if rows else frame
 
 
 def markdown(frame: pd.DataFrame, index: bool = False) -> str:

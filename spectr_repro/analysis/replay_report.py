@@ -18,7 +18,7 @@ import numpy as np
 import pandas as pd
 
 from spectr_repro.analysis.figures import dodge, method_dash, method_marker
-from spectr_repro.analysis.format import AVERAGE, interval_text
+from spectr_repro.analysis.format import AVERAGE, interval_text, main_cell, main_setting_rows
 from spectr_repro.analysis.load import base_method
 from spectr_repro.analysis.replay import LABEL
 from spectr_repro.analysis.replay_grid import STABLE_GAIN_CHANGE, temperature_verdict
@@ -89,10 +89,6 @@ def main_cells(table: pd.DataFrame, reference: tuple[int, int] | None = None) ->
     return int(K), int(Ls[0])
 
 
-def _cell(method: str, K: int, L: int) -> tuple[str, int, int]:
-    return (method, 1 if VERIFIERS[method].single_draft else K, L)
-
-
 def _order_verdict(intervals: list[Interval | None]) -> tuple[str, str]:
     """Each consecutive difference should be > 0: holds when all exclude 0 upwards."""
     if any(i is None for i in intervals):
@@ -143,7 +139,7 @@ def verdict_rows(blocks: pd.DataFrame, table: pd.DataFrame, audit_rows: list[dic
 
     # 2. Block efficiency order at the main setting (replay, average over datasets).
     order = [m for m in ("spectr_gbv", "spectr", "gbv", "sd")]
-    steps = [difference_interval(blocks, _cell(a, K, L), _cell(b, K, L), resamples=resamples)
+    steps = [difference_interval(blocks, main_cell(a, K, L), main_cell(b, K, L), resamples=resamples)
              if {a, b} <= methods else None for a, b in zip(order, order[1:])]
     verdict, note = _order_verdict(steps)
     rows.append({"claim": "block efficiency SpecTr-GBV > SpecTr > GBV > SD",
@@ -199,7 +195,7 @@ def temperature_differences(blocks: pd.DataFrame, K: int, L: int, resamples: int
         if "spectr_gbv" not in methods:
             continue
         for method in [m for m in VERIFIERS if m in methods and m != "spectr_gbv"]:
-            interval = difference_interval(part, _cell(method, K, L), ("spectr_gbv", K, L), resamples=resamples)
+            interval = difference_interval(part, main_cell(method, K, L), ("spectr_gbv", K, L), resamples=resamples)
             if interval is not None and interval.has_interval:
                 rows.append({"temperature": float(temperature), "method": method, "difference": interval.estimate,
                              "ci_low": interval.low, "ci_high": interval.high})
@@ -234,22 +230,8 @@ def default_variant(frame: pd.DataFrame, rule: str) -> pd.DataFrame:
 
 
 def table1_markdown(table: pd.DataFrame, K: int, L: int) -> str:
-    labels = method_labels()
-    rows = []
-    for method in [m for m in VERIFIERS if m in set(table["method"])]:
-        cell = _cell(method, K, L)
-        part = table[(table["method"] == cell[0]) & (table["K"] == cell[1]) & (table["L"] == cell[2])]
-        if part.empty:
-            continue
-        row = {"method": labels[method] + (" (1st iter.)" if VERIFIERS[method].carries_state else ""),
-               "K": cell[1]}
-        for _, r in part.iterrows():
-            row[r["dataset"]] = interval_text(r["tokens_per_call"], r["ci_low"], r["ci_high"])
-        rows.append(row)
-    frame = pd.DataFrame(rows)
-    datasets = [c for c in frame.columns if c not in ("method", "K", AVERAGE)]
-    frame = frame[["method", "K", *datasets, *([AVERAGE] if AVERAGE in frame else [])]]
-    return frame.fillna("-").to_markdown(index=False)
+    return main_setting_rows(table, K, L, lambda r: interval_text(r.tokens_per_call, r.ci_low, r.ci_high)).to_markdown(
+        index=False)
 
 
 def replayed_differences_markdown(diffs: pd.DataFrame, K: int, L: int) -> str:
@@ -357,7 +339,7 @@ def agreement_markdown(blocks, table, records, K, L, resamples=RESAMPLES) -> str
     for (pair, temperature), group in groups:
         mine = records[(records["model_pair"] == pair) & (records["temperature"].astype(float) == float(temperature))]
         for method in [m for m in VERIFIERS if m in set(table["method"])]:
-            cell = _cell(method, K, L)
+            cell = main_cell(method, K, L)
             full = trajectory_full_blocks(mine, *cell)
             if full.empty:
                 continue

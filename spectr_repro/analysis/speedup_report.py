@@ -13,7 +13,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from spectr_repro.analysis.format import AVERAGE, interval_text  # noqa: E402
+from spectr_repro.analysis.format import AVERAGE, interval_text, main_cell, main_setting_rows  # noqa: E402
 from spectr_repro.analysis.speedup import (  # noqa: E402
     SpeedupPrediction,
     fastest_lossless,
@@ -38,10 +38,6 @@ class SpeedupData:
     breakdown: pd.DataFrame
     K: int
     L: int
-
-
-def _cell(method: str, K: int, L: int) -> tuple[str, int, int]:
-    return (method, 1 if VERIFIERS[method].single_draft else K, L)
 
 
 def _speedup_text(estimate: float, low: float, high: float) -> str:
@@ -85,7 +81,7 @@ def _release_row(data: SpeedupData, note: str) -> dict | None:
     for other in ("spectr", "gbv", "sd"):
         if other not in methods or RELEASE not in methods:
             continue
-        difference = prediction.difference(_cell(RELEASE, K, L), _cell(other, K, L))
+        difference = prediction.difference(main_cell(RELEASE, K, L), main_cell(other, K, L))
         verdict, why = greater_verdict(difference, upper_bound=VERIFIERS[other].carries_state)
         verdicts.append(verdict)
         parts.append(f"−{labels[other]} {_difference_text(difference)}" + (f" ({why})" if why else ""))
@@ -144,24 +140,9 @@ def _K_row(data: SpeedupData, paper_K: int = 3) -> dict | None:
 
 def predictions_markdown(prediction: SpeedupPrediction, K: int, L: int) -> str:
     """Predicted speed-up at the main setting per method and dataset (the average last)."""
-    table = prediction.table
-    rows = []
-    for method in [m for m in VERIFIERS if m in set(table["method"])]:
-        cell = _cell(method, K, L)
-        part = table[(table["method"] == cell[0]) & (table["K"] == cell[1]) & (table["L"] == cell[2])]
-        if part.empty:
-            continue
-        row = {"method": method_labels()[method] + (" (1st iter.)" if VERIFIERS[method].carries_state else ""),
-               "K": cell[1], "lossless": "yes" if VERIFIERS[method].lossless else "no"}
-        for r in part.itertuples():
-            row[r.dataset] = _speedup_text(r.speedup, r.ci_low, r.ci_high)
-        rows.append(row)
-    frame = pd.DataFrame(rows)
-    if frame.empty:
-        return "_no prediction at the main setting_"
-    datasets = [c for c in frame.columns if c not in ("method", "K", "lossless", AVERAGE)]
-    return frame[["method", "K", "lossless", *datasets, *([AVERAGE] if AVERAGE in frame else [])]].fillna(
-        "-").to_markdown(index=False)
+    frame = main_setting_rows(prediction.table, K, L, lambda r: _speedup_text(r.speedup, r.ci_low, r.ci_high),
+                              lambda method: {"lossless": "yes" if VERIFIERS[method].lossless else "no"})
+    return "_no prediction at the main setting_" if frame.empty else frame.to_markdown(index=False)
 
 
 def curve_figure(prediction: SpeedupPrediction, axis: str, fixed: int, path: Path) -> Path | None:

@@ -57,7 +57,7 @@ from spectr_repro.runner.config import (
     validate,
 )
 from spectr_repro.runner.pairs import PairCache
-from spectr_repro.runner.signals import Terminated, stop_name, stop_on_signals, stop_status
+from spectr_repro.runner.signals import RunProgress, Terminated, stop_on_signals, stop_status
 from spectr_repro.verify import VERIFIERS, get_verifier
 
 CSV_COLUMNS = ["model_pair", "dataset", "method", "K", "L", "temperature", "draft_temperature", "context",
@@ -147,18 +147,13 @@ def group_settings(cfgs: Sequence[DictConfig]) -> list[tuple[dict, DictConfig, l
 
 
 @dataclass
-class Progress:
-    """What this run has done so far: what a stop by signal reports."""
+class Progress(RunProgress):
+    """What this run has done so far (contexts): what a stop by signal reports."""
 
-    computed: int = 0  # contexts measured and written by this run
-    earlier: int = 0  # contexts finished before this run
     current: str | None = None  # the context being measured
 
     def stopped_message(self, stop: BaseException, folder: Path) -> str:
-        dropped = (f"the context being measured ({self.current}) was dropped and starts over"
-                   if self.current is not None else "no context was being measured")
-        return (f"stopped by {stop_name(stop)}: kept {self.computed} context(s) measured in this run and "
-                f"{self.earlier} finished before, in {folder}; {dropped}; rerun the same command to resume.")
+        return self.stop_report(stop, [folder], "context", "measured", "rerun the same command to resume.")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

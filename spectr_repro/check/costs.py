@@ -4,6 +4,7 @@ overhead per call it measures), the predicted fastest configuration from a repla
 from __future__ import annotations
 
 import sys
+from collections.abc import Sequence
 from typing import Any
 
 from spectr_repro.check.checker import Checker
@@ -61,7 +62,9 @@ def call_costs_item(checker: Checker, base, loaded: LoadedPair, calibration, sha
             if not (VERIFIERS[rule].single_draft and K != 1)]
     temperature = float(base.temperature)
     device = next(loaded.target.parameters()).device
-    prompt = _calibration_prompt(base, loaded, int(shapes.get("context") or 64), device)
+    context = int(shapes.get("context") or 64)
+    decode_contexts = [int(c) for c in shapes.get("decode_contexts") or shapes.get("contexts") or [context]]
+    prompt, *decode_prompts = calibration_prompts(base, loaded, [context, *decode_contexts], device)
     prefill_chunk = base.hardware.get("prefill_chunk")
 
     def rules():
@@ -76,13 +79,11 @@ def call_costs_item(checker: Checker, base, loaded: LoadedPair, calibration, sha
     def overheads():
         corners = sorted({(min(Ks), min(Ls)), (min(Ks), max(Ls)), (max(Ks), min(Ls)), (max(Ks), max(Ls))})
         rule_seconds = _decoded_rule_seconds(calibration)
-        contexts = [int(c) for c in shapes.get("decode_contexts") or shapes.get("contexts") or [prompt.numel()]]
-        prompts = [prompt if c == prompt.numel() else _calibration_prompt(base, loaded, c, device) for c in contexts]
         residuals = []
         # Each shape at every context back to back (and AR's token, whose cost beyond the forward also grows with
         # the context), so that the machine's drift is not read as a cost of context.
         for shape in [*corners, None]:
-            for at_context in prompts:
+            for at_context in decode_prompts:
                 residuals += measure_section_residuals(loaded.target, loaded.draft, at_context,
                                                        [shape] if shape else [], calibration.target,
                                                        calibration.draft, rule_seconds, temperature,
@@ -143,23 +144,28 @@ def prompt_contexts(base, loaded: LoadedPair, shapes: dict, most: int = 16) -> N
         shapes["contexts"], shapes["decode_contexts"] = measured_contexts(means)
 
 
-def _calibration_prompt(base, loaded: LoadedPair, length: int, device):
-    """A real prompt of the experiment's dataset when the pair has a tokenizer (real blocks need real text),
-    else random tokens; ``length`` tokens either way (the context the forwards were measured on)."""
+CALIBRATION_PROMPTS = 16  # dataset prompts, one after another, that the calibration's contexts are cut from
+
+
+def calibration_prompts(base, loaded: LoadedPair, lengths: Sequence[int], device) -> list:
+    """One prompt of each length in ``lengths`` (the contexts the forwards were measured on): the last ``length``
+    tokens of the experiment's dataset's first prompts one after another when the pair has a tokenizer (real blocks
+    need real text, and a long context is real text too), else random tokens. The prompts are tokenized once for
+    every length: each a list of 16 prompts through the tokenizer would cost a real tokenizer seconds per context."""
     import torch
 
+    text = None
     if loaded.tokenizer is not None:
         from spectr_repro.data import encode_prompt, load_examples
 
         try:
-            # Prompts of the dataset one after another until ``length`` tokens (a long context is real text too).
-            examples = load_examples(str(base.choices.dataset), 16, seed=0, tokenizer=loaded.tokenizer)
-            ids = torch.cat([encode_prompt(loaded.tokenizer, example)[0] for example in examples]).to(device)
-            if ids.numel() >= length:
-                return ids[-length:]
+            examples = load_examples(str(base.choices.dataset), CALIBRATION_PROMPTS, seed=0,
+                                     tokenizer=loaded.tokenizer)
+            text = torch.cat([encode_prompt(loaded.tokenizer, example)[0] for example in examples]).to(device)
         except (OSError, ValueError) as error:  # no local copy of the dataset: random tokens, said in the item
             print(f"check: calibration prompt from random tokens ({error})", file=sys.stderr)
-    return random_prompts(1, length, loaded.vocab_size, device, seed=3)[0].to(torch.long)
+    random = random_prompts(1, max(lengths), loaded.vocab_size, device, seed=3)[0].to(torch.long)
+    return [text[-length:] if text is not None and text.numel() >= length else random[:length] for length in lengths]
 
 
 def timing_item(checker: Checker, base, loaded: LoadedPair, calibration, quick: bool):
@@ -221,4 +227,5 @@ def _replay_filters(base, path: str) -> dict[str, Any]:
     return {key: value for key, value in wanted.items() if key in columns}
 
 
-__all__ = ["TIMING_TOLERANCE", "calibration_item", "call_costs_item", "prediction_item", "timing_item"]
+__all__ = ["CALIBRATION_PROMPTS", "TIMING_TOLERANCE", "calibration_item", "calibration_prompts", "call_costs_item",
+           "prediction_item", "timing_item"]

@@ -28,6 +28,7 @@ The rules' own seconds (the replay's grid on a block) are measured by finished r
 from __future__ import annotations
 
 import functools
+import json
 import math
 import statistics
 from collections.abc import Iterable, Sequence
@@ -241,26 +242,56 @@ class CallCosts:
 
     @classmethod
     def from_calibration(cls, calibration: Calibration) -> CallCosts:
-        extra = calibration.extra
-        rules = {tuple(_rule_key(key)): float(value) for key, value in (extra.get("rule_seconds") or {}).items()}
-        overheads = SectionOverheads.from_json(extra["section_overheads"]) if extra.get("section_overheads") else None
-        decodes = extra.get("section_residuals") or []
-        if decodes and all("measured" in row for row in decodes if row["K"] > 0):
-            # The decodes' raw section seconds are kept: refit under this model (a calibration outlives a change
-            # in the model, e.g. the phantom shared target forward removed on 2026-12-03).
-            def refit(row: dict) -> dict:
-                if row["K"] > 0:
-                    return {**row, **section_residual(row["measured"], calibration.target, calibration.draft, rules,
-                                                      row["rule"], row["K"], row["L"], row.get("context"))}
-                if "measured" in row:
-                    return {**row, "target": row["measured"]["target"] - calibration.target.seconds(
-                        1, 1, context=row.get("context")), "other": row["measured"]["other"]}
-                return row
+        """The cost model of a calibration; its section overheads are fitted once per calibration content
+        (:func:`calibration_overheads`), however often plan, report or bench load it."""
+        rules = calibration_rule_seconds(calibration)
+        return cls(calibration.target, calibration.draft, rules, calibration_overheads(calibration), calibration.note)
 
-            overheads = SectionOverheads.fit([refit(row) for row in decodes])
-        if overheads is None and extra.get("overhead_s_per_call"):
-            overheads = SectionOverheads({"other": (float(extra["overhead_s_per_call"]),)}, {})
-        return cls(calibration.target, calibration.draft, rules, overheads, calibration.note)
+
+def calibration_rule_seconds(calibration: Calibration) -> dict[tuple[str, int, int], float]:
+    """The rules' timed seconds of a calibration, by (rule, K, L)."""
+    return {tuple(_rule_key(key)): float(value) for key, value in (calibration.extra.get("rule_seconds") or {}).items()}
+
+
+_OVERHEAD_FITS: dict[str, SectionOverheads | None] = {}  # calibration's JSON -> its fitted overheads
+_OVERHEAD_FITS_KEPT = 16  # calibrations whose fit is kept (one per pair and hardware a process prices)
+
+
+def calibration_overheads(calibration: Calibration) -> SectionOverheads | None:
+    """The section overheads of a calibration (:func:`fit_calibration_overheads`), fitted once per content: a
+    calibration file is read again by every plan group, report section and bench contender that prices a call, each
+    read a new object, so the fit is kept by what was measured (the entry's JSON), not by object or path."""
+    key = json.dumps(calibration.to_json(), sort_keys=True, default=str)
+    if key not in _OVERHEAD_FITS:
+        if len(_OVERHEAD_FITS) >= _OVERHEAD_FITS_KEPT:
+            _OVERHEAD_FITS.pop(next(iter(_OVERHEAD_FITS)))  # the oldest
+        _OVERHEAD_FITS[key] = fit_calibration_overheads(calibration)
+    return _OVERHEAD_FITS[key]
+
+
+def fit_calibration_overheads(calibration: Calibration) -> SectionOverheads | None:
+    """A calibration's section overheads: refitted under this cost model from its decodes' raw section seconds when
+    it kept them, else as stored (or the single overhead per call of calibrations older still)."""
+    extra = calibration.extra
+    rules = calibration_rule_seconds(calibration)
+    overheads = SectionOverheads.from_json(extra["section_overheads"]) if extra.get("section_overheads") else None
+    decodes = extra.get("section_residuals") or []
+    if decodes and all("measured" in row for row in decodes if row["K"] > 0):
+        # The decodes' raw section seconds are kept: refit under this model (a calibration outlives a change
+        # in the model, e.g. the phantom shared target forward removed on 2026-12-03).
+        def refit(row: dict) -> dict:
+            if row["K"] > 0:
+                return {**row, **section_residual(row["measured"], calibration.target, calibration.draft, rules,
+                                                  row["rule"], row["K"], row["L"], row.get("context"))}
+            if "measured" in row:
+                return {**row, "target": row["measured"]["target"] - calibration.target.seconds(
+                    1, 1, context=row.get("context")), "other": row["measured"]["other"]}
+            return row
+
+        overheads = SectionOverheads.fit([refit(row) for row in decodes])
+    if overheads is None and extra.get("overhead_s_per_call"):
+        overheads = SectionOverheads({"other": (float(extra["overhead_s_per_call"]),)}, {})
+    return overheads
 
 
 def rule_key(rule: str, K: int, L: int) -> str:
@@ -436,6 +467,7 @@ def prefill_pieces(cfg: DictConfig) -> list[int]:
 
 
 __all__ = ["GB", "SECTIONS", "CallCosts", "SectionOverheads", "bytes_per_parameter", "calibrated_cell_seconds",
+           "calibration_overheads", "calibration_rule_seconds", "fit_calibration_overheads",
            "calibrated_prompt_seconds", "calls_to_emit", "cell_seconds", "expected_block_efficiency", "forward_seconds",
            "model_calls_source", "model_parameters", "prefill_pieces", "prompt_seconds", "rule_key",
            "rule_seconds_per_block", "section_forward_seconds", "seconds_per_call", "speculative_prompt_seconds"]

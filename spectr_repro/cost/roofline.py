@@ -30,9 +30,10 @@ from __future__ import annotations
 
 import functools
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 import yaml
@@ -330,6 +331,23 @@ def width_of(dtype: str) -> int:
     return 4 if dtype == "float32" else 2
 
 
+def _priced_rows(numbers: pd.DataFrame, index: Sequence[str], metrics: tuple[str, str], method_K: dict[str, int],
+                 default_dtype: str) -> Iterator[tuple[Any, ModelShape, ModelShape, int, int]]:
+    """(row, target shape, draft shape, K, bytes per weight) for each (``index``..., method) of reported numbers
+    (``paper.load_paper_numbers``'s long form) that has both ``metrics`` and a method of ``method_K``: the row's
+    fields are ``index``, ``method`` and the metrics. The pair's dtype, else ``default_dtype``, sets the width."""
+    from spectr_repro.models import pair_config
+
+    wide = numbers.pivot_table(index=[*index, "method"], columns="metric", values="value", aggfunc="first")
+    if not set(metrics) <= set(wide.columns):
+        return
+    for row in wide.dropna(subset=list(metrics)).reset_index().itertuples(index=False):
+        if row.method in method_K:
+            pair = pair_config(row.model_pair)
+            yield (row, model_shape(pair, "target"), model_shape(pair, "draft"), method_K[row.method],
+                   width_of(str(pair.get("dtype") or default_dtype)))
+
+
 def paper_speedups_against_roofline(paper: pd.DataFrame | None = None,
                                     accelerators: Sequence[str] = PAPER_ACCELERATORS,
                                     context: int = PAPER_CONTEXT) -> pd.DataFrame:
@@ -339,25 +357,14 @@ def paper_speedups_against_roofline(paper: pd.DataFrame | None = None,
     allowed, the per-forward overhead that would make the roofline give the reported speed-up
     (``implied_overhead_ms_<key>``).
     A model: ``MODEL_LABEL``."""
-    from spectr_repro.models import pair_config
     from spectr_repro.paper import load_paper_numbers
 
     paper = load_paper_numbers() if paper is None else paper
-    labelled = paper[paper["model_pair"] != ""]
-    wide = labelled.pivot_table(index=["model_pair", "dataset", "method"], columns="metric", values="value",
-                                aggfunc="first")
-    if not {"block_efficiency", "speedup"} <= set(wide.columns):
-        return pd.DataFrame()
-    wide = wide.dropna(subset=["block_efficiency", "speedup"]).reset_index()
     method_K, L = paper_setting()
     devices = [accelerator(key) for key in accelerators]
     rows = []
-    for row in wide.itertuples(index=False):
-        if row.method not in method_K:
-            continue
-        pair = pair_config(row.model_pair)
-        target, draft = model_shape(pair, "target"), model_shape(pair, "draft")
-        K, width = method_K[row.method], width_of(str(pair.get("dtype") or "bfloat16"))
+    for row, target, draft, K, width in _priced_rows(paper[paper["model_pair"] != ""], ["model_pair", "dataset"],
+                                                     ("block_efficiency", "speedup"), method_K, "bfloat16"):
         record = {"model_pair": row.model_pair, "dataset": row.dataset, "method": row.method, "K": K, "L": L,
                   "paper_block_efficiency": float(row.block_efficiency), "paper_speedup": float(row.speedup)}
         for device in devices:
@@ -378,24 +385,14 @@ def release_tokens_per_s_against_roofline(paper: pd.DataFrame | None = None, dev
     efficiency (no overhead, no prefill), the roofline's AR tokens/s, and the per-forward overhead that would
     bring the roofline down to the reported rate. Its block efficiency counts tokens
     generated before truncation (not ours), so "allowed" is for that count. MCSD's tree drafts are not priced."""
-    from spectr_repro.models import pair_config
     from spectr_repro.paper import load_paper_numbers, release_numbers
 
     paper = load_paper_numbers() if paper is None else paper
-    release = release_numbers(paper)
-    wide = release.pivot_table(index=["model_pair", "method"], columns="metric", values="value", aggfunc="first")
-    if not {"block_efficiency", "tokens_per_s"} <= set(wide.columns):
-        return pd.DataFrame()
-    wide = wide.dropna(subset=["block_efficiency", "tokens_per_s"]).reset_index()
     method_K, L = experiment_setting(RELEASE_YAML)
     device = accelerator(device_key)
     rows = []
-    for row in wide.itertuples(index=False):
-        if row.method not in method_K:
-            continue
-        pair = pair_config(row.model_pair)
-        target, draft = model_shape(pair, "target"), model_shape(pair, "draft")
-        K, width = method_K[row.method], width_of(str(pair.get("dtype") or "float16"))
+    for row, target, draft, K, width in _priced_rows(release_numbers(paper), ["model_pair"],
+                                                     ("block_efficiency", "tokens_per_s"), method_K, "float16"):
         allowed = allowed_tokens_per_s(target, draft, device, K, L, float(row.block_efficiency), context, width)
         ar = 1.0 / roofline_forward_seconds(target, device, 1, 1, context, width=width)
         implied = implied_overhead_from_tokens_per_s(target, draft, device, K, L, float(row.block_efficiency),

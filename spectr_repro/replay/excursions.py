@@ -1,16 +1,20 @@
-"""How often the released SpecTr-GBV rule's h leaves [0, 1] on real blocks (docs/theory.md, "Where h leaves [0, 1]").
+"""``python -m spectr_repro excursions``: how often the released SpecTr-GBV rule's h leaves [0, 1] on real blocks
+(docs/theory.md, "Where h leaves [0, 1] on real blocks").
 
-    python -m spectr_repro.replay.excursions model_pair=qwen25coder_1.5b_0.5b temperature=0.4,0.7 K=3,7 L=6,12 \
+    python -m spectr_repro excursions model_pair=qwen25coder_1.5b_0.5b temperature=0.4,0.7 K=3,7 L=6,12 \
         num_prompts=2 max_new_tokens=48 [--arithmetic release_bf16] [--out FILE] [--seconds S]
 
-The blocks are the replay's (``replay.driver``): per prompt and temperature the lossless reference rule
-(``replay.reference``, default sbv at reference_K x reference_L) advances one trajectory with the engine, and every
-iteration drafts K_max x L_max tokens scored by one target call. On each block, every (K, L) of the grid takes the
-block's first K drafts and first L positions and lists the slots where ``SpecTrGBV(arithmetic=...).h_excursions``
-finds h outside [0, 1] (beyond 1e-9): every prefix of every draft, whether the scan reaches it or not. Slots whose h
-is 0/0 in exact arithmetic (round-off decides their value, and their test cannot change the outcome) are counted
-apart. Prints one line per (K, L, T) and writes them as CSV to --out (default: none). A count, not a timing.
-Bad input: one message, exit 2, before any model loads.
+(``python -m spectr_repro.replay.excursions ...`` is the same command.) The blocks are the replay's
+(``replay.driver``): per prompt and temperature the lossless reference rule (``replay.reference``, default sbv at
+reference_K x reference_L) advances one trajectory with the engine, and every iteration drafts K_max x L_max tokens
+scored by one target call. On each block, every (K, L) of the grid takes the block's first K drafts and first L
+positions and lists the slots where ``SpecTrGBV(arithmetic=...).h_excursions`` finds h outside [0, 1] (beyond 1e-9):
+every prefix of every draft, whether the scan reaches it or not. Slots whose h is 0/0 in exact arithmetic (round-off
+decides their value, and their test cannot change the outcome) are counted apart. Prints one line per (K, L, T),
+writes them as CSV to --out (default: none; rewritten after every trajectory, so a cut-off keeps what was counted)
+and logs them to W&B like every command (table ``excursions/counts``, the shares of slots and blocks outside
+[0, 1] per (T, K, L); run folder ``<output_dir>/<experiment>/wandb/``; ``logger=disabled`` logs nothing). A count,
+not a timing. Bad input: one message, exit 2, before any model loads, nothing written.
 """
 
 from __future__ import annotations
@@ -21,15 +25,21 @@ import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import pandas as pd
+from omegaconf import DictConfig
+from tqdm.auto import tqdm
 
-from spectr_repro.replay.driver import parse
-from spectr_repro.runner.config import UsageError, check_before_loading
+from spectr_repro import tracking
+from spectr_repro.replay.driver import ReplaySettings, group_meta
+from spectr_repro.replay.driver import parse as replay_groups
+from spectr_repro.runner.config import UsageError, check_before_loading, check_writable, print_help_if_asked
 from spectr_repro.verify import Verifier, get_verifier
 from spectr_repro.verify.spectr_gbv import ARITHMETICS, SpecTrGBV
 
-__all__ = ["ExcursionCount", "ExcursionRecorder", "block_excursions", "main"]
+__all__ = ["ExcursionCount", "ExcursionRecorder", "block_excursions", "count_rows", "count_trajectories", "main",
+           "parse", "tracking_folder"]
 
 
 @dataclass
@@ -109,54 +119,104 @@ def count_rows(recorders: Sequence[tuple[float, ExcursionRecorder]]) -> pd.DataF
     return pd.DataFrame([{"K": K, "L": L, "T": T, **vars(count)} for (K, L, T), count in sorted(rows.items())])
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse whose refusals are a UsageError (one message, exit 2 from ``main``), not its usage text and exit."""
+
+    def error(self, message: str):
+        raise UsageError(message)
+
+
 def _arguments(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
-    parser = argparse.ArgumentParser(prog="python -m spectr_repro.replay.excursions",
-                                     description=__doc__.split("\n\n")[0])
+    """(this command's options, the Hydra overrides left for ``replay.driver.parse``)."""
+    parser = _Parser(prog="python -m spectr_repro excursions", add_help=False)
     parser.add_argument("--arithmetic", default="release_bf16", help="spectr_gbv's arithmetic (default release_bf16)")
     parser.add_argument("--out", default=None, help="CSV file for the counts (default: print only)")
     parser.add_argument("--seconds", type=float, default=None,
                         help="stop starting new trajectories after this many seconds (counts so far are kept)")
-    return parser.parse_known_args(list(argv))
+    args, rest = parser.parse_known_args(list(argv))
+    if args.arithmetic not in ARITHMETICS:
+        raise UsageError(f"--arithmetic must be one of {', '.join(ARITHMETICS)}, got {args.arithmetic!r}")
+    if args.seconds is not None and not args.seconds > 0:
+        raise UsageError(f"--seconds must be > 0, got {args.seconds}")
+    return args, rest
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    args, rest = _arguments(sys.argv[1:] if argv is None else argv)
-    try:
-        if args.arithmetic not in ARITHMETICS:
-            raise UsageError(f"--arithmetic must be one of {', '.join(ARITHMETICS)}, got {args.arithmetic!r}")
-        if args.seconds is not None and not args.seconds > 0:
-            raise UsageError(f"--seconds must be > 0, got {args.seconds}")
-        groups = parse([*rest, "method=spectr_gbv"])
-        check_before_loading([cfg for cfg, _ in groups], num_prompts=[s.num_prompts for _, s in groups],
-                             block_L=[s.L_max for _, s in groups])
-    except UsageError as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
+def tracking_folder(cfg: DictConfig) -> Path:
+    """Where the W&B run goes (under ``wandb/``): the experiment's results folder, as for replay and bias."""
+    return Path(cfg.output_dir).expanduser() / cfg.experiment
+
+
+def parse(argv: Sequence[str]) -> tuple[argparse.Namespace, list[tuple[DictConfig, ReplaySettings]]]:
+    """(options, (cell config, replay settings) per temperature x dataset group), every check done before any model
+    loads: UsageError with one message."""
+    args, rest = _arguments(argv)
+    groups = replay_groups([*rest, "method=spectr_gbv"])
+    check_before_loading([cfg for cfg, _ in groups], num_prompts=[s.num_prompts for _, s in groups],
+                         block_L=[s.L_max for _, s in groups], rows=[s.K_max for _, s in groups])
+    if args.out is not None:
+        out = Path(args.out).expanduser()
+        if out.is_dir():
+            raise UsageError(f"--out {args.out} is a folder: name a CSV file")
+        try:
+            check_writable(str(out.parent))
+        except UsageError as error:
+            raise UsageError(f"--out {args.out} cannot be written: {error}") from None
+    for cfg, _ in groups:
+        if tracking.enabled(cfg.logger):
+            check_writable(cfg.output_dir, [tracking_folder(cfg)])
+    return args, groups
+
+
+def count_trajectories(groups: Sequence[tuple[DictConfig, ReplaySettings]], arithmetic: str,
+                       seconds: float | None = None, out: str | None = None) -> pd.DataFrame:
+    """Drive every (prompt, temperature) trajectory and count its blocks' excursions (``count_rows``)."""
     from spectr_repro.data import encode_prompt
     from spectr_repro.engine.loop import generate
     from spectr_repro.runner.pairs import PairCache
 
     start, recorders, pairs = time.perf_counter(), [], PairCache()
-    # prompt by prompt, every temperature of a prompt before the next prompt: a cut-off (--seconds) keeps every T
-    for index in range(max(settings.num_prompts for _, settings in groups)):
-        for cfg, settings in groups:
-            out_of_time = args.seconds is not None and time.perf_counter() - start > args.seconds
-            if index >= settings.num_prompts or out_of_time:
-                continue
-            pair = pairs.pair(cfg)
-            example = pairs.examples(cfg, pair.tokenizer)[index]
-            recorder = ExcursionRecorder(settings.K_values, settings.L_values, settings.reference,
-                                         settings.reference_K, settings.reference_L, args.arithmetic)
-            generate(pair.target, pair.draft, encode_prompt(pair.tokenizer, example)[0].tolist(), method=recorder,
-                     K=settings.K_max, L=settings.L_max, temperature=float(cfg.temperature),
-                     max_new_tokens=int(cfg.max_new_tokens), seed=int(cfg.seed) * 100_003 + index,
-                     eos_token_ids=pair.eos_token_ids, vocab_size=pair.vocab_size)
-            recorders.append((float(cfg.temperature), recorder))
-            print(f"prompt {index} T={float(cfg.temperature):g}: {next(iter(recorder.counts.values())).blocks} "
-                  f"blocks ({time.perf_counter() - start:.0f} s)", file=sys.stderr)
-            if args.out:  # after every trajectory: an interrupted run keeps what it counted
-                count_rows(recorders).to_csv(args.out, index=False)
-    print(count_rows(recorders).to_string(index=False))
+    planned = sum(settings.num_prompts for _, settings in groups)
+    with tqdm(total=planned, desc="excursions", unit="trajectory", file=sys.stderr, dynamic_ncols=True) as bar:
+        # prompt by prompt, every temperature of a prompt before the next prompt: a cut-off (--seconds) keeps every T
+        for index in range(max(settings.num_prompts for _, settings in groups)):
+            for cfg, settings in groups:
+                if index >= settings.num_prompts:
+                    continue
+                if seconds is not None and time.perf_counter() - start > seconds:
+                    bar.update()  # skipped: out of time
+                    continue
+                pair = pairs.pair(cfg)
+                example = pairs.examples(cfg, pair.tokenizer)[index]
+                recorder = ExcursionRecorder(settings.K_values, settings.L_values, settings.reference,
+                                             settings.reference_K, settings.reference_L, arithmetic)
+                generate(pair.target, pair.draft, encode_prompt(pair.tokenizer, example)[0].tolist(),
+                         method=recorder, K=settings.K_max, L=settings.L_max, temperature=float(cfg.temperature),
+                         max_new_tokens=int(cfg.max_new_tokens), seed=int(cfg.seed) * 100_003 + index,
+                         eos_token_ids=pair.eos_token_ids, vocab_size=pair.vocab_size)
+                recorders.append((float(cfg.temperature), recorder))
+                bar.set_postfix(prompt=index, T=f"{float(cfg.temperature):g}",
+                                blocks=next(iter(recorder.counts.values())).blocks)
+                bar.update()
+                if out:  # after every trajectory: an interrupted run keeps what it counted
+                    count_rows(recorders).to_csv(out, index=False)
+    return count_rows(recorders)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if print_help_if_asked(argv, __doc__):
+        return 0
+    try:
+        args, groups = parse(argv)
+    except UsageError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    counts = count_trajectories(groups, args.arithmetic, args.seconds, args.out)
+    print(counts.to_string(index=False))
+    cfg = groups[0][0]
+    tracking.log_command("excursions", cfg.logger, tracking_folder(cfg), tables={"counts": counts},
+                         config={**tracking.top_level_config(group_meta(c, s) for c, s in groups),
+                                 "arithmetic": args.arithmetic, "seconds": args.seconds})
     return 0
 
 

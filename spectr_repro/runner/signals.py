@@ -3,7 +3,8 @@
 SLURM's end of job and `kill` send SIGTERM, whose default action ends the process at once: claims stay behind
 and nothing says what was kept. Inside :func:`stop_on_signals` SIGTERM raises :class:`Terminated` (a
 BaseException, like KeyboardInterrupt) so that ``finally`` blocks release claims and the command can print
-what is kept and how to resume; :func:`stop_name` and :func:`stop_status` give its words and exit status.
+what is kept and how to resume; :func:`stop_name` and :func:`stop_status` give its words and exit status, and
+:class:`RunProgress` (what a run has done so far) the message.
 """
 
 from __future__ import annotations
@@ -11,7 +12,10 @@ from __future__ import annotations
 import contextlib
 import signal
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 
 class Terminated(BaseException):
@@ -44,4 +48,27 @@ def stop_status(stop: BaseException) -> int:
     return 143 if isinstance(stop, Terminated) else 130
 
 
-__all__ = ["Terminated", "stop_name", "stop_on_signals", "stop_status"]
+@dataclass
+class RunProgress:
+    """What a long command (replay, bias) has done so far, and the message a stop by signal prints from it; each
+    command's ``Progress`` adds its own fields and words."""
+
+    computed: int = 0  # finished and written by this run
+    earlier: int = 0  # finished before this run (or by another runner)
+    current: Any = None  # what was being computed (None: nothing)
+
+    def stop_report(self, stop: BaseException, folders: Sequence[Path], noun: str, doing: str, resume: str) -> str:
+        """``stopped by SIGTERM: kept 2 prompt(s) replayed in this run and 1 finished before, in <folders>; <what
+        was dropped>; <resume>`` (``noun``: prompt, context; ``doing``: replayed, measured)."""
+        return (f"stopped by {stop_name(stop)}: kept {self.computed} {noun}(s) {doing} in this run and "
+                f"{self.earlier} finished before, in {', '.join(map(str, folders))}; {self.dropped(noun, doing)}; "
+                f"{resume}")
+
+    def dropped(self, noun: str, doing: str) -> str:
+        """What the stop dropped (a command that computes several at once says so in its own words)."""
+        if self.current is None:
+            return f"no {noun} was being {doing}"
+        return f"the {noun} being {doing} ({self.current}) was dropped and starts over"
+
+
+__all__ = ["RunProgress", "Terminated", "stop_name", "stop_on_signals", "stop_status"]

@@ -173,6 +173,28 @@ def bias_metrics(tables: Mapping[str, pd.DataFrame], results: Mapping[str, Any])
 
 
 # --------------------------------------------------------------------------------------------------
+# excursions: the share of the release's test slots (and blocks) where h leaves [0, 1]
+
+
+def excursion_share(temperature, K, L, unit: str) -> str:
+    """``unit``: ``slots`` (of the K L test slots of every block) or ``blocks`` (with at least one such slot)."""
+    return f"excursions/{unit}_outside/{temperature_part(temperature)}/K{int(K)}_L{int(L)}"
+
+
+def excursions_metrics(tables: Mapping[str, pd.DataFrame], results: Mapping[str, Any]) -> Derived:
+    counts = tables.get("counts")
+    if counts is None or counts.empty:
+        return Derived()
+    summary = {}
+    for _, row in counts.iterrows():
+        for unit, total in (("slots", "slots"), ("blocks", "blocks")):
+            if row[total] > 0:
+                summary[excursion_share(row["T"], row["K"], row["L"], unit)] = float(row[f"{unit}_outside"] /
+                                                                                   row[total])
+    return Derived(summary)
+
+
+# --------------------------------------------------------------------------------------------------
 # audit and theory: exact TVs, verdicts, the paper's claimed properties
 
 
@@ -250,7 +272,8 @@ def finite(value: Any) -> bool:
 
 # command -> what it logs beside its tables (a command without an entry logs its tables, config and summary)
 DERIVATIONS: dict[str, Callable[[Mapping[str, pd.DataFrame], Mapping[str, Any]], Derived]] = {
-    "replay": replay_metrics, "report": report_metrics, "bias": bias_metrics, "audit": audit_metrics,
+    "replay": replay_metrics, "report": report_metrics, "bias": bias_metrics, "excursions": excursions_metrics,
+    "audit": audit_metrics,
     "theory": theory_metrics, "check": check_metrics, "bench": bench_metrics,
 }
 
@@ -261,6 +284,6 @@ def derive(command: str, tables: Mapping[str, pd.DataFrame], results: Mapping[st
 
 
 __all__ = ["BIAS_QUANTITIES", "DERIVATIONS", "REPLAY_K", "REPLAY_L", "SPEEDUP_L", "VERDICTS", "Derived", "audit_rule",
-           "audit_tv", "bias_setting", "bias_value", "derive", "finite", "replay_tokens", "replay_vs_K", "replay_vs_L",
-           "setting", "slug", "speedup_points", "speedup_predicted", "speedup_vs_L", "temperature_part",
-           "verdict_count", "verdict_part"]
+           "audit_tv", "bias_setting", "bias_value", "derive", "excursion_share", "excursions_metrics", "finite",
+           "replay_tokens", "replay_vs_K", "replay_vs_L", "setting", "slug", "speedup_points", "speedup_predicted",
+           "speedup_vs_L", "temperature_part", "verdict_count", "verdict_part"]

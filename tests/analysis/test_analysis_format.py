@@ -5,7 +5,7 @@ import math
 
 import pandas as pd
 
-from spectr_repro.analysis.format import AVERAGE, bounds_text, interval_text, methods_by_datasets
+from spectr_repro.analysis.format import AVERAGE, bounds_text, interval_text, main_setting_rows, methods_by_datasets
 from spectr_repro.analysis.tables import latex_table
 
 
@@ -39,3 +39,18 @@ def test_latex_table_escapes_names_and_notes_and_writes_times_and_delta_as_math(
     assert r"GBV[carry\_over=False]" in tex and r"n/c (50\% \& more\_batched)" in tex
     assert r"1.50$\times$ (paper 1.25$\times$, $\Delta$ +0.25)" in tex
     assert "×" not in tex and "Δ" not in tex
+
+
+def test_main_setting_rows_take_each_rules_cell_and_put_the_average_last():
+    """Table 1 and the predicted speed-ups share this shape: a single-draft rule (sd) at K = 1, a multi-draft one
+    (spectr) at K, the other cells left out; the extra columns after K; a dataset a rule lacks is "-"."""
+    rows = [("sd", 1, 6, AVERAGE, 2.0), ("sd", 1, 6, "gsm8k", 2.5), ("sd", 3, 6, "gsm8k", 9.0),
+            ("spectr", 3, 6, "humaneval", 3.0), ("spectr", 3, 6, "gsm8k", 3.5), ("spectr", 3, 4, "gsm8k", 9.0),
+            ("spectr", 1, 6, "gsm8k", 9.0)]
+    table = pd.DataFrame(rows, columns=["method", "K", "L", "dataset", "value"])
+    frame = main_setting_rows(table, 3, 6, lambda r: f"{r.value:g}", lambda method: {"note": method.upper()})
+    assert list(frame.columns) == ["method", "K", "note", "gsm8k", "humaneval", AVERAGE]
+    assert frame.to_dict("records") == [
+        {"method": "SD", "K": 1, "note": "SD", "gsm8k": "2.5", "humaneval": "-", AVERAGE: "2"},
+        {"method": "SpecTr", "K": 3, "note": "SPECTR", "gsm8k": "3.5", "humaneval": "3", AVERAGE: "-"}]
+    assert main_setting_rows(table, 3, 12, str).empty  # no rule has a cell at L = 12

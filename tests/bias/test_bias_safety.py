@@ -5,18 +5,16 @@ never a traceback."""
 from __future__ import annotations
 
 import json
-import os
 import re
 import signal
 import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
 
 from spectr_repro.__main__ import main as cli
 from spectr_repro.bias import driver
+from tests.process_helpers import command_process, stop_once_written
 
 SMALL = ["model_pair=tiny_random", "hardware=cpu", "K=2", "L=3", "num_prompts=1", "bias.samples=8", "bias.batch=4",
          "bias.continuation_tokens=6", "bias.contexts_per_prompt=2", "logger=disabled", "method=spectr"]
@@ -32,9 +30,7 @@ def contexts(output: Path) -> list[Path]:
 
 
 def subprocess_bias(output: Path, arguments: list[str], prelude: str = "") -> subprocess.Popen:
-    code = "import sys\nfrom spectr_repro.bias import driver\n" + prelude + "\nsys.exit(driver.main(sys.argv[1:]))"
-    return subprocess.Popen([sys.executable, "-c", code, *arguments, f"output_dir={output}"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=dict(os.environ))
+    return command_process("spectr_repro.bias.driver", output, arguments, prelude)
 
 
 def test_a_damaged_record_is_named_left_out_set_aside_and_measured_again(tmp_path, capsys, monkeypatch):
@@ -105,16 +101,20 @@ def test_a_full_disk_stops_with_one_message(tmp_path, capsys, monkeypatch):
 def test_a_stop_by_signal_says_what_is_kept_and_how_to_resume(tmp_path, capsys, sent, status, name):
     arguments = [*SMALL[:-1], "method=spectr,spectr_gbv", "bias.contexts_per_prompt=3", "bias.samples=128"]
     process = subprocess_bias(tmp_path, arguments)
-    deadline = time.monotonic() + 300
-    while not list(tmp_path.glob("default/bias/contexts/*/*/done.json")):
-        assert process.poll() is None and time.monotonic() < deadline, process.communicate()
-        time.sleep(0.2)
-    process.send_signal(sent)
-    _, err = process.communicate(timeout=120)
-    assert process.returncode == status, err
-    assert "Traceback" not in err
-    message = err.strip().splitlines()[-1]
+    message = stop_once_written(process, tmp_path, "default/bias/contexts/*/*/done.json", sent, status)
     assert re.search(rf"stopped by {name}.*: kept [1-3] context\(s\) measured in this run and 0 finished before, "
                      r"in .*rerun the same command to resume\.", message), message
     assert cli(["bias", *arguments, f"output_dir={tmp_path}"]) == 0
     assert all(driver.context_problem(c) is None for c in contexts(tmp_path))
+
+
+def test_the_stop_message_says_what_is_kept_and_what_was_dropped():
+    """The words the slow stop-by-signal test reads, from the shared runner.signals.RunProgress."""
+    from spectr_repro.runner.signals import Terminated
+
+    progress = driver.Progress(computed=2, earlier=1, current="setting/ctx+3")
+    assert progress.stopped_message(Terminated(15), Path("out/bias")) == (
+        "stopped by SIGTERM: kept 2 context(s) measured in this run and 1 finished before, in out/bias; the context "
+        "being measured (setting/ctx+3) was dropped and starts over; rerun the same command to resume.")
+    idle = driver.Progress().stopped_message(KeyboardInterrupt(), Path("out/bias"))
+    assert idle.startswith("stopped by SIGINT (Ctrl-C): kept 0 context(s)") and "no context was being measured" in idle

@@ -187,3 +187,29 @@ def test_check_calibrates_each_long_input_buckets_context():
     plain, plain_cells = compose(["hardware=cpu", "K=3", "L=8"])
     plain_shapes = run_shapes(plain, plain_cells)
     assert plain_shapes["contexts"] == plain_shapes["decode_contexts"] == [plain_shapes["context"]]
+
+
+def test_the_calibration_prompts_tokenize_each_dataset_prompt_once_for_every_context(monkeypatch):
+    """`check` cuts the forwards' context and each decode context from the dataset's first prompts one after
+    another: each prompt goes through the tokenizer once per run, not once per context (16 prompts a context
+    before). Each cut is the text's last tokens, as long as asked; a context longer than the text is random tokens."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from spectr_repro import data
+    from spectr_repro.check.costs import CALIBRATION_PROMPTS, calibration_prompts
+    from spectr_repro.check.run import compose
+
+    encoded = []
+    original = data.encode_prompt
+    monkeypatch.setattr(data, "encode_prompt", lambda tokenizer, example, **kw: encoded.append(example.id)
+                        or original(tokenizer, example, **kw))
+    base, _ = compose(["hardware=cpu", "dataset=humaneval"])
+    loaded = SimpleNamespace(tokenizer=_WordTokenizer(), vocab_size=50)
+    lengths = [64, 200, 100_000]
+    prompts = calibration_prompts(base, loaded, lengths, "cpu")
+    assert len(encoded) == CALIBRATION_PROMPTS and len(set(encoded)) == len(encoded)  # each prompt once
+    assert [p.numel() for p in prompts] == lengths and all(p.dtype == torch.long for p in prompts)
+    assert torch.equal(prompts[0], prompts[1][-64:])  # cut from the same text: the shorter is the longer's end
+    assert (prompts[0] == 0).all() and prompts[2].max() > 0  # the word tokenizer's ids are 0; random ones are not

@@ -92,3 +92,35 @@ def test_ars_residual_follows_the_context_when_ar_was_decoded_at_two():
     assert costs.ar_token_seconds(300) == pytest.approx(0.2 - 0.01 + 0.001)
     one = SectionOverheads.fit(_decodes([100])[:-1] + rows[:1])  # one context: the mean, no slope
     assert one.ar == {"target": -0.03, "other": 0.001}
+
+
+def test_a_calibration_is_fitted_once_however_often_it_is_loaded(tmp_path, monkeypatch):
+    """plan, report and bench read the calibration file again for each group, section or contender (a new object
+    each time): the refit runs once per calibration content. Negative control: a calibration with other measured
+    seconds is fitted anew, and its overheads differ."""
+    from spectr_repro.cost import model
+    from spectr_repro.cost.calibration import find_calibration, write_calibration
+
+    fits = []
+    original = SectionOverheads.fit
+    monkeypatch.setattr(SectionOverheads, "fit", classmethod(lambda cls, rows: fits.append(1) or original(rows)))
+    monkeypatch.setattr(model, "_OVERHEAD_FITS", {})
+    target = ForwardCosts(((1, 1, "last", 0.3), (3, 7, "all", 0.45)))
+    draft = ForwardCosts(((1, 1, "last", 0.1), (3, 1, "last", 0.12)))
+
+    def calibration(draft_seconds: float) -> Calibration:
+        decode = {"K": 3, "L": 6, "rule": "sbv", "context": None,
+                  "measured": {"draft": draft_seconds, "target": 0.5, "verify": 0.01, "other": 0.001}}
+        return Calibration(hardware="cpu", model_pair="tiny_random", dtype="float32", device="x", date="d",
+                           random_weights=True, target=target, draft=draft,
+                           extra={"section_residuals": [decode], "rule_seconds": {"sbv/3/6": 0.004}})
+
+    path = write_calibration(calibration(1.0), tmp_path / "calibration.json")
+    loads = [find_calibration("cpu", "tiny_random", "float32", path) for _ in range(5)]
+    assert len({id(loaded) for loaded in loads}) == 5  # five objects, as five readers get them
+    costs = [CallCosts.from_calibration(loaded) for loaded in loads]
+    assert len(fits) == 1
+    assert all(c.overheads == costs[0].overheads for c in costs)
+    assert costs[0].call_seconds("sbv", 3, 6) == pytest.approx(1.0 + 0.5 + 0.01 + 0.001)  # the decode, measured
+    other = CallCosts.from_calibration(calibration(2.0))
+    assert len(fits) == 2 and other.overheads != costs[0].overheads

@@ -9,8 +9,6 @@ import os
 import re
 import signal
 import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -18,6 +16,7 @@ import pytest
 from spectr_repro.analysis.replay import read_blocks, write_summaries
 from spectr_repro.replay import driver
 from spectr_repro.replay.driver import main, prompt_state
+from tests.process_helpers import command_process, stop_once_written
 
 BASE = ["model_pair=tiny_random", "hardware=cpu", "dataset=humaneval", "temperature=0.7", "logger=disabled",
         "method=sd,sbv", "K=1,2", "L=2", "replay.reference_K=2", "replay.reference_L=2", "replay.draws=1"]
@@ -41,10 +40,7 @@ def blocks_text(folder: Path) -> list[dict]:
 
 def subprocess_replay(output: Path, arguments: list[str], prelude: str = "") -> subprocess.Popen:
     """The replay command in its own process (``prelude``: Python run first, e.g. to inject a fault)."""
-    code = ("import sys\nfrom spectr_repro.replay import driver\n" + prelude
-            + "\nsys.exit(driver.main(sys.argv[1:]))")
-    return subprocess.Popen([sys.executable, "-c", code, *arguments, f"output_dir={output}"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=dict(os.environ))
+    return command_process("spectr_repro.replay.driver", output, arguments, prelude)
 
 
 def test_a_finished_replay_records_what_its_prompts_hold(tmp_path):
@@ -191,15 +187,7 @@ def test_two_runners_on_one_folder_replay_each_prompt_once(tmp_path):
 def test_a_stop_by_signal_says_what_is_kept_and_how_to_resume(tmp_path, capsys, sent, status, name):
     arguments = [*BASE, "num_prompts=3", "max_new_tokens=40"]
     process = subprocess_replay(tmp_path, arguments)
-    deadline = time.monotonic() + 300
-    while not list(tmp_path.glob("default/replay/*/prompts/0000/done.json")):
-        assert process.poll() is None and time.monotonic() < deadline, process.communicate()
-        time.sleep(0.2)
-    process.send_signal(sent)
-    _, err = process.communicate(timeout=120)
-    assert process.returncode == status, err
-    assert "Traceback" not in err
-    message = err.strip().splitlines()[-1]
+    message = stop_once_written(process, tmp_path, "default/replay/*/prompts/0000/done.json", sent, status)
     kept = re.search(rf"stopped by {name}.*: kept (\d+) prompt\(s\) replayed in this run and 0 finished before, "
                      r"in .*; rerun the same command to replay the (\d+) prompt\(s\) left\.", message)
     assert kept is not None, message
@@ -256,3 +244,4 @@ def test_the_recursion_room_lets_sbv_walk_a_block_longer_than_the_default_limit(
         (estimate,) = block_estimates(draft_tokens, draft_probs, target_probs, ["sbv"], [2], [L], 1,
                                       torch.Generator())
     assert 1 - 1e-9 <= estimate.tokens <= L + 1  # E[tau + 1]: at least the one token every block emits
+

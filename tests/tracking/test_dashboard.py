@@ -10,8 +10,8 @@ import pytest
 from spectr_repro import tracking
 from spectr_repro.tracking import dashboard, names
 from spectr_repro.tracking.offline import read_runs, run_files
-from tests.tracking.conftest import without_wandb_variables
 from tests.tracking.synthetic import BENCH, EXPERIMENT, log_everything, replay_summary
+from tests.tracking.tracking_helpers import without_wandb_variables
 
 SECTIONS = ["Verdicts", "Table 1 (replay)", "Tokens per call against K and L",
             "Speed-up against L: predicted and measured", "Bias per rule", "Machine: check and bench", "Figures"]

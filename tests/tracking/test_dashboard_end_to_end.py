@@ -10,8 +10,8 @@ import pytest
 
 from spectr_repro.tracking import dashboard
 from spectr_repro.tracking.offline import read_runs
-from tests.tracking.conftest import without_wandb_variables
 from tests.tracking.results import EXPERIMENT, make_results
+from tests.tracking.tracking_helpers import without_wandb_variables
 
 pytestmark = pytest.mark.slow
 
