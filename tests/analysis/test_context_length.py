@@ -175,3 +175,30 @@ def test_each_pair_and_temperature_gets_its_own_subsection(tmp_path):
     assert (tmp_path / "report" / "figures" / "context_input_length_tiny_random_T0.7.png").is_file()
     table = pd.read_csv(tmp_path / "report" / "tables" / "context_input_length.csv")
     assert set(table["temperature"]) == {0.4, 0.7}
+
+
+def test_the_report_summarises_a_replay_stopped_before_its_summary(two_buckets, tmp_path):
+    """A replay writes its summary when the command ends; the report of a replay stopped (or still running) rebuilds
+    it from the finished prompts instead of leaving the replay out, and rebuilds a summary older than a prompt."""
+    import os
+
+    from spectr_repro.analysis.report.context import REPLAY_SUMMARY, load_replay
+
+    def buckets(replay):
+        return set(replay.table["dataset"]) - {"average"}  # the summary adds the datasets' average
+
+    summary = two_buckets.parent / REPLAY_SUMMARY
+    assert not summary.exists()
+    replay = load_replay([two_buckets.parent])
+    assert replay is not None and summary.is_file()
+    assert buckets(replay) == {"longcode_1k", "longcode_16k"}
+    # a summary older than a finished prompt (one group only, then the other finished): rebuilt with both groups
+    pd.read_csv(summary).query("dataset == 'longcode_1k'").to_csv(summary, index=False)
+    os.utime(summary, (0, 0))
+    assert buckets(load_replay([two_buckets.parent])) == {"longcode_1k", "longcode_16k"}
+    # negative control: a summary newer than every prompt is read as it is, not rebuilt
+    pd.read_csv(summary).query("dataset == 'longcode_1k'").to_csv(summary, index=False)
+    assert buckets(load_replay([two_buckets.parent])) == {"longcode_1k"}
+    # a folder without finished prompts has no replay
+    (tmp_path / "empty" / "replay").mkdir(parents=True)
+    assert load_replay([tmp_path / "empty"]) is None

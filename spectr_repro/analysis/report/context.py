@@ -24,7 +24,7 @@ from spectr_repro.analysis.load import (
     load_quality,
     load_results,
 )
-from spectr_repro.analysis.replay import read_blocks, read_summaries, reference_setting
+from spectr_repro.analysis.replay import read_blocks, read_summaries, reference_setting, write_summaries
 from spectr_repro.analysis.replay_report import main_cells
 from spectr_repro.analysis.speedup import predict_speedups
 from spectr_repro.analysis.speedup_cells import cell_agreement, time_breakdown
@@ -110,9 +110,21 @@ def _merge(results: list[Results]) -> Results:
     return Results(root=results[0].root, cells=cells, records=records)
 
 
+def _summarised_replay(folder: Path) -> Path | None:
+    """``folder/replay`` with a summary as new as its newest finished prompt, or None when it has neither. The
+    replay writes its summary when the command ends: a replay stopped (or still running) has prompts the summary
+    lacks, so the report rebuilds the summary from the records rather than leave them out."""
+    root = folder / "replay"
+    finished = [path.stat().st_mtime for path in root.glob("*/prompts/*/done.json")]
+    summary = folder / REPLAY_SUMMARY
+    if finished and (not summary.is_file() or summary.stat().st_mtime < max(finished)):
+        write_summaries(root)
+    return root if summary.is_file() else None
+
+
 def load_replay(results_dirs: list[Path]) -> ReplayData | None:
     """The replays under ``results_dirs`` (``<folder>/replay``); None when none has finished blocks."""
-    roots = [folder / "replay" for folder in results_dirs if (folder / REPLAY_SUMMARY).is_file()]
+    roots = [root for folder in results_dirs if (root := _summarised_replay(folder)) is not None]
     if not roots:
         return None
     read = [read_blocks(root) for root in roots]
