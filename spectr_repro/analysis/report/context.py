@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import json
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -118,7 +119,11 @@ def _summarised_replay(folder: Path) -> Path | None:
     finished = [path.stat().st_mtime for path in root.glob("*/prompts/*/done.json")]
     summary = folder / REPLAY_SUMMARY
     if finished and (not summary.is_file() or summary.stat().st_mtime < max(finished)):
-        write_summaries(root)
+        try:
+            write_summaries(root)
+        except OSError as error:  # a results folder read-only to this user: the summary it has, else none
+            warnings.warn(f"cannot rebuild the replay summary in {root} ({error}); the report reads the one there",
+                          stacklevel=2)
     return root if summary.is_file() else None
 
 
