@@ -4,11 +4,14 @@ per hour, before and after.
     python scripts/replay_throughput.py BEFORE AFTER [--rounds 2] [--prompts 4] [--dataset humaneval]
         [--model-pair qwen25coder_1.5b_0.5b] [--max-new-tokens 48] [--keep DIR] [-- extra replay arguments]
     python scripts/replay_throughput.py COMMIT --batch-prompts 1,4 [same options]
+    python scripts/replay_throughput.py BEFORE AFTER --batch-prompts 1,4 [same options]
 
 With ``--batch-prompts B1,B2,...`` one commit is measured at each ``replay.batch_prompts`` value in turn (B1, B2,
 B1, B2, ...: the same alternation), each run labelled ``B=<value>``, and the ratios are against B1. A batched
 prompt's ``seconds`` is its share of its batch's wall time (docs/replay.md), so the prompts' seconds still add up
-to the time the replay spent on them.
+to the time the replay spent on them. With two commits, ``--batch-prompts B1,B2`` gives each its own batch size (the
+replay before and after a whole piece of work that includes batching; B = 1 passes no argument, so a commit from
+before ``replay.batch_prompts`` existed runs too).
 
 Each commit is checked out in its own ``git worktree`` (detached, under a temporary folder, removed at the end).
 This one driver process then runs, ``--rounds`` times in alternation (before, after, before, after: ABAB, so a
@@ -24,8 +27,8 @@ time is printed beside it), the rules' share of the prompts' seconds, and, over 
 median and the ratio after / before of the medians. A number is only a measurement on a quiet machine (nothing
 else running): on a loaded one only the proportions mean anything.
 
-Exit status 2 with one message for bad arguments (an unknown commit, rounds < 1, a second commit with
---batch-prompts, batch sizes not integers >= 1 or fewer than two), before anything runs.
+Exit status 2 with one message for bad arguments (an unknown commit, rounds < 1, batch sizes not integers >= 1,
+fewer than two, or not two with two commits), before anything runs.
 """
 
 from __future__ import annotations
@@ -70,7 +73,8 @@ def parse_arguments(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("after", nargs="?", default=None, help="the commit compared with it (e.g. s3-fast); none with "
                         "--batch-prompts")
     parser.add_argument("--batch-prompts", default=None, help="compare these replay.batch_prompts values at one "
-                        "commit (comma list, e.g. 1,4; the first is the baseline)")
+                        "commit (comma list, e.g. 1,4; the first is the baseline), or with two commits each "
+                        "commit's own (B_before,B_after)")
     parser.add_argument("--rounds", type=int, default=2, help="ABAB rounds (default 2)")
     parser.add_argument("--prompts", type=int, default=4, help="prompts per run (default 4)")
     parser.add_argument("--dataset", default="humaneval")
@@ -95,13 +99,13 @@ class Variant:
         return " ".join([f"{self.label} = {self.name} ({self.commit[:10]})", *self.arguments])
 
 
-def batch_sizes(text: str) -> list[int]:
-    """``--batch-prompts``'s values; SystemExit(2) with one message unless two or more distinct integers >= 1."""
+def batch_sizes(text: str, distinct: bool = True) -> list[int]:
+    """``--batch-prompts``'s values; SystemExit(2) with one message unless two or more (``distinct``) integers >= 1."""
     try:
         values = [int(v) for v in text.split(",") if v.strip()]
     except ValueError:
         values = []
-    if len(values) < 2 or len(set(values)) != len(values) or min(values) < 1:
+    if len(values) < 2 or (distinct and len(set(values)) != len(values)) or min(values) < 1:
         print(f"error: --batch-prompts must be two or more distinct integers >= 1 (e.g. 1,4), got {text!r}",
               file=sys.stderr)
         raise SystemExit(2)
@@ -118,9 +122,15 @@ def variants_of(args: argparse.Namespace) -> list[Variant]:
                 Variant("after", args.after, resolve_commit(args.after))]
     if args.after is not None and "=" in args.after:  # `COMMIT --batch-prompts 1,4 -- key=value`: a replay argument
         args.extra, args.after = [args.after, *args.extra], None
-    if args.after is not None:
-        print("error: --batch-prompts compares batch sizes at ONE commit: give one commit", file=sys.stderr)
-        raise SystemExit(2)
+    if args.after is not None:  # each commit at its own batch size
+        sizes = batch_sizes(args.batch_prompts, distinct=False)
+        if len(sizes) != 2:
+            print(f"error: with two commits --batch-prompts gives each its batch size (B_before,B_after), got "
+                  f"{args.batch_prompts!r}", file=sys.stderr)
+            raise SystemExit(2)
+        return [Variant(f"{label} B={size}", name, resolve_commit(name),
+                        (f"replay.batch_prompts={size}",) if size != 1 else ())
+                for label, name, size in (("before", args.before, sizes[0]), ("after", args.after, sizes[1]))]
     sizes = batch_sizes(args.batch_prompts)
     commit = resolve_commit(args.before)
     return [Variant(f"B={size}", args.before, commit, (f"replay.batch_prompts={size}",)) for size in sizes]
@@ -209,7 +219,7 @@ def main(argv: list[str] | None = None) -> int:
             results = []
             for round_index in range(args.rounds):
                 for variant in variants:
-                    name = variant.label.replace("=", "")
+                    name = variant.label.replace("=", "").replace(" ", "_")
                     output_dir = (args.keep or root / "runs") / f"{round_index}_{name}"
                     results.append(run_once(args, variant, worktrees[variant.commit], output_dir))
                     print(f"round {round_index + 1} {format_run(results[-1])}", flush=True)

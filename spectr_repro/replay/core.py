@@ -45,6 +45,7 @@ from typing import Any
 
 import torch
 
+from spectr_repro.replay.support import compact_block
 from spectr_repro.verify import VERIFIERS, get_verifier
 
 ESTIMATORS = ("exact", "control_variate", "monte_carlo", "law")
@@ -104,6 +105,7 @@ def block_estimates(
     mode: str = "auto",
     row_groups: str = "disjoint",
     sampled: Sequence[str] = (),
+    support_mass: float | None = None,
 ) -> list[BlockEstimate]:
     """Tokens per target call of every (method, K, L) on sub-blocks of one block.
 
@@ -115,7 +117,9 @@ def block_estimates(
     "auto" (exact where the rule has it, else Monte-Carlo), "monte_carlo" (always the sampler) or "law"
     (every rule through its exact law: small vocabularies only). ``sampled``: rules taken by their sampler's draws
     even where they have a closed form (the release's exact scan is a programme over the rejected prefixes, whose
-    states grow quickly with L: on the Qwen pair at K=3, L=24 one block took minutes).
+    states grow quickly with L: on the Qwen pair at K=3, L=24 one block took minutes). ``support_mass``: judge the
+    rules on the block's support (``replay.support.compact_block``: the tokens that carry its mass, at most this much
+    of any row pooled into one tail token; exact values move by at most ~(L + 1) x this); None: the whole vocabulary.
     """
     if mode not in MODES:
         raise ValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
@@ -127,6 +131,9 @@ def block_estimates(
     if too_big:
         raise ValueError(f"K <= {K_max} and L <= {L_max} (the block's shape), got K={list(K_values)} "
                          f"L={list(L_values)}")
+    if support_mass is not None:
+        draft_tokens, draft_probs, target_probs, _ = compact_block(draft_tokens, draft_probs, target_probs,
+                                                                   support_mass)
     seeds = torch.randint(0, 2**62, (draws,), generator=generator, device=generator.device if generator
                           is not None else "cpu").tolist()  # one read per block
     options = options or {}

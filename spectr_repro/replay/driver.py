@@ -53,6 +53,7 @@ from spectr_repro import tracking
 from spectr_repro.errors import ResourceError
 from spectr_repro.records import file_integrity, integrity_problems
 from spectr_repro.replay.core import ROW_GROUPS, block_estimates, check_grid
+from spectr_repro.replay.support import SUPPORT_TAIL_MASS
 from spectr_repro.runner.config import (
     Composer,
     UsageError,
@@ -85,6 +86,9 @@ class ReplaySettings:
     # Prompts replayed together (replay.batch_prompts): how the blocks are computed, not which blocks, so it is
     # not a setting of the group's folder (as_dict): a folder started at one batch size resumes at another.
     batch_prompts: int = 1
+    # Rules judged on each block's support (replay.support_mass; replay/support.py): also how, not which blocks (the
+    # values move within the rules' float rounding), so not a setting of the folder either. None: every token.
+    support_mass: float | None = SUPPORT_TAIL_MASS
 
     @property
     def K_max(self) -> int:
@@ -159,6 +163,11 @@ def settings_of(cfg: DictConfig, grid: dict[str, list[str]]) -> ReplaySettings:
     if isinstance(batch_prompts, bool) or not isinstance(batch_prompts, int) or batch_prompts < 1:
         raise UsageError(f"replay.batch_prompts must be an integer >= 1 (prompts replayed together), got "
                          f"{batch_prompts!r}")
+    support_mass = replay.get("support_mass", SUPPORT_TAIL_MASS)
+    if support_mass is not None and (isinstance(support_mass, bool) or not isinstance(support_mass, (int, float))
+                                     or not 0 < support_mass < 1):
+        raise UsageError(f"replay.support_mass must be a number in (0, 1) (the most mass of a row pooled into the "
+                         f"block's tail token) or null (every token), got {support_mass!r}")
     sampled = tuple(str(m) for m in replay.get("sampled") or ())
     unknown = [m for m in sampled if m not in methods]
     if unknown:
@@ -166,7 +175,7 @@ def settings_of(cfg: DictConfig, grid: dict[str, list[str]]) -> ReplaySettings:
                          f"(it runs {', '.join(methods)})")
     return ReplaySettings(tuple(dict.fromkeys(methods)), K_values, L_values, reference, int(reference_K),
                           int(reference_L), int(draws), int(num_prompts), str(row_groups), sampled,
-                          int(batch_prompts))
+                          int(batch_prompts), None if support_mass is None else float(support_mass))
 
 
 def parse(argv: Sequence[str]) -> list[tuple[DictConfig, ReplaySettings]]:
@@ -244,7 +253,8 @@ class ReplayingReference(Verifier):
         s = self.settings
         start = time.perf_counter()  # the estimates end in host reads: the clock sees their device work too
         estimates = block_estimates(draft_tokens, draft_probs, target_probs, s.methods, s.K_values, s.L_values,
-                                    s.draws, self.generator, row_groups=s.row_groups, sampled=s.sampled)
+                                    s.draws, self.generator, row_groups=s.row_groups, sampled=s.sampled,
+                                    support_mass=s.support_mass)
         K, L = s.reference_K, s.reference_L
         result = self.reference(draft_tokens[:K, :L], draft_probs[:K, :L], target_probs[:K, :L + 1],
                                 generator=generator, state=state)
@@ -594,7 +604,8 @@ def _replay_claimed(pair, runner, cfg: DictConfig, settings: ReplaySettings, fol
         for (index, example, directory), input_ids, (blocks, summary) in zip(todo, inputs, results):
             try:
                 write_prompt(directory, blocks, {"prompt_id": str(example.id), "index": index,
-                                                 "prompt_tokens": len(input_ids), **summary})
+                                                 "prompt_tokens": len(input_ids), **summary,
+                                                 "support_mass": settings.support_mass})
             except OSError as error:
                 raise ResourceError(f"cannot write prompt {index} into {directory}: {error}") from error
             progress.computed += 1
