@@ -173,9 +173,11 @@ class Runner:
         return ClaimResult(False, holder)
 
     def release(self, directory: Path) -> None:
-        """Remove our claim on ``directory`` (never another runner's)."""
-        with self._lock:
-            self._held.discard(directory)
+        """Remove our claim on ``directory`` (never another runner's).
+
+        The claim leaves ``_held`` only once its file is gone: a signal raised inside this call (SIGTERM while a
+        cell's ``finally`` releases it) then leaves it held, and ``__exit__`` releases it on the way out (CI,
+        2026-12-04: a loaded machine left the first cell's claim.json behind when it was the other way round)."""
         holder = self.holder(directory)
         if holder is not None and holder.runner == self.id:
             (directory / CLAIM_FILE).unlink(missing_ok=True)
@@ -183,6 +185,8 @@ class Runner:
                 directory.rmdir()  # a cell that failed before writing anything leaves no empty folder
             except OSError:
                 pass
+        with self._lock:
+            self._held.discard(directory)
 
     def holder(self, directory: Path) -> Holder | None:
         return read_holder(directory)

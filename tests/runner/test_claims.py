@@ -157,3 +157,27 @@ def test_contention_sees_live_claims_of_other_runners_in_the_same_folder(tmp_pat
     watch = ContentionWatch(me, tmp_path / "cells")
     watch.sample()
     assert watch.result()["other_runners"] == [f"{me.host} pid {sleeper.pid}: claim on theirs"]
+
+
+class _InterruptedOnce(Runner):
+    """A runner whose first look at a claim's holder is interrupted, as a SIGTERM raised inside ``release``."""
+
+    interrupted = False
+
+    def holder(self, directory):
+        if not self.interrupted:
+            self.interrupted = True
+            raise KeyboardInterrupt
+        return super().holder(directory)
+
+
+def test_a_release_interrupted_by_a_signal_is_finished_on_the_way_out(tmp_path, isolated_runner_registry):
+    """The race of a CI failure (test_sigterm_says_what_was_kept, 2026-12-04): the signal landed inside the cell's
+    release. The claim stays held until its file is gone, so leaving the runner removes it. (Discarding it from the
+    held claims before removing the file, as before, fails this test: nothing removes the file.)"""
+    cell = tmp_path / "cells" / "c"
+    with pytest.raises(KeyboardInterrupt):
+        with _InterruptedOnce() as runner:
+            assert runner.claim(cell).acquired
+            runner.release(cell)
+    assert runner.interrupted and not (cell / CLAIM_FILE).exists(), "the claim is released on the way out"
