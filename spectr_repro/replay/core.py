@@ -121,16 +121,8 @@ def block_estimates(
     rules on the block's support (``replay.support.compact_block``: the tokens that carry its mass, at most this much
     of any row pooled into one tail token; exact values move by at most ~(L + 1) x this); None: the whole vocabulary.
     """
-    if mode not in MODES:
-        raise ValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
-    if row_groups not in ROW_GROUPS:
-        raise ValueError(f"row_groups must be one of {', '.join(ROW_GROUPS)}, got {row_groups!r}")
-    K_max, L_max = draft_tokens.shape
-    check_grid(methods, K_values, L_values, draws)
-    too_big = [v for v in K_values if v > K_max] + [v for v in L_values if v > L_max]
-    if too_big:
-        raise ValueError(f"K <= {K_max} and L <= {L_max} (the block's shape), got K={list(K_values)} "
-                         f"L={list(L_values)}")
+    _check_arguments(tuple(draft_tokens.shape), methods, K_values, L_values, draws, mode, row_groups)
+    K_max = draft_tokens.shape[0]
     if support_mass is not None:
         draft_tokens, draft_probs, target_probs, _ = compact_block(draft_tokens, draft_probs, target_probs,
                                                                    support_mass)
@@ -154,6 +146,21 @@ def block_estimates(
             estimator, used = values[0][1], sum(draws_used for _, _, draws_used in values)
             estimates.append(BlockEstimate(method, K, L, tokens, estimator, used, VERIFIERS[method].carries_state))
     return estimates
+
+
+def _check_arguments(shape: tuple[int, int], methods: Sequence[str], K_values: Sequence[int],
+                     L_values: Sequence[int], draws: int, mode: str, row_groups: str) -> None:
+    """ValueError unless the mode, row groups and grid are known and fit a block of ``shape`` (K_max, L_max)."""
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
+    if row_groups not in ROW_GROUPS:
+        raise ValueError(f"row_groups must be one of {', '.join(ROW_GROUPS)}, got {row_groups!r}")
+    K_max, L_max = shape
+    check_grid(methods, K_values, L_values, draws)
+    too_big = [v for v in K_values if v > K_max] + [v for v in L_values if v > L_max]
+    if too_big:
+        raise ValueError(f"K <= {K_max} and L <= {L_max} (the block's shape), got K={list(K_values)} "
+                         f"L={list(L_values)}")
 
 
 def _paired_rules(methods: Sequence[str], verifiers: dict[str, Any], options: dict[str, dict[str, Any]]
