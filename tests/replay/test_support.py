@@ -2,11 +2,12 @@
 they give on the whole vocabulary.
 
 The blocks are float64 and peaked like a real pair's at T = 0.4 (rows of one context sharing logits with a standard
-deviation of 10, divided by 0.4: most of the 4,000 tokens lie far below 1e-12), so the only difference between the two computations is the
-pooling itself, not float32 rounding. Pooling at most ``tail_mass`` of a row moves every mass a rule computes
-(sum_x (w p - c q)+, min(p, q), ...) by at most that, and a value (tokens per call, 1 .. L + 1) sums such terms over
-at most K (L + 1) stops: the check allows 1e-6 with tail_mass = 1e-9 (K = 3, L = 4 give a bound of ~2e-8; the margin
-absorbs the rules' own float64 rounding). Negative control: pooling 5 % of a row moves some value by more than 1e-4.
+deviation of 10, divided by 0.4: most of the 4,000 tokens lie far below 1e-12), so the only difference between the two
+computations is the pooling itself, not float32 rounding. Pooling at most ``tail_mass`` of a row moves every mass a
+rule computes (sum_x (w p - c q)+, min(p, q), ...) by at most that, and a value (tokens per call, 1 .. L + 1) sums
+such terms over at most K (L + 1) stops: the check allows 1e-6 with tail_mass = 1e-9 (K = 3, L = 4 give a bound of
+~2e-8; the margin absorbs the rules' own float64 rounding). Negative control: pooling 5 % of a row moves some value by
+more than 1e-4.
 """
 
 from __future__ import annotations
