@@ -53,7 +53,8 @@ def compact_block(draft_tokens: torch.Tensor, draft_probs: torch.Tensor, target_
     largest = torch.maximum(*(rows.amax(0) for rows in blocks)).float()  # [V]: the most any row gives a token
     # Decade d >= 1 holds the tokens whose largest probability lies in (1e-(d+1), 1e-d]; decade 0 the rest.
     decade = (-largest.clamp_min(1e-45).log10()).floor().clamp_(0, _DECADES).long()  # [V]
-    per_decade = torch.cat([_mass_by_decade(rows, decade) for rows in blocks])  # [R, D] float64
+    indicator = torch.zeros(V, _DECADES + 1, device=largest.device).scatter_(1, decade[:, None], 1.0)  # [V, D]
+    per_decade = torch.cat([_mass_by_decade(rows, indicator) for rows in blocks])  # [R, D] float64
     # Dropping every token with largest <= 1e-d drops the decades >= d: the mass at or beyond d, worst row.
     beyond = per_decade.flip(1).cumsum(1).flip(1).amax(0).tolist()  # [D]
     fits = [d for d in range(1, _DECADES + 1) if beyond[d] <= tail_mass]
@@ -82,11 +83,10 @@ def compact_block(draft_tokens: torch.Tensor, draft_probs: torch.Tensor, target_
             Support(V, kept, threshold, dropped))
 
 
-def _mass_by_decade(rows: torch.Tensor, decade: torch.Tensor, chunk: int = 64) -> torch.Tensor:
-    """Each row's mass in each decade of ``decade`` [V] (0 .. _DECADES): [R, D] float64, one matrix product with the
-    decades' indicator [V, D] (float32 accumulation: the sums are compared with ``tail_mass`` to within ~1e-6 of
-    themselves), ``chunk`` rows at a time."""
-    indicator = torch.zeros(decade.shape[0], _DECADES + 1, device=rows.device).scatter_(1, decade[:, None], 1.0)
+def _mass_by_decade(rows: torch.Tensor, indicator: torch.Tensor, chunk: int = 64) -> torch.Tensor:
+    """Each row's mass in each decade: [R, D] float64, one matrix product with the decades' indicator [V, D] (built
+    once a block, shared by the draft's and the target's rows; float32 accumulation: the sums are compared with
+    ``tail_mass`` to within ~1e-6 of themselves), ``chunk`` rows at a time."""
     return torch.cat([rows[lo : lo + chunk].float() @ indicator for lo in range(0, rows.shape[0], chunk)]).double()
 
 
