@@ -3,19 +3,12 @@
 from __future__ import annotations
 
 import ast
-import importlib.util
-import sys
-from pathlib import Path
 
-SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "long_functions.py"
+from tests.script_helpers import load_script
 
 
 def _script():
-    spec = importlib.util.spec_from_file_location("long_functions", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclass looks itself up there
-    spec.loader.exec_module(module)
-    return module
+    return load_script("long_functions")
 
 
 def test_every_long_function_is_allowed_with_a_reason():

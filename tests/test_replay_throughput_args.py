@@ -4,21 +4,13 @@ one message, exit 2, before anything runs."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
 
-SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "replay_throughput.py"
+from tests.script_helpers import load_script
 
 
 def _script():
-    spec = importlib.util.spec_from_file_location("replay_throughput", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclass looks itself up there
-    spec.loader.exec_module(module)
-    return module
+    return load_script("replay_throughput")
 
 
 def test_two_commits_each_at_their_own_batch_size():
