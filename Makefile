@@ -12,7 +12,7 @@ export SPECTR_REPRO_DATA ?= $(abspath ../shared/datasets)
 endif
 
 .PHONY: setup test test-full lint models reproduce bench bench-quick theory audit clean help
-.PHONY: check
+.PHONY: check report-committed check-committed
 
 help:
 	@echo "make setup       create .venv/ and install spectr_repro (editable, dev extras)"
@@ -22,6 +22,7 @@ help:
 	@echo "make reproduce   models + experiment $(PRESET) + theory + audit + quality + report (PRESET=paper on GPUs)"
 	@echo "make bench       speed benchmarks (results/bench/bench.json)"
 	@echo "make check       does the harness work here, and what does a run cost (calibrates the plan; minutes)"
+	@echo "make report-committed  REPORT.md of the committed results (results/README.md) into build/reports/, no model"
 
 $(PY):
 	python3 -m venv $(VENV)
@@ -103,6 +104,15 @@ theory: $(INSTALLED)
 
 audit: $(INSTALLED)
 	$(PY) -m spectr_repro audit
+
+# REPORT.md of the committed long runs (results/README.md), rebuilt from their records without any model, into
+# build/reports/<experiment>/ (never into the committed tree); their files checked against the manifests first.
+COMMITTED ?= replay_qwen_grid context_qwen
+check-committed: $(INSTALLED)
+	$(PY) -m spectr_repro seal --check $(foreach e,$(COMMITTED),$(wildcard results/$(e)))
+
+report-committed: check-committed
+	$(foreach e,$(COMMITTED),$(if $(wildcard results/$(e)/replay),$(PY) -m spectr_repro report results/$(e) --output build/reports/$(e)/REPORT.md --logger disabled && )) true
 
 clean:
 	rm -rf .pytest_cache .ruff_cache outputs multirun

@@ -1,6 +1,6 @@
 """``python -m spectr_repro <command> [args]`` (also the ``spectr-repro`` script), where <command> is one of
-run, sweep, plan, replay, excursions, report, theory, audit, bias, quality, bench, check, dashboard (``COMMANDS``
-below).
+run, sweep, plan, replay, excursions, report, theory, audit, bias, quality, bench, check, seal, spotcheck,
+dashboard (``COMMANDS`` below).
 
 Each subcommand lives in its own module and takes the remaining argv; they are imported lazily so
 that e.g. ``report`` works on a laptop without loading the runner.
@@ -32,6 +32,10 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "bench": ("spectr_repro.bench.cli", "main", "speed benchmarks: our loops vs transformers' (--quick: minutes)"),
     "check": ("spectr_repro.check.cli", "main", "does it work here, and what does a run cost: correctness, timing, "
               "calibration of `plan` (minutes)"),
+    "seal": ("spectr_repro.replay.seal", "main",
+             "seal a replay's finished prompts for git (gzip'd blocks, manifest), or --check sealed ones (no model)"),
+    "spotcheck": ("spectr_repro.replay.spotcheck", "main",
+                  "re-run k random committed prompts with their recorded settings and compare with the records"),
     "dashboard": ("spectr_repro.tracking.dashboard", "main",
                   "the W&B workspace of a results folder (offline: its definition and the commands to publish it)"),
 }

@@ -13,6 +13,7 @@ once. Plain dataclasses, no torch: a report can be rebuilt from a results folder
 
 from __future__ import annotations
 
+import gzip
 import json
 import math
 import statistics
@@ -228,6 +229,36 @@ def first_bad_line(text: str) -> tuple[int, str] | None:
     return None
 
 
+COMPRESSED_SUFFIX = ".gz"  # committed results hold their record files gzip'd (results/README.md)
+
+
+def compressed_path(path: Path) -> Path:
+    """Where the gzip'd copy of a record file lives (``blocks.jsonl`` -> ``blocks.jsonl.gz``)."""
+    return path.with_name(path.name + COMPRESSED_SUFFIX)
+
+
+def record_file_exists(path: Path) -> bool:
+    """The record file is there, as written or as its gzip'd committed copy."""
+    return path.exists() or compressed_path(path).exists()
+
+
+def read_record_text(path: Path) -> str:
+    """The text of a record file: the file as written, else its gzip'd copy (a fresh clone of committed results
+    holds only that); FileNotFoundError naming the plain path when neither exists. done.json vouches for the text,
+    so the same sha256 checks either copy."""
+    path = Path(path)
+    try:
+        return path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        packed = compressed_path(path)
+        if not packed.exists():
+            raise
+    try:
+        return gzip.decompress(packed.read_bytes()).decode("utf-8")
+    except (EOFError, gzip.BadGzipFile, OSError) as error:  # a truncated or edited .gz: unreadable, named
+        raise OSError(f"{packed} is not a whole gzip file ({error})") from error
+
+
 def integrity_problems(directory: Path, files: Mapping[str, Mapping[str, Any]]) -> list[str]:
     """How the files of ``directory`` differ from what its done.json vouches for (``files``: name -> its
     :func:`file_integrity`); [] when every one is there as written. Each problem names the file (and the line)."""
@@ -235,7 +266,7 @@ def integrity_problems(directory: Path, files: Mapping[str, Mapping[str, Any]]) 
     for name, expected in files.items():
         path = Path(directory) / name
         try:
-            text = path.read_text(encoding="utf-8")
+            text = read_record_text(path)
         except FileNotFoundError:
             problems.append(f"{path}: missing (done.json lists it)")
             continue
@@ -371,9 +402,10 @@ def read_cells(results_dir: str | Path) -> list[CellFiles]:
 
 
 __all__ = [
-    "RECORDS_FILE", "REQUIRED_SUMMARY_KEYS", "SCHEMA_VERSION", "SUMMARY_FILE", "CellFiles", "CellSummary",
-    "PromptRecord", "RecordTotals", "SchemaError", "as_json", "cell_folders", "field_names", "file_integrity",
-    "first_bad_line", "flatten_numbers", "integrity_problems",
-    "is_timed", "iter_records", "pooled_metrics", "read_cells", "read_records", "read_summary", "record_from_json",
-    "record_totals", "records_digest", "summary_disagreements", "summary_from_json", "table_columns",
+    "COMPRESSED_SUFFIX", "RECORDS_FILE", "REQUIRED_SUMMARY_KEYS", "SCHEMA_VERSION", "SUMMARY_FILE", "CellFiles",
+    "CellSummary", "PromptRecord", "RecordTotals", "SchemaError", "as_json", "cell_folders", "compressed_path",
+    "field_names", "file_integrity", "first_bad_line", "flatten_numbers", "integrity_problems", "is_timed",
+    "iter_records", "pooled_metrics", "read_cells", "read_record_text", "read_records", "read_summary",
+    "record_file_exists", "record_from_json", "record_totals", "records_digest", "summary_disagreements",
+    "summary_from_json", "table_columns",
 ]

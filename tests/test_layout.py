@@ -42,3 +42,29 @@ def test_hydra_composes_the_same_config_through_the_top_level_conf(monkeypatch):
     with Composer() as composer:
         through_link = composer.compose(overrides)
     assert through_link == packaged and through_link.grid
+
+
+def _tracked(*pathspec: str) -> list[str]:
+    out = subprocess.run(["git", "ls-files", "--", *pathspec], cwd=REPO, capture_output=True, text=True)
+    return out.stdout.split()
+
+
+def test_committed_results_are_sealed_small_and_packed():
+    """results/ holds only what .gitignore re-includes for the committed runs (results/README.md): every group has
+    its manifest and every file its manifest records is the one committed (seal --check), no plain blocks.jsonl,
+    60 MB at most in all (issue 48)."""
+    from spectr_repro.committed import check_group
+
+    tracked = _tracked("results")
+    assert "results/README.md" in tracked
+    assert not [p for p in tracked if p.endswith("blocks.jsonl")]
+    allowed = ("README.md", "replay.json", "manifest.json", "done.json", "blocks.jsonl.gz")
+    assert [p for p in tracked if not p.endswith(allowed)] == []
+    assert sum((REPO / p).stat().st_size for p in tracked) <= 60 * 2**20
+    groups = sorted({(REPO / p).parent for p in tracked if p.endswith("/replay.json")})
+    for group in groups:
+        checked, problems = check_group(group)
+        # a prompt a running replay finished since the last seal is not committed yet: only committed ones count
+        problems = [p for p in problems if "finished but not in" not in p
+                    or str(Path(p.split(":")[0]).relative_to(REPO) / "done.json") in tracked]
+        assert problems == [] and checked > 0, group

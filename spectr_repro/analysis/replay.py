@@ -20,7 +20,14 @@ import pandas as pd
 
 from spectr_repro.analysis.format import AVERAGE, COMPARATORS, interval_text
 from spectr_repro.analysis.stats import RESAMPLES, mean_of_ratios, paired_comparison
-from spectr_repro.records import integrity_problems
+from spectr_repro.analysis.versions import (
+    MANIFEST_FILE,
+    VERSION_COLUMN,
+    current_versions,
+    keep_current,
+    prompt_versions,
+)
+from spectr_repro.records import integrity_problems, read_record_text, record_file_exists
 from spectr_repro.verify import VERIFIERS, method_labels
 
 log = logging.getLogger(__name__)
@@ -45,20 +52,24 @@ def read_blocks(root: str | Path) -> tuple[pd.DataFrame, list[str]]:
     """(:func:`load_blocks`'s table, what was left out of it): a prompt whose blocks.jsonl is not the file its
     done.json vouches for (sha256, line count), or that cannot be parsed, is left out whole and named with the file
     and line; a group whose replay.json cannot be read is left out and named; prompts finished before done.json
-    recorded the sha256 are read unverified (said once per group)."""
-    rows, left_out = [], []
+    recorded the sha256 are read unverified (said once per group). Each rule's rows come from one version of it
+    (``analysis.versions``): prompts judged by another are left out and named."""
+    rows, left_out, manifests, finished = [], [], [], []
     for meta_path in sorted(Path(root).glob("*/replay.json")):
         try:
             meta = json.loads(meta_path.read_text(encoding="utf-8"))
         except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
             left_out.append(f"left out {meta_path.parent}: {meta_path} cannot be read ({error})")
             continue
+        manifest = _json_or_none(meta_path.parent / MANIFEST_FILE)
+        manifest = manifest if isinstance(manifest, dict) else None
+        manifests += [manifest] if manifest else []
         unverified = 0
         for done_path in sorted(meta_path.parent.glob("prompts/*/done.json")):
             blocks_path = done_path.parent / "blocks.jsonl"
-            if not blocks_path.exists():
+            if not record_file_exists(blocks_path):
                 continue
-            prompt_rows, problem, verified = _prompt_rows(meta, done_path, blocks_path)
+            prompt_rows, problem, verified = _prompt_rows(meta, done_path, blocks_path, manifest, finished)
             if problem is not None:
                 left_out.append(f"left out prompt {done_path.parent.name} of {meta_path.parent.name}: {problem}")
                 continue
@@ -68,15 +79,18 @@ def read_blocks(root: str | Path) -> tuple[pd.DataFrame, list[str]]:
             left_out.append(f"note: {unverified} prompt(s) of {meta_path.parent} were written before done.json "
                             f"recorded their blocks' sha256: read unverified")
     columns = ["model_pair", "dataset", "temperature", "prompt_id", "iteration", "reference_tokens", *CELL_KEYS,
-               "tokens", "estimator", "draws", "output_position", "prompt_tokens"]
-    return pd.DataFrame(rows, columns=columns), left_out
+               "tokens", "estimator", "draws", "output_position", "prompt_tokens", VERSION_COLUMN]
+    frame, other_versions = keep_current(pd.DataFrame(rows, columns=columns), current_versions(manifests, finished))
+    return frame, left_out + other_versions
 
 
-def _prompt_rows(meta: dict, done_path: Path, blocks_path: Path) -> tuple[list[tuple], str | None, bool]:
-    """(rows, None, verified) of one finished prompt, or ([], the problem naming file and line, False)."""
+def _prompt_rows(meta: dict, done_path: Path, blocks_path: Path, manifest: dict | None = None,
+                 finished: list | None = None) -> tuple[list[tuple], str | None, bool]:
+    """(rows, None, verified) of one finished prompt, or ([], the problem naming file and line, False); appends the
+    prompt's (finished_at, rule versions) to ``finished``."""
     try:
         prompt = json.loads(done_path.read_text(encoding="utf-8"))
-        text = blocks_path.read_text(encoding="utf-8")
+        text = read_record_text(blocks_path)
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
         return [], f"cannot read {done_path} or {blocks_path} ({error})", False
     files = prompt.get("records") if isinstance(prompt, dict) else None
@@ -84,6 +98,9 @@ def _prompt_rows(meta: dict, done_path: Path, blocks_path: Path) -> tuple[list[t
         problems = integrity_problems(done_path.parent, files)
         if problems:
             return [], "; ".join(problems), False
+    versions = prompt_versions(prompt, manifest, done_path.parent.name) if isinstance(prompt, dict) else {}
+    if finished is not None:
+        finished.append((str(prompt.get("finished_at", "")), versions))
     rows = []
     emitted = 0  # records before 2026-12-03 have no output_position: the earlier blocks' reference tokens give it
     prompt_tokens = prompt.get("prompt_tokens") if isinstance(prompt, dict) else None
@@ -95,7 +112,7 @@ def _prompt_rows(meta: dict, done_path: Path, blocks_path: Path) -> tuple[list[t
             for method, K, L, tokens, estimator, draws in block["values"]:
                 rows.append((meta["model_pair"], meta["dataset"], float(meta["temperature"]), prompt["prompt_id"],
                              block["iteration"], block["reference_tokens"], method, int(K), int(L), float(tokens),
-                             estimator, int(draws), position, prompt_tokens))
+                             estimator, int(draws), position, prompt_tokens, versions.get(method, "")))
         except (json.JSONDecodeError, KeyError, TypeError, ValueError) as error:
             return [], f"{blocks_path}:{number}: cannot be read ({type(error).__name__}: {error})", False
     return rows, None, isinstance(files, dict) and bool(files)
@@ -194,14 +211,17 @@ def _verdict(interval) -> str:
     return "undecided"
 
 
-def write_summaries(root: str | Path, resamples: int = RESAMPLES) -> str:
-    """Write replay_summary.csv and replay_differences.csv under ``root`` from every prompt that can be read; return
-    a markdown digest, followed by one line per prompt or group left out (naming its file and line)."""
+def write_summaries(root: str | Path, resamples: int = RESAMPLES, out: str | Path | None = None) -> str:
+    """Write replay_summary.csv and replay_differences.csv under ``out`` (default ``root``) from every prompt under
+    ``root`` that can be read; return a markdown digest, followed by one line per prompt or group left out (naming
+    its file and line)."""
     root = Path(root)
+    out = root if out is None else Path(out)
     frame, left_out = read_blocks(root)
     table, diffs = summary(frame, resamples), differences(frame, resamples=resamples)
-    table.to_csv(root / SUMMARY_FILE, index=False)
-    diffs.to_csv(root / DIFFERENCES_FILE, index=False)
+    out.mkdir(parents=True, exist_ok=True)
+    table.to_csv(out / SUMMARY_FILE, index=False)
+    diffs.to_csv(out / DIFFERENCES_FILE, index=False)
     digest = summary_markdown(table)
     return digest + "".join(f"\n{problem}" for problem in left_out)
 

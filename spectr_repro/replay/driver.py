@@ -53,6 +53,7 @@ from spectr_repro import tracking
 from spectr_repro.errors import ResourceError
 from spectr_repro.records import file_integrity, integrity_problems
 from spectr_repro.replay.core import ROW_GROUPS, block_estimates, check_grid
+from spectr_repro.replay.fingerprint import provenance
 from spectr_repro.replay.support import SUPPORT_TAIL_MASS
 from spectr_repro.runner.config import (
     Composer,
@@ -362,7 +363,14 @@ def changed_settings(folder: Path, meta: dict[str, Any]) -> list[str]:
     if not isinstance(old, dict):
         raise UsageError(f"{path} is not a replay's settings (a JSON object): move it aside, or use another "
                          f"experiment=")
-    return [key for key in meta if key != "num_prompts" and old.get(key) != meta[key]]
+    return [key for key in meta if key != "num_prompts" and old.get(key) != meta[key]
+            and not (key == "methods" and rules_added(old.get(key), meta[key]))]
+
+
+def rules_added(old: Any, new: Sequence[str]) -> bool:
+    """``new`` runs every rule of ``old`` and more (a rule registered after the replay began): the replay goes on, the
+    new rules evaluated on the prompts replayed from now on (the report pairs rules on the prompts both have)."""
+    return isinstance(old, list) and set(old) <= set(new)
 
 
 def _check_group_folder(folder: Path, meta: dict[str, Any], force: bool) -> None:
@@ -601,11 +609,14 @@ def _replay_claimed(pair, runner, cfg: DictConfig, settings: ReplaySettings, fol
             results = [replay_prompt(pair, inputs[0], settings, cfg, seed=seeds[0], should_stop=stops[0])]
         else:
             results = replay_prompts(pair, inputs, settings, cfg, seeds, stops)
+        recorded = {**provenance(settings.methods, settings.sampled, str(pair.device)),
+                    "batch": [index for index, _, _ in todo],
+                    "finished_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
         for (index, example, directory), input_ids, (blocks, summary) in zip(todo, inputs, results):
             try:
                 write_prompt(directory, blocks, {"prompt_id": str(example.id), "index": index,
                                                  "prompt_tokens": len(input_ids), **summary,
-                                                 "support_mass": settings.support_mass})
+                                                 "support_mass": settings.support_mass, **recorded})
             except OSError as error:
                 raise ResourceError(f"cannot write prompt {index} into {directory}: {error}") from error
             progress.computed += 1
@@ -629,4 +640,5 @@ def _finished(directory: Path, folder: Path, progress: Progress) -> bool:
 __all__ = ["FINISHED", "Progress", "PromptReplay", "PromptState", "ReplaySettings", "ReplayingReference",
            "changed_settings", "check_groups", "group_folder", "group_meta", "group_name", "main", "parse",
            "prompt_directory", "prompt_finished", "prompt_state", "recursion_room", "replay_generator",
-           "replay_prompt", "replay_prompts", "replay_root", "set_aside", "settings_of", "write_prompt"]
+           "replay_prompt", "replay_prompts", "replay_root", "rules_added", "set_aside", "settings_of",
+           "write_prompt"]

@@ -189,16 +189,25 @@ def test_the_report_summarises_a_replay_stopped_before_its_summary(two_buckets, 
 
     summary = two_buckets.parent / REPLAY_SUMMARY
     assert not summary.exists()
-    replay = load_replay([two_buckets.parent])
+    replay = load_replay([two_buckets.parent], tmp_path / 'report')
     assert replay is not None and summary.is_file()
     assert buckets(replay) == {"longcode_1k", "longcode_16k"}
     # a summary older than a finished prompt (one group only, then the other finished): rebuilt with both groups
     pd.read_csv(summary).query("dataset == 'longcode_1k'").to_csv(summary, index=False)
     os.utime(summary, (0, 0))
-    assert buckets(load_replay([two_buckets.parent])) == {"longcode_1k", "longcode_16k"}
+    assert buckets(load_replay([two_buckets.parent], tmp_path / 'report')) == {"longcode_1k", "longcode_16k"}
     # negative control: a summary newer than every prompt is read as it is, not rebuilt
     pd.read_csv(summary).query("dataset == 'longcode_1k'").to_csv(summary, index=False)
-    assert buckets(load_replay([two_buckets.parent])) == {"longcode_1k"}
+    assert buckets(load_replay([two_buckets.parent], tmp_path / 'report')) == {"longcode_1k"}
+    # committed (sealed) results are never written into: their summary is rebuilt in the report's folder
+    manifest = next(two_buckets.glob("*/replay.json")).parent / "manifest.json"
+    manifest.write_text("{}")
+    before = summary.stat().st_mtime_ns
+    for done in two_buckets.glob("*/prompts/*/done.json"):
+        os.utime(done)  # newer than the summary: it must be rebuilt, and not here
+    replay = load_replay([two_buckets.parent], tmp_path / "report")
+    assert buckets(replay) == {"longcode_1k", "longcode_16k"} and summary.stat().st_mtime_ns == before
+    assert (tmp_path / "report" / "replay_summaries" / two_buckets.parent.name / "replay_summary.csv").is_file()
     # a folder without finished prompts has no replay
     (tmp_path / "empty" / "replay").mkdir(parents=True)
-    assert load_replay([tmp_path / "empty"]) is None
+    assert load_replay([tmp_path / "empty"], tmp_path / "report") is None

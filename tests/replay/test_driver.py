@@ -60,10 +60,29 @@ def test_replay_writes_summaries_is_deterministic_and_resumes(tmp_path, capsys):
 
 
 def test_other_settings_in_the_same_folder_are_refused(tmp_path, capsys):
-    args = ["method=sd", "K=1", "L=2", "num_prompts=1", "max_new_tokens=4"]
+    args = ["method=sd,bv", "K=1", "L=2", "num_prompts=1", "max_new_tokens=4"]
     assert run(tmp_path, *args) == 0
-    assert run(tmp_path, "method=sd,bv", "K=1", "L=2", "num_prompts=1", "max_new_tokens=4") == 2
-    assert "other settings" in capsys.readouterr().err
+    assert run(tmp_path, "method=sd,bv", "K=1", "L=3", "num_prompts=1", "max_new_tokens=4") == 2
+    assert "other settings (L)" in capsys.readouterr().err
+    # A rule dropped from the replay is refused too: its later prompts would lack it without a reason.
+    assert run(tmp_path, "method=sd", "K=1", "L=2", "num_prompts=1", "max_new_tokens=4") == 2
+    assert "other settings (methods)" in capsys.readouterr().err
+
+
+def test_a_rule_added_to_a_replay_goes_on_with_the_new_prompts(tmp_path, capsys):
+    """A rule registered after a replay began (hsd, 2026-12-05) joins it: the finished prompts are kept as they are,
+    the new prompts carry the new rule, and the report pairs it with the others on the prompts both have."""
+    args = ["K=1", "L=2", "max_new_tokens=4"]
+    assert run(tmp_path, "method=sd", "num_prompts=1", *args) == 0
+    first = block_files(tmp_path)
+    kept = first[0].stat().st_mtime_ns
+    assert run(tmp_path, "method=sd,bv", "num_prompts=2", *args) == 0
+    assert "1 prompt(s) replayed, 1 finished earlier" in capsys.readouterr().out
+    files = block_files(tmp_path)
+    assert files[0].stat().st_mtime_ns == kept
+    methods = [{value[0] for line in f.read_text().splitlines() for value in json.loads(line)["values"]}
+               for f in files]
+    assert methods == [{"sd"}, {"sd", "bv"}]
 
 
 @pytest.mark.parametrize("arguments, message", [

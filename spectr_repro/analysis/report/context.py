@@ -25,11 +25,18 @@ from spectr_repro.analysis.load import (
     load_quality,
     load_results,
 )
-from spectr_repro.analysis.replay import read_blocks, read_summaries, reference_setting, write_summaries
+from spectr_repro.analysis.replay import (
+    SUMMARY_FILE,
+    read_blocks,
+    read_summaries,
+    reference_setting,
+    write_summaries,
+)
 from spectr_repro.analysis.replay_report import main_cells
 from spectr_repro.analysis.speedup import predict_speedups
 from spectr_repro.analysis.speedup_cells import cell_agreement, time_breakdown
 from spectr_repro.analysis.speedup_report import SpeedupData
+from spectr_repro.analysis.versions import MANIFEST_FILE
 from spectr_repro.cost.calibration import Calibration, read_calibrations
 from spectr_repro.cost.model import CallCosts
 from spectr_repro.data import typical_prompt_tokens
@@ -111,31 +118,38 @@ def _merge(results: list[Results]) -> Results:
     return Results(root=results[0].root, cells=cells, records=records)
 
 
-def _summarised_replay(folder: Path) -> Path | None:
-    """``folder/replay`` with a summary as new as its newest finished prompt, or None when it has neither. The
-    replay writes its summary when the command ends: a replay stopped (or still running) has prompts the summary
-    lacks, so the report rebuilds the summary from the records rather than leave them out."""
+def _summarised_replay(folder: Path, scratch: Path) -> tuple[Path, Path] | None:
+    """(``folder/replay``, the folder holding its summary), or None when it has neither prompts nor a summary.
+
+    The replay writes its summary when the command ends: a replay stopped (or still running) has prompts the summary
+    lacks, so the report rebuilds the summary from the records rather than leave them out. Committed results (groups
+    sealed with a manifest.json) are never written into: their summary is rebuilt under ``scratch`` (the report's
+    own folder), so a report of a fresh clone leaves the committed tree as git has it."""
     root = folder / "replay"
     finished = [path.stat().st_mtime for path in root.glob("*/prompts/*/done.json")]
-    summary = folder / REPLAY_SUMMARY
+    sealed = any(root.glob(f"*/{MANIFEST_FILE}"))
+    where = scratch / "replay_summaries" / folder.name if sealed else root
+    summary = where / SUMMARY_FILE
     if finished and (not summary.is_file() or summary.stat().st_mtime < max(finished)):
         try:
-            write_summaries(root)
+            write_summaries(root, out=where)
         except OSError as error:  # a results folder read-only to this user: the summary it has, else none
-            warnings.warn(f"cannot rebuild the replay summary in {root} ({error}); the report reads the one there",
+            warnings.warn(f"cannot rebuild the replay summary in {where} ({error}); the report reads the one there",
                           stacklevel=2)
-    return root if summary.is_file() else None
+    return (root, where) if summary.is_file() else None
 
 
-def load_replay(results_dirs: list[Path]) -> ReplayData | None:
-    """The replays under ``results_dirs`` (``<folder>/replay``); None when none has finished blocks."""
-    roots = [root for folder in results_dirs if (root := _summarised_replay(folder)) is not None]
-    if not roots:
+def load_replay(results_dirs: list[Path], scratch: Path) -> ReplayData | None:
+    """The replays under ``results_dirs`` (``<folder>/replay``); None when none has finished blocks. ``scratch``:
+    where the summaries of committed results are rebuilt (:func:`_summarised_replay`)."""
+    found = [pair for folder in results_dirs if (pair := _summarised_replay(folder, scratch)) is not None]
+    if not found:
         return None
+    roots = [root for root, _ in found]
     read = [read_blocks(root) for root in roots]
     blocks = pd.concat([frame for frame, _ in read], ignore_index=True)
     left_out = [problem for _, problems in read for problem in problems]
-    tables = [read_summaries(root) for root in roots]
+    tables = [read_summaries(where) for _, where in found]
     table = pd.concat([t for t, _ in tables], ignore_index=True)
     differences = [d for _, d in tables if not d.empty]
     if blocks.empty or table.empty:
@@ -226,7 +240,7 @@ def load_context(
     if audit is not None and not audit_path.is_file():
         raise ValueError(f"audit file {str(audit_path)!r} not found")
     report_path = Path(output) if output is not None else folders[0] / "REPORT.md"
-    replay = load_replay(folders)
+    replay = load_replay(folders, report_path.parent)
     return ReportContext(
         folders=folders,
         report_path=report_path,
