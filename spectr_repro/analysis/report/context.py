@@ -57,6 +57,7 @@ class ReplayData:
     K: int
     L: int
     left_out: list[str] = field(default_factory=list)  # prompts or groups that could not be read, each named
+    summary_folders: list[Path] = field(default_factory=list)  # where each root's summary is (committed: scratch)
 
 
 @dataclass
@@ -156,7 +157,7 @@ def load_replay(results_dirs: list[Path], scratch: Path) -> ReplayData | None:
         return None
     K, L = main_cells(table, reference_setting(roots))
     return ReplayData(roots, blocks, table, pd.concat(differences, ignore_index=True) if differences
-                      else pd.DataFrame(), K, L, left_out)
+                      else pd.DataFrame(), K, L, left_out, [where for _, where in found])
 
 
 def find_costs(results_dirs: list[Path], model_pair: str, dtype: str | None) -> CallCosts | None:

@@ -52,7 +52,8 @@ def replay_section(context: ReportContext) -> str | None:
              "call of a lossless reference trajectory, drafted whole, and each value is the rule's expected tokens on "
              "it (exact where the rule has a closed form, else the mean of its sampler's draws). 95 % intervals "
              "resample prompts. GBV carries state: its value is a first iteration's. Files: "
-             + ", ".join(f"`{relative(r / 'replay_summary.csv', out_dir)}`" for r in replay.roots), ""]
+             + ", ".join(f"`{relative(folder / 'replay_summary.csv', out_dir)}`"
+                         for folder in replay.summary_folders or replay.roots), ""]
     if replay.left_out:  # damaged prompts: the tables are built from the rest, and say so
         lines += ["Left out of the replay (files that could not be read; rerun `replay` on the folder to recompute "
                   "them):", "", *(f"- {problem}" for problem in replay.left_out), ""]
