@@ -7,7 +7,7 @@ x1, whatever the rule). This script prints, per toy, E[tau] of: SBV (rho per cou
 (greedy), each with the other's selection at one depth, and the proposed selection (SBV's grid plus rho = inf at
 the root; at the last depth rho chosen for the count MIXTURE against w1 * p, the exact last-depth objective).
 
-    PYTHONPATH=. python scripts/mpbv_vs_sbv_by_depth.py
+    python scripts/mpbv_vs_sbv_by_depth.py
 """
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ import math
 
 import torch
 
+from spectr_repro.theory.selection_rows import choose_rho, selection_law  # per-row views of SBV's closed forms
 from spectr_repro.theory.toy import toy_pair
 from spectr_repro.verify.mpbv import _rank_keys, path_block_test
-from tests.verify.selection_oracle import choose_rho, selection_law  # per-row views of SBV's closed forms
 
 GRID_POINTS = 64  # SBV's default grid size; its span is [1, 50 max r]
 

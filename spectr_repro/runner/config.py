@@ -25,7 +25,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf, open_dict
 
 from spectr_repro import conf as _conf
 from spectr_repro.errors import UsageError
-from spectr_repro.verify import VERIFIERS
+from spectr_repro.verify import VERIFIERS, multi_draft_methods
 
 # Groups that hold a choice; their options are the yaml files in conf/<group>/.
 GROUPS = ("method", "model_pair", "dataset", "experiment", "hardware", "logger")
@@ -44,14 +44,6 @@ def conf_dir() -> Path:
 def group_options(group: str) -> list[str]:
     conf_dir()  # a missing config folder is a UsageError, not an empty list
     return _conf.group_options(group)
-
-
-def single_draft_methods() -> list[str]:
-    return [name for name, spec in VERIFIERS.items() if spec.single_draft]
-
-
-def multi_draft_methods() -> list[str]:
-    return [name for name, spec in VERIFIERS.items() if not spec.single_draft]
 
 
 # --------------------------------------------------------------------------------------------------

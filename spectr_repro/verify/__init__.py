@@ -19,10 +19,11 @@ from spectr_repro.verify.registry import (
     get_verifier,
     method_labels,
     method_names,
+    multi_draft_methods,
     single_draft_methods,
 )
 
 __all__ = [
     "AR_LABEL", "AR_METHOD", "VERIFIERS", "FirstTokenLaw", "Outcome", "Verifier", "VerifierSpec", "VerifyResult",
-    "get_verifier", "method_labels", "method_names", "single_draft_methods", "validate_inputs",
+    "get_verifier", "method_labels", "method_names", "multi_draft_methods", "single_draft_methods", "validate_inputs",
 ]

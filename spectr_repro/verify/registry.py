@@ -89,6 +89,11 @@ def single_draft_methods() -> frozenset[str]:
     return frozenset({AR_METHOD, *(name for name, spec in VERIFIERS.items() if spec.single_draft)})
 
 
+def multi_draft_methods() -> tuple[str, ...]:
+    """The rules that verify K >= 1 drafts, in the registry's order."""
+    return tuple(name for name, spec in VERIFIERS.items() if not spec.single_draft)
+
+
 def get_verifier(name: str, **options):
     """Instantiate the rule ``name``: a ``verify.base.Verifier`` (options are rule-specific, e.g. ``carry_over=False``).
     Not annotated with it: the registry imports no rule and not the contract, which reads the registry."""
@@ -103,5 +108,5 @@ def get_verifier(name: str, **options):
 
 __all__ = [
     "AR_LABEL", "AR_METHOD", "VERIFIERS", "VerifierSpec", "get_verifier", "method_labels", "method_names",
-    "single_draft_methods",
+    "multi_draft_methods", "single_draft_methods",
 ]
