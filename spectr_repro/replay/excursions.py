@@ -34,7 +34,13 @@ from tqdm.auto import tqdm
 from spectr_repro import tracking
 from spectr_repro.replay.driver import ReplaySettings, group_meta
 from spectr_repro.replay.driver import parse as replay_groups
-from spectr_repro.runner.config import UsageError, check_before_loading, check_writable, print_help_if_asked
+from spectr_repro.runner.config import (
+    UsageError,
+    check_before_loading,
+    check_file_writable,
+    check_writable,
+    print_help_if_asked,
+)
 from spectr_repro.verify import Verifier, get_verifier
 from spectr_repro.verify.spectr_gbv import ARITHMETICS, SpecTrGBV
 
@@ -154,13 +160,7 @@ def parse(argv: Sequence[str]) -> tuple[argparse.Namespace, list[tuple[DictConfi
     check_before_loading([cfg for cfg, _ in groups], num_prompts=[s.num_prompts for _, s in groups],
                          block_L=[s.L_max for _, s in groups], rows=[s.K_max for _, s in groups])
     if args.out is not None:
-        out = Path(args.out).expanduser()
-        if out.is_dir():
-            raise UsageError(f"--out {args.out} is a folder: name a CSV file")
-        try:
-            check_writable(str(out.parent))
-        except UsageError as error:
-            raise UsageError(f"--out {args.out} cannot be written: {error}") from None
+        check_file_writable(args.out, "--out")
     for cfg, _ in groups:
         if tracking.enabled(cfg.logger):
             check_writable(cfg.output_dir, [tracking_folder(cfg)])

@@ -347,6 +347,28 @@ def check_writable(output_dir: str, folders: Iterable[str | Path] = ()) -> Path:
     return path
 
 
+def check_file_writable(path: str | Path, option: str) -> Path:
+    """An output file the command will write: its folder must be writable (:func:`check_writable`) and the file must
+    be creatable there. ``os.access`` says yes to root everywhere, and a folder such as /proc takes no new file, so
+    the file is created (exclusively) and removed at once: nothing is left behind. UsageError naming ``option``."""
+    out = Path(path).expanduser()
+    if out.is_dir():
+        raise UsageError(f"{option} {path} is a folder: name a file")
+    try:
+        check_writable(str(out.parent))
+        if out.exists():
+            with open(out, "a", encoding="utf-8"):
+                pass
+        else:
+            os.close(os.open(out, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+            out.unlink()
+    except UsageError as error:
+        raise UsageError(f"{option} {path} cannot be written: {error}") from None
+    except OSError as error:
+        raise UsageError(f"{option} {path} cannot be written: {error.strerror or error}") from None
+    return out
+
+
 def check_device(device, instead: str = "hardware=cpu") -> None:
     """hardware=cuda on a machine without a visible GPU: say so before loading anything (``instead``: the option
     that picks the CPU in the command's own syntax)."""

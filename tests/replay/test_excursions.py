@@ -10,6 +10,7 @@ import torch
 from spectr_repro import __main__ as cli
 from spectr_repro import tracking
 from spectr_repro.replay.excursions import ExcursionCount, block_excursions, count_rows, main
+from spectr_repro.runner import pairs
 from spectr_repro.tracking import names
 from spectr_repro.verify.spectr_gbv import SpecTrGBV
 
@@ -103,9 +104,22 @@ def test_bad_input_exits_2_before_loading(bad, tmp_path, capsys, monkeypatch):
     assert not out.exists() and not (tmp_path / "results").exists()
 
 
-def test_out_must_be_a_writable_file(tmp_path, capsys):
+def test_out_must_be_a_writable_file(tmp_path, capsys, monkeypatch):
     assert main([*BASE, "--out", str(tmp_path)]) == 2
     assert "is a folder" in capsys.readouterr().err
+
+    def no_loading(*args, **kwargs):
+        raise AssertionError("a model was loaded")
+
+    monkeypatch.setattr(pairs.PairCache, "pair", no_loading)
+    # Found 2026-12-04: /proc passes os.access for root but takes no new file; it loaded the models, then failed.
+    assert main([*BASE, "--out", "/proc/spectr_repro_counts.csv"]) == 2
+    assert "--out /proc/spectr_repro_counts.csv cannot be written" in capsys.readouterr().err
+    # negative control: a writable file passes the door, and the probe leaves nothing behind
+    from spectr_repro.runner.config import check_file_writable
+
+    assert check_file_writable(tmp_path / "counts.csv", "--out") == tmp_path / "counts.csv"
+    assert not (tmp_path / "counts.csv").exists()
 
 
 def test_logged_shares_of_slots_and_blocks_outside():
