@@ -6,8 +6,9 @@ The import graph of ``spectr_repro`` is read from the source (every ``import`` a
 - the edges the layering forbids: the rules are pure, the engine knows no runner, the analysis reads records
   only, the runner and the scoring of quality do not depend on the analysis, the cost model sits below the
   commands;
-- no cycle between packages: the commands (runner, replay, bias, bench, check, plan) share helpers through
-  lower packages, never through each other;
+- no cycle between packages: the commands (runner, replay, bias, bench, check, plan) share helpers through lower
+  packages or in one direction only (replay and bias use runner's configs, claims and pair cache; runner imports
+  neither), never both ways;
 - no cycle between modules, inside a package too (a package's ``__init__`` is a module like the others).
 """
 
