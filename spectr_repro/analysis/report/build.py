@@ -33,6 +33,7 @@ from spectr_repro.analysis.report.paper import paper_section
 from spectr_repro.analysis.report.physics import physics_section
 from spectr_repro.analysis.report.quality import quality_section
 from spectr_repro.analysis.report.replay import replay_section, verdicts_section
+from spectr_repro.analysis.report.speed_bench import speed_bench_section
 from spectr_repro.analysis.report.speedup import speedup_section
 from spectr_repro.analysis.report.theory import theory_section
 
@@ -49,8 +50,8 @@ def header_section(context: ReportContext) -> str:
 
 # The verdicts open the report; the replayed Table 1 comes before the trajectory one.
 SECTIONS = [header_section, verdicts_section, environment_section, integrity_section, settings_section,
-            replay_section, speedup_section, context_length_section, pair_sections, paper_section, physics_section,
-            audit_section, quality_section, theory_section, bias_section]
+            replay_section, speedup_section, context_length_section, pair_sections, speed_bench_section, paper_section,
+            physics_section, audit_section, quality_section, theory_section, bias_section]
 
 
 def render(context: ReportContext) -> str:
