@@ -31,8 +31,8 @@ from __future__ import annotations
 
 import torch
 
-from spectr_repro.verify.base import FirstTokenLaw, Outcome, Verifier, VerifyResult
-from spectr_repro.verify.bv import backward_scan, excess_mass
+from spectr_repro.verify.base import Outcome, Verifier, VerifyResult
+from spectr_repro.verify.bv import backward_scan, excess_mass, rows_at
 from spectr_repro.verify.common import (
     LawBuilder,
     clipped_stop_probability,
@@ -74,6 +74,11 @@ def stop_probabilities(targets: torch.Tensor, drafts: torch.Tensor, scale: torch
     inner = scale[1:L]  # [L-1]
     z = excess_mass(targets[1:L], drafts[1:L], inner).double()  # [L-1]: one [L-1, V] buffer
     return torch.cat([clipped_stop_probability(z, inner), last.reshape(1)])
+
+
+def excess_weights(target: torch.Tensor, draft: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """(s p - q)+ ([V], the rows' dtype): the unnormalised correction law at one depth; one fresh buffer."""
+    return torch.mul(target, scale.to(target.dtype)).sub_(draft).clamp_min_(0)
 
 
 class HierarchicalSpeculativeDecoding(Verifier):
@@ -124,26 +129,22 @@ class HierarchicalSpeculativeDecoding(Verifier):
         tests, eta_list = host[: L + 1], host[L + 1:]
 
         def stops(positions: list[int]) -> list[float]:
-            index = torch.tensor(positions, device=targets.device)
-            z = excess_mass(targets[index], drafts[index], scale[index]).double()
-            return clipped_stop_probability(z, scale[index]).tolist()
+            at = scale[torch.tensor(positions, device=scale.device)]
+            z = excess_mass(rows_at(targets, positions), rows_at(drafts, positions), at).double()
+            return clipped_stop_probability(z, at).tolist()
 
         tau = backward_scan(eta_list, tests, stops)  # tests[L] = h_L; h_i <= s_i below L
-        law = target_probs[0, L] if tau == L else self._correction(targets, drafts, scale, tau)
-        out = torch.cat([tokens[:tau], sample(law, generator).view(1)])
-        return VerifyResult(out, tau, 0, None)
+        if tau == L:
+            last = sample(target_probs[0, L], generator)
+        else:  # (s p - q)+ unnormalised (sample needs no normalising); no mass (probability 0): p, without a branch
+            weights = excess_weights(targets[tau], drafts[tau], scale[tau])
+            last = sample(torch.addcmul(weights, targets[tau], weights.sum() <= 0), generator)
+        return VerifyResult(torch.cat([tokens[:tau], last.view(1)]), tau, 0, None)
 
     def expected_emitted(self, draft_tokens, draft_probs, target_probs, state=None) -> torch.Tensor:
         """E[tau + 1 | drafts] from h_1..h_L on the device (no host read)."""
         _, targets, drafts, scale, last = self._block(draft_tokens, draft_probs, target_probs)
         return expected_emitted_from_stops(stop_probabilities(targets, drafts, scale, last))
-
-    def first_token_law(self, draft_tokens, draft_probs, target_probs) -> FirstTokenLaw:
-        """P(tau >= 1) = 1 - prod_{m >= 1} (1 - h_m) on the draft's first token; else norm((p - q)+) at depth 0."""
-        h = self._all_stops(draft_tokens, draft_probs, target_probs)
-        accepted = 1.0 - torch.prod(1.0 - h[1:])
-        rest = residual(target_probs[0, 0].double(), draft_probs[0, 0].double(), fallback=target_probs[0, 0].double())
-        return FirstTokenLaw(accepted.reshape(1), rest)
 
     def _law(self, draft_tokens, draft_probs, target_probs, state) -> list[Outcome]:
         draft_probs, target_probs = draft_probs.double(), target_probs.double()
