@@ -43,6 +43,8 @@ EXTRA_VARIANTS: dict[str, list[dict[str, Any]]] = {
                    {"arithmetic": "release_fp32"}],
     "sbv": [{"count_posterior": False}],  # sbv with greedy selection is MP-BV, audited as `mpbv`
     "sbvf": [{"selection": "mixture"}],  # rho for the count mixture, greedy point included (docs/theory.md)
+    # hsd: the release's EAGLE-3H cap; the capped last test (which makes it BV, the lossless reading)
+    "hsd": [{"cap": "joint_min"}, {"final_test": "capped"}],
 }
 
 

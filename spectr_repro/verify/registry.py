@@ -71,6 +71,9 @@ VERIFIERS: dict[str, VerifierSpec] = {
         VerifierSpec("mpbv", "spectr_repro.verify.mpbv:GreedyMultiPathBlockVerification", "MP-BV", True, True,
                      False, "greedy multi-path block verification (Thomas & Pal 2026, their 'GBV'): BV on the "
                      "highest-ratio path with that path's exact law", reduces_at_K1_to="bv"),
+        VerifierSpec("hsd", "spectr_repro.verify.hsd:HierarchicalSpeculativeDecoding", "HSD", False, True, True,
+                     "hierarchical speculative decoding as released (Zhou et al., ICLR 2026): BV's capped branch "
+                     "tests, the whole block on its joint ratio (not lossless, measured)"),
     ]
 }
 
