@@ -111,6 +111,18 @@ def test_check_names_each_damage(replayed, tmp_path, capsys, damage, message):
     assert message in capsys.readouterr().err
 
 
+def test_the_readme_table_of_committed_results_comes_from_their_records(replayed, tmp_path):
+    """README's results block for committed results is built from the records a clone holds (no summary file is
+    committed), names them as its source and leaves nothing in the committed tree."""
+    from spectr_repro.analysis.readme import render
+
+    clone = clone_of(replayed, tmp_path)
+    before = sorted(p.name for p in clone.parent.rglob("*"))
+    text = render(clone.parent, tmp_path)
+    assert "From the committed records in `clone` (sealed " in text and "| SBV " in text
+    assert sorted(p.name for p in clone.parent.rglob("*")) == before
+
+
 def test_seal_refuses_a_folder_without_a_replay(tmp_path, capsys):
     (tmp_path / "empty").mkdir()
     assert seal.main([str(tmp_path / "empty")]) == 2
