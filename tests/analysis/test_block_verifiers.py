@@ -1,0 +1,38 @@
+"""HSD beside the block verifiers (analysis/report/block_verifiers.py): paired on the prompts both rules have."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+
+from spectr_repro.analysis.report.block_verifiers import hsd_differences
+
+
+def blocks(rows):
+    return pd.DataFrame([{"model_pair": "p", "temperature": 0.4, "dataset": "d", "iteration": 0, **row}
+                         for row in rows])
+
+
+def test_hsd_pairs_on_the_prompts_both_rules_have():
+    """bv on prompts a, b, c; hsd only on b, c (registered after a was replayed): the difference is hsd - bv on b and
+    c alone (+0.5 each), not against bv's mean over a, b, c. Negative control: pooling prompt a would give +1.5."""
+    rows = [{"method": "bv", "K": 1, "L": 6, "prompt_id": p, "tokens": t} for p, t in (("a", 1.0), ("b", 3.0),
+                                                                                        ("c", 5.0))]
+    rows += [{"method": "hsd", "K": 1, "L": 6, "prompt_id": p, "tokens": t} for p, t in (("b", 3.5), ("c", 5.5))]
+    table = hsd_differences(blocks(rows))
+    [row] = table.to_dict("records")
+    assert row["comparator"] == "bv" and row["prompts"] == 2
+    assert row["difference"] == pytest.approx(0.5)
+
+
+def test_no_hsd_no_table():
+    assert hsd_differences(blocks([{"method": "bv", "K": 1, "L": 6, "prompt_id": "a", "tokens": 2.0}])).empty
+
+
+def test_multi_draft_comparators_at_each_K():
+    rows = [{"method": "hsd", "K": 1, "L": 6, "prompt_id": p, "tokens": 2.0} for p in "ab"]
+    rows += [{"method": "spectr_gbv", "K": K, "L": 6, "prompt_id": p, "tokens": 2.0 + K / 10} for p in "ab"
+             for K in (1, 3)]
+    table = hsd_differences(blocks(rows))
+    assert sorted(table["comparator_K"]) == [1, 3]
+    assert table.set_index("comparator_K")["difference"].to_dict() == pytest.approx({1: -0.1, 3: -0.3})
