@@ -49,7 +49,9 @@ from spectr_repro.cost import (
 )
 from spectr_repro.cost.model import rule_seconds_per_block
 from spectr_repro.errors import UsageError
+from spectr_repro.records import read_record_text
 from spectr_repro.replay.driver import (
+    BLOCKS_FILE,
     changed_settings,
     group_folder,
     group_meta,
@@ -231,7 +233,8 @@ def _finished_blocks(folder: Path) -> list[dict]:
     lines = []
     for directory in sorted((folder / "prompts").glob("*")):
         if prompt_finished(directory):
-            lines += [json.loads(line) for line in (directory / "blocks.jsonl").read_text().splitlines() if line]
+            text = read_record_text(directory / BLOCKS_FILE)  # as written, or its sealed .gz copy (committed results)
+            lines += [json.loads(line) for line in text.splitlines() if line]
     return lines
 
 
