@@ -203,5 +203,34 @@ class ModelledForwardCosts:
         return self.rates.seconds(self.shape, int(rows), int(tokens), at, logits, self.width)
 
 
-__all__ = ["ARCHITECTURE_CONFIGS", "ModelShape", "ModelledForwardCosts", "Rates", "model_shape", "pair_shapes",
+def batch_memory_bytes(target: ModelShape, draft: ModelShape, prompt_tokens: int, new_tokens: int, K: int, L: int,
+                       batch: int, width: int = 2) -> int:
+    """Bytes a decode of ``batch`` prompts at K drafts of L tokens holds at its longest: both models' weights; both KV
+    caches on B x (K + 1) rows (the engine repeats each prompt's committed cache over its K drafts beside the
+    original) at prompt + new tokens + L + 1 positions; one target call's logits over B x K x (L + 1) positions in
+    float32 and its widest activation (the MLP's, B x K x (L + 1) x intermediate) in ``width``."""
+    positions = int(prompt_tokens) + int(new_tokens) + int(L) + 1
+    weights = (target.params + draft.params) * width
+    caches = batch * (K + 1) * positions * (target.kv_bytes_per_token(width) + draft.kv_bytes_per_token(width))
+    verified = batch * K * (L + 1)
+    activations = verified * target.vocab * 4 + verified * target.intermediate * width * 2
+    return int(weights + caches + activations)
+
+
+def largest_batch(fits, limit: int = 4096) -> int:
+    """The largest B >= 1 with ``fits(B)`` (memory grows with B: a doubling search, then bisection); 0 when none."""
+    if not fits(1):
+        return 0
+    low, high = 1, 2
+    while high <= limit and fits(high):
+        low, high = high, high * 2
+    high = min(high, limit + 1)
+    while high - low > 1:
+        middle = (low + high) // 2
+        low, high = (middle, high) if fits(middle) else (low, middle)
+    return low
+
+
+__all__ = ["ARCHITECTURE_CONFIGS", "batch_memory_bytes", "largest_batch", "ModelShape", "ModelledForwardCosts",
+           "Rates", "model_shape", "pair_shapes",
            "shape_from_config", "width_of"]

@@ -60,6 +60,7 @@ from spectr_repro.replay.driver import (
     replay_root,
 )
 from spectr_repro.runner.config import conf_dir
+from spectr_repro.runner.fit import check_batch_fits
 from spectr_repro.runner.plan import format_duration, pair_config_of
 
 
@@ -164,6 +165,9 @@ def _plan_pair(command: str, groups: list, measured: dict[tuple, float], argumen
                       K_values=tuple(sorted({*settings.K_values, settings.reference_K})),
                       L_values=tuple(sorted({*settings.L_values, settings.reference_L})),
                       configs=[group_cfg for group_cfg, _ in groups])
+    for group_cfg, group_settings in groups:  # a batch that cannot fit is refused here too, before any pricing
+        check_batch_fits(group_cfg, group_settings.batch_prompts, group_settings.K_max, group_settings.L_max,
+                         "replay.batch_prompts")
     calibration = calibration_for(cfg)
     plan.model_note = model_calls_source(cfg, calibration)
     if settings.batch_prompts > 1:
