@@ -24,7 +24,7 @@ import pandas as pd
 from spectr_repro.analysis.format import AVERAGE
 from spectr_repro.analysis.replay import GROUP_KEYS, differences, summary
 from spectr_repro.analysis.stats import RESAMPLES, mean_of_ratios, paired_comparison
-from spectr_repro.cost.calibration import ForwardCosts
+from spectr_repro.cost.model import chunked_prefill_seconds  # re-exported: the one prefill price
 from spectr_repro.data import bucket_tokens
 from spectr_repro.verify import VERIFIERS
 
@@ -177,18 +177,6 @@ def acceptance_by_output_position(blocks: pd.DataFrame, edges: Sequence[int] = P
     table = pd.DataFrame(rows)
     table["bin"] = table["position"].map(order)
     return table.sort_values(["method", "K", "bin"], kind="stable").drop(columns="bin").reset_index(drop=True)
-
-
-def chunked_prefill_seconds(costs: ForwardCosts, prompt_tokens: int, chunk: int | None) -> float:
-    """A prompt's prefill on one model: its chunks one after another, each on the context the earlier ones left
-    (``chunk`` None: one forward), priced by the calibration (interpolated between its measured contexts)."""
-    chunk = int(chunk or prompt_tokens)
-    seconds, start = 0.0, 0
-    while start < prompt_tokens:
-        size = min(chunk, prompt_tokens - start)
-        seconds += costs.seconds(1, size, "last", context=start)
-        start += size
-    return seconds
 
 
 __all__ = ["POSITION_BINS", "acceptance_by_output_position", "bucket_blocks", "by_input_length",

@@ -5,9 +5,15 @@ A forward's seconds come from one of two sources, and every estimate says which:
 - a calibration (``spectr_repro.cost.calibration``): seconds per forward of the pair's target and draft
   measured on this machine by ``python -m spectr_repro check`` at the shapes of the run (rows x new tokens
   on a cached context), plus the overhead per call the forwards do not explain;
-- else the assumed roofline of the selected hardware (``hardware.estimate`` in conf/hardware/*.yaml):
+- else the estimate of the selected hardware (``hardware.estimate`` in conf/hardware/*.yaml) on the pair's shapes
+  (``cost.shapes``; a pair whose architecture is not shipped: its parameter count alone, no context):
 
-      seconds per forward = overhead + weight bytes / bandwidth + tokens x 2 x params / compute
+      seconds per forward = overhead + (weight bytes + rows x (context + tokens) x KV bytes) / bandwidth
+                            + matmul FLOPs / compute + attention FLOPs over the cached context / attention rate
+
+  so a forward on a 16K-token cache costs its attention and KV reads over 16K tokens, a prompt's prefill is priced
+  chunk by chunk on the cache the earlier chunks left, and B prompts decoded together read the weights once for
+  their B x K rows (:func:`batch_prompt_seconds`, the one price of a prompt or a batch, measured or modelled).
 
 A call (one speculative iteration at K drafts of L tokens) is
 
@@ -379,84 +385,128 @@ def bytes_per_parameter(cfg: DictConfig, pair: dict) -> int:
     return 4 if dtype == "float32" else 2
 
 
+def estimate_forward_costs(cfg: DictConfig, pair: dict, context: int = 0) -> tuple[Any, Any] | None:
+    """(target, draft) forward costs on ``hardware.estimate`` (None without one): from each model's shape
+    (``cost.shapes``: the weight matmuls, attention over the cached context and the KV bytes it reads) at the
+    estimate's rates, summed; a pair whose architecture is not shipped falls back to its parameter count alone
+    (:func:`forward_seconds`, no context)."""
+    if cfg.hardware.get("estimate") is None:
+        return None
+    from spectr_repro.cost.shapes import ModelledForwardCosts, Rates, model_shape
+
+    estimate = OmegaConf.to_container(cfg.hardware.estimate, resolve=True)
+    width = bytes_per_parameter(cfg, pair)
+    try:
+        rates = Rates.from_estimate(estimate)
+        return tuple(ModelledForwardCosts(model_shape(pair, role), rates, width, context)
+                     for role in ("target", "draft"))
+    except (ValueError, OSError, KeyError):
+        return tuple(ParameterForwardCosts(estimate, model_parameters(pair, role), width)
+                     for role in ("target", "draft"))
+
+
+@dataclass(frozen=True)
+class ParameterForwardCosts:
+    """A forward priced from its parameter count alone (:func:`forward_seconds`): the estimate of a pair whose
+    architecture is not known here (no attention, no context)."""
+
+    estimate: dict
+    params: float
+    width: int
+    spread: float = 0.0
+
+    def seconds(self, rows: int, tokens: int, logits: str = "last", context: int | None = None) -> float:
+        return forward_seconds(self.estimate, self.params, self.width, rows * tokens)
+
+
+def chunked_prefill_seconds(costs: Any, prompt_tokens: int, chunk: int | None) -> float:
+    """A prompt's prefill on one model: its chunks one after another, each on the context the earlier ones left
+    (``chunk`` None: one forward), so that attention over the growing cache is charged to every chunk."""
+    chunk = int(chunk or prompt_tokens) or 1
+    seconds, start = 0.0, 0
+    while start < prompt_tokens:
+        size = min(chunk, prompt_tokens - start)
+        seconds += costs.seconds(1, size, "last", context=start)
+        start += size
+    return seconds
+
+
+def batch_prompt_seconds(target: Any, draft: Any | None, prompt_tokens: int, chunk: int | None, new_tokens: int,
+                         K: int, L: int, iterations: float, batch: int = 1, overhead_s: float = 0.0) -> float:
+    """``batch`` prompts decoded together: each prompt's prefill (chunked, each chunk on the context before it),
+    then ``iterations`` calls of B x K rows on the calls' mean context (prompt + half the new tokens). ``draft``
+    None: AR, one target forward over ``batch`` rows x 1 token per emitted token (``iterations`` of them)."""
+    context = int(prompt_tokens) + int(new_tokens) // 2
+    prefill = chunked_prefill_seconds(target, prompt_tokens, chunk)
+    if draft is None:
+        return batch * prefill + iterations * target.seconds(batch, 1, context=context)
+    prefill += chunked_prefill_seconds(draft, prompt_tokens, chunk)
+    return batch * prefill + iterations * seconds_per_call(target, draft, K, L, overhead_s, batch=batch,
+                                                           context=context)
+
+
+def _costs_of(cfg: DictConfig, pair: dict | None, calibration: Calibration | None) -> tuple[Any, Any, float] | None:
+    """(target, draft, overhead per call) of a calibration, else of ``hardware.estimate`` (None without either)."""
+    if calibration is not None:
+        return calibration.target, calibration.draft, float(calibration.extra.get("overhead_s_per_call", 0.0))
+    costs = estimate_forward_costs(cfg, pair) if pair is not None else None
+    return None if costs is None else (*costs, 0.0)
+
+
 def cell_seconds(cfg: DictConfig, pair: dict, block_efficiency: float, calibration: Calibration | None = None,
                  batches: Sequence[int] = ()) -> float | None:
     """Estimated seconds of one cell on ``cfg.hardware`` (warm-up included); None when there is no calibration
-    and the hardware config has no ``estimate``. With a ``calibration`` its costs replace the roofline, and
-    ``batches`` (the sizes of the groups of untimed prompts decoded together, ``runner.batched``) count."""
-    if calibration is not None:
-        return calibrated_cell_seconds(cfg, calibration, block_efficiency, batches)
-    if cfg.hardware.get("estimate") is None:
+    and the hardware config has no ``estimate``. With a ``calibration`` its costs replace the estimate.
+    ``batches``: the sizes of the groups of untimed prompts decoded together (``runner.batched``)."""
+    costs = _costs_of(cfg, pair, calibration)
+    if costs is None:
         return None
-    estimate = OmegaConf.to_container(cfg.hardware.estimate, resolve=True)
-    target, width = model_parameters(pair, "target"), bytes_per_parameter(cfg, pair)
-    prompt = typical_prompt_tokens(cfg.choices.dataset)
-    tokens = cfg.max_new_tokens
-    if cfg.method.name == "ar":
-        per_prompt = forward_seconds(estimate, target, width, prompt) + tokens * forward_seconds(
-            estimate, target, width, 1)
-    else:
-        per_prompt = speculative_prompt_seconds(cfg, pair, cfg.K, cfg.L, math.ceil(tokens / block_efficiency))
-    warmup = forward_seconds(estimate, target, width, 32) + 8 * forward_seconds(estimate, target, width, 1)
-    return cfg.num_prompts * per_prompt + warmup
-
-
-def speculative_prompt_seconds(cfg: DictConfig, pair: dict, K: int, L: int, iterations: int) -> float | None:
-    """One prompt decoded alone at K drafts of L tokens, on the roofline (None without ``estimate``): the
-    prompt through target and draft, then per iteration one target call over K x (L+1) tokens and L draft
-    forwards over K rows."""
-    if cfg.hardware.get("estimate") is None:
-        return None
-    estimate = OmegaConf.to_container(cfg.hardware.estimate, resolve=True)
-    target, draft = model_parameters(pair, "target"), model_parameters(pair, "draft")
-    width = bytes_per_parameter(cfg, pair)
-    prompt = typical_prompt_tokens(cfg.choices.dataset)
-    prefill = forward_seconds(estimate, target, width, prompt) + forward_seconds(estimate, draft, width, prompt)
-    target_call = forward_seconds(estimate, target, width, K * (L + 1))
-    draft_step = forward_seconds(estimate, draft, width, K)
-    return prefill + iterations * (target_call + L * draft_step)
-
-
-def calibrated_cell_seconds(cfg: DictConfig, calibration: Calibration, block_efficiency: float,
-                            batches: Sequence[int] = ()) -> float:
-    """Seconds of one cell from measured forward costs: per prompt the prefill (in ``hardware.prefill_chunk``
-    chunks) and the decoding calls; the prompts of ``batches`` (group sizes, B > 1 with
-    ``hardware.batch_prompts``) decode a group at a time (B*K rows per call), the others alone, as
-    ``runner.batched`` runs them."""
-    target = calibration.target
-    tokens = cfg.max_new_tokens
+    target, draft, overhead = costs
     timed = cfg.num_prompts - sum(batches)
+    prompt, chunk = typical_prompt_tokens(cfg.choices.dataset), cfg.hardware.get("prefill_chunk")
+    tokens = int(cfg.max_new_tokens)
 
     def prompts_seconds(batch: int) -> float:
         """``batch`` prompts decoded together (1: alone)."""
-        if cfg.method.name == "ar":
-            prefill = sum(target.seconds(1, n) for n in prefill_pieces(cfg)) * batch
-            return prefill + tokens * target.seconds(batch, 1)  # the per-call overhead is measured on sd-like loops
-        return calibrated_prompt_seconds(cfg, calibration, cfg.K, cfg.L, math.ceil(tokens / block_efficiency),
-                                         batch)
+        if cfg.method.name == "ar":  # the per-call overhead is measured on sd-like loops
+            return batch_prompt_seconds(target, None, prompt, chunk, tokens, 1, 1, tokens, batch)
+        return batch_prompt_seconds(target, draft, prompt, chunk, tokens, cfg.K, cfg.L,
+                                    math.ceil(tokens / block_efficiency), batch, overhead)
 
     seconds = timed * prompts_seconds(1) + sum(prompts_seconds(size) for size in batches)
     warmup = target.seconds(1, 32) + 8 * target.seconds(1, 1)
     return seconds + warmup
 
 
-def calibrated_prompt_seconds(cfg: DictConfig, calibration: Calibration, K: int, L: int, iterations: int,
-                              batch: int = 1) -> float:
-    """``batch`` prompts decoded together at K drafts of L tokens, from measured forward costs: each prompt
-    through target and draft (in ``hardware.prefill_chunk`` chunks), then ``iterations`` calls."""
-    target, draft = calibration.target, calibration.draft
-    overhead = float(calibration.extra.get("overhead_s_per_call", 0.0))
-    prefill = sum(target.seconds(1, n) + draft.seconds(1, n) for n in prefill_pieces(cfg)) * batch
-    return prefill + iterations * seconds_per_call(target, draft, K, L, overhead, batch=batch)
+def calibrated_cell_seconds(cfg: DictConfig, calibration: Calibration, block_efficiency: float,
+                            batches: Sequence[int] = ()) -> float:
+    """:func:`cell_seconds` from a calibration's measured forward costs."""
+    return cell_seconds(cfg, {}, block_efficiency, calibration, batches)
 
 
 def prompt_seconds(cfg: DictConfig, pair: dict | None, calibration: Calibration | None, K: int, L: int,
-                   iterations: int) -> float | None:
-    """One prompt decoded alone at K drafts of L tokens: calibrated when ``calibration`` is given, else on the
-    roofline of the ``pair`` config (None without ``hardware.estimate``)."""
-    if calibration is not None:
-        return calibrated_prompt_seconds(cfg, calibration, K, L, iterations)
-    return speculative_prompt_seconds(cfg, pair, K, L, iterations)
+                   iterations: int, batch: int = 1) -> float | None:
+    """``batch`` prompts decoded together at K drafts of L tokens (B*K rows a call): calibrated when
+    ``calibration`` is given, else on ``hardware.estimate`` for the ``pair`` config (None without either)."""
+    costs = _costs_of(cfg, pair, calibration)
+    if costs is None:
+        return None
+    target, draft, overhead = costs
+    return batch_prompt_seconds(target, draft, typical_prompt_tokens(cfg.choices.dataset),
+                                cfg.hardware.get("prefill_chunk"), int(cfg.max_new_tokens), K, L, iterations,
+                                batch, overhead)
+
+
+def speculative_prompt_seconds(cfg: DictConfig, pair: dict, K: int, L: int, iterations: int,
+                               batch: int = 1) -> float | None:
+    """``batch`` prompts decoded together at K drafts of L tokens on ``hardware.estimate`` (None without one)."""
+    return prompt_seconds(cfg, pair, None, K, L, iterations, batch)
+
+
+def calibrated_prompt_seconds(cfg: DictConfig, calibration: Calibration, K: int, L: int, iterations: int,
+                              batch: int = 1) -> float:
+    """``batch`` prompts decoded together at K drafts of L tokens, from measured forward costs."""
+    return prompt_seconds(cfg, None, calibration, K, L, iterations, batch)
 
 
 def prefill_pieces(cfg: DictConfig) -> list[int]:
@@ -466,7 +516,8 @@ def prefill_pieces(cfg: DictConfig) -> list[int]:
     return [chunk] * (prompt // chunk) + ([prompt % chunk] if prompt % chunk else [])
 
 
-__all__ = ["GB", "SECTIONS", "CallCosts", "SectionOverheads", "bytes_per_parameter", "calibrated_cell_seconds",
+__all__ = ["GB", "SECTIONS", "CallCosts", "ParameterForwardCosts", "SectionOverheads", "batch_prompt_seconds",
+           "bytes_per_parameter", "calibrated_cell_seconds", "chunked_prefill_seconds", "estimate_forward_costs",
            "calibration_overheads", "calibration_rule_seconds", "fit_calibration_overheads",
            "calibrated_prompt_seconds", "calls_to_emit", "cell_seconds", "expected_block_efficiency", "forward_seconds",
            "model_calls_source", "model_parameters", "prefill_pieces", "prompt_seconds", "rule_key",

@@ -29,7 +29,6 @@ seconds per emitted token (seconds per call / block efficiency): :func:`allowed_
 from __future__ import annotations
 
 import functools
-import json
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,11 +39,17 @@ import yaml
 
 from spectr_repro.cost.calibration import Calibration, ForwardCosts
 from spectr_repro.cost.model import seconds_per_call
+from spectr_repro.cost.shapes import (
+    ARCHITECTURE_CONFIGS,
+    ModelShape,
+    Rates,
+    model_shape,
+    pair_shapes,
+    shape_from_config,
+    width_of,
+)
 
 ACCELERATORS_YAML = Path(__file__).resolve().parent / "accelerators.yaml"
-# The architecture configs the random-weight check builds from (package data of spectr_repro.check, read as
-# files: the cost model sits below the commands and imports none of them).
-ARCHITECTURE_CONFIGS = Path(__file__).resolve().parent.parent / "check" / "configs"
 PAPER_MAIN_YAML = Path(__file__).resolve().parent.parent / "conf" / "experiment" / "paper_main.yaml"
 RELEASE_YAML = Path(__file__).resolve().parent.parent / "conf" / "experiment" / "release_humaneval.yaml"
 # The release ran on one H20 (its README); its prompts are HumanEval's (~150 tokens) and it generates 64 tokens, so
@@ -82,6 +87,10 @@ class Accelerator:
     def note(self) -> str:
         return f"{self.name}: {self.bandwidth_gbs:,.0f} GB/s, {self.bf16_tflops:,.4g} TFLOP/s ({self.source})"
 
+    def rates(self, overhead_s: float = 0.0) -> Rates:
+        """The roofline's rates: peaks, attention at the tensor-core peak, max(memory, compute)."""
+        return Rates(self.bandwidth_gbs, self.bf16_tflops, self.bf16_tflops, overhead_s, "max", self.key)
+
 
 @functools.cache
 def load_accelerators(path: Path = ACCELERATORS_YAML) -> dict[str, Accelerator]:
@@ -109,110 +118,6 @@ def measured_accelerator(name: str, bandwidth_gbs: float, tflops: float, source:
 
 
 # --------------------------------------------------------------------------------------------------
-# Model shapes
-
-
-@dataclass(frozen=True)
-class ModelShape:
-    """What a decoder-only transformer's forward reads and computes: the numbers of its ``config.json``."""
-
-    name: str
-    layers: int
-    hidden: int
-    intermediate: int
-    heads: int
-    kv_heads: int
-    head_dim: int
-    vocab: int
-    tied: bool  # the output head is the input embedding
-    attention_bias: bool = False  # biases on q, k, v (Qwen2)
-
-    @property
-    def layer_params(self) -> int:
-        """One layer: q, k, v, o projections (+ q/k/v biases), the gated MLP's three matrices, two norms."""
-        q, kv = self.heads * self.head_dim, self.kv_heads * self.head_dim
-        bias = (q + 2 * kv) if self.attention_bias else 0
-        return self.hidden * (q + 2 * kv) + q * self.hidden + bias + 3 * self.hidden * self.intermediate \
-            + 2 * self.hidden
-
-    @property
-    def body_params(self) -> int:
-        """Parameters every token multiplies through: the layers and the final norm (not embedding, not head)."""
-        return self.layers * self.layer_params + self.hidden
-
-    @property
-    def params(self) -> int:
-        """All parameters: embedding, body, and the head when it is not tied to the embedding."""
-        embedding = self.vocab * self.hidden
-        return embedding + self.body_params + (0 if self.tied else embedding)
-
-    @property
-    def streamed_params(self) -> int:
-        """Parameters a forward reads: all but an untied input embedding (a lookup reads a few rows of it)."""
-        return self.params - (0 if self.tied else self.vocab * self.hidden)
-
-    def weight_bytes(self, width: int) -> int:
-        return self.streamed_params * width
-
-    def kv_bytes_per_token(self, width: int) -> int:
-        """Keys and values of one token in every layer (the cache a later forward reads back)."""
-        return 2 * self.layers * self.kv_heads * self.head_dim * width
-
-    def flops(self, rows: int, tokens: int, context: int, logits: str = "last") -> float:
-        """FLOPs of one forward: 2 per multiply-add of the body over every new token, the head over the positions
-        scored (``logits`` "all": every new token; "last": one per row), attention over the cached and new keys."""
-        new = rows * tokens
-        scored = new if logits == "all" else rows
-        attention = 4 * self.layers * self.heads * self.head_dim * new * (context + (tokens + 1) / 2)
-        return 2.0 * self.body_params * new + 2.0 * self.vocab * self.hidden * scored + attention
-
-
-def shape_from_config(name: str, config: dict) -> ModelShape:
-    """A :class:`ModelShape` from a HuggingFace ``config.json`` dict (Llama and Qwen2 families)."""
-    heads = int(config["num_attention_heads"])
-    return ModelShape(
-        name=name, layers=int(config["num_hidden_layers"]), hidden=int(config["hidden_size"]),
-        intermediate=int(config["intermediate_size"]), heads=heads,
-        kv_heads=int(config.get("num_key_value_heads") or heads),
-        head_dim=int(config.get("head_dim") or int(config["hidden_size"]) // heads), vocab=int(config["vocab_size"]),
-        tied=bool(config.get("tie_word_embeddings", False)),
-        attention_bias=bool(config.get("attention_bias", config.get("model_type") == "qwen2")))
-
-
-def model_shape(pair: dict, role: str) -> ModelShape:
-    """The shape of the ``role`` ("target" or "draft") model of a resolved pair config
-    (``spectr_repro.models.pair_config``): for an offline pair the converted folder's ``config.json`` when
-    ``make models`` made it, else the shipped ``config.json`` of its hub id; the tiny pair's code defaults.
-    ValueError when no architecture of it is shipped."""
-    if pair["source"] == "tiny":
-        from spectr_repro.models.tiny import make_byte_tokenizer, tiny_config
-
-        vocab = len(make_byte_tokenizer()) + (5 if role == "target" else 0)  # make_tiny_pair's head padding
-        return shape_from_config(f"tiny_random {role}", tiny_config(vocab).to_dict())
-    spec = pair.get(role) or {}
-    if pair["source"] == "offline":  # what `make models` converted is what runs here (its head may be untied)
-        from spectr_repro.models.offline import models_dir
-
-        converted = models_dir() / str(spec.get("offline")) / "config.json"
-        if converted.is_file():
-            return shape_from_config(str(spec.get("offline")), json.loads(converted.read_text(encoding="utf-8")))
-    hub_id = str(spec.get("hub_id"))
-    path = ARCHITECTURE_CONFIGS / (hub_id.replace("/", "__") + ".json")
-    if not path.is_file():
-        raise ValueError(f"model pair {pair.get('name')}: no architecture of the {role} {hub_id!r} shipped "
-                         f"(add its config.json as {path})")
-    return shape_from_config(hub_id, json.loads(path.read_text(encoding="utf-8")))
-
-
-def pair_shapes(pair_name: str) -> tuple[ModelShape, ModelShape]:
-    """(target, draft) shapes of a packaged pair."""
-    from spectr_repro.models import pair_config
-
-    pair = pair_config(pair_name)
-    return model_shape(pair, "target"), model_shape(pair, "draft")
-
-
-# --------------------------------------------------------------------------------------------------
 # One forward, one call, one speed-up
 
 
@@ -220,10 +125,7 @@ def roofline_forward_seconds(shape: ModelShape, device: Accelerator, rows: int, 
                              logits: str = "last", width: int = 2, overhead_s: float = 0.0) -> float:
     """Seconds of one forward on the roofline (module docstring): max(bytes / bandwidth, FLOPs / peak) +
     ``overhead_s``. ``width``: bytes per weight and cache entry (2 in bfloat16/float16)."""
-    moved = shape.weight_bytes(width) + rows * (context + tokens) * shape.kv_bytes_per_token(width)
-    memory = moved / (device.bandwidth_gbs * 1e9)
-    compute = shape.flops(rows, tokens, context, logits) / (device.bf16_tflops * 1e12)
-    return max(memory, compute) + overhead_s
+    return device.rates(overhead_s).seconds(shape, rows, tokens, context, logits, width)
 
 
 def roofline_forward_costs(shape: ModelShape, device: Accelerator, shapes: Iterable[tuple[int, int, str]],
@@ -325,10 +227,6 @@ def paper_setting(path: Path = PAPER_MAIN_YAML) -> tuple[dict[str, int], int]:
     experiment = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
     K, L = int(experiment["K"]), int(experiment["L"])
     return {name: 1 if spec.single_draft else K for name, spec in VERIFIERS.items()}, L
-
-
-def width_of(dtype: str) -> int:
-    return 4 if dtype == "float32" else 2
 
 
 def _priced_rows(numbers: pd.DataFrame, index: Sequence[str], metrics: tuple[str, str], method_K: dict[str, int],

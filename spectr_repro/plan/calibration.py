@@ -22,11 +22,11 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
-from spectr_repro.cost import calibration_for, forward_seconds, model_calls_source
+from spectr_repro.cost import calibration_for, model_calls_source
 from spectr_repro.cost.measure import AR_DECODES, CONTEXT_TOKENS, plan_shapes
-from spectr_repro.cost.model import GB, bytes_per_parameter, model_parameters, prefill_pieces
+from spectr_repro.cost.model import GB, estimate_forward_costs, prefill_pieces
 from spectr_repro.data import typical_prompt_tokens
 from spectr_repro.runner.plan import format_duration, pair_config_of
 
@@ -135,15 +135,14 @@ def _rule_seconds(calibration, Ks: Sequence[int], Ls: Sequence[int]) -> float | 
 
 
 def _forward_cost(cfg: DictConfig, pair: dict, role: str, calibration):
-    """Seconds of one forward of ``role`` at (rows, tokens, logits): measured here, else the roofline (None
-    without ``hardware.estimate``)."""
+    """Seconds of one forward of ``role`` at (rows, tokens, logits): measured here, else the hardware's estimate at
+    the calibration's context (None without ``hardware.estimate``)."""
     if calibration is not None:
         return calibration.costs(role).seconds
-    if cfg.hardware.get("estimate") is None:
+    costs = estimate_forward_costs(cfg, pair, CONTEXT_TOKENS)
+    if costs is None:
         return None
-    estimate = OmegaConf.to_container(cfg.hardware.estimate, resolve=True)
-    params, width = model_parameters(pair, role), bytes_per_parameter(cfg, pair)
-    return lambda rows, tokens, logits: forward_seconds(estimate, params, width, rows * tokens)
+    return costs[0 if role == "target" else 1].seconds
 
 
 def _weight_bytes(pair: dict) -> int:

@@ -24,6 +24,7 @@ from spectr_repro.replay.plan import ReplayPlan, plan_replays, replay_lines, rep
 from spectr_repro.runner.cli import _take_cfg_flag, help_text
 from spectr_repro.runner.config import Composer, expand, parse_arguments, validate
 from spectr_repro.runner.execute import plan_cells
+from spectr_repro.runner.fit import check_batch_fits
 from spectr_repro.runner.plan import Plan, build_plan, format_duration, format_plan
 
 
@@ -90,6 +91,8 @@ def plan_parts(argv: list[str]) -> PlanParts:
             cfgs = expand(composer, args, use_grid=True)
         for cfg in cfgs:
             validate(cfg)
+            check_batch_fits(cfg, int(cfg.hardware.get("batch_prompts") or 1), int(cfg.K),
+                             min(int(cfg.L), int(cfg.max_new_tokens)), "hardware.batch_prompts")
         plans.extend(plan_cells(cfgs))
         commands.append((arguments, cfgs[0].choices.experiment if cfgs else experiment))
     plan = build_plan(plans)

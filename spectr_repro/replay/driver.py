@@ -209,7 +209,8 @@ def check_groups(groups: Sequence[tuple[DictConfig, ReplaySettings]]) -> None:
     settings = groups[longest][1]
     key = "L" if max(settings.L_values) >= settings.reference_L else "replay.reference_L"
     check_before_loading(cfgs, num_prompts=[s.num_prompts for _, s in groups], block_L=lengths, L_key=key,
-                         rows=[s.K_max for _, s in groups])
+                         rows=[s.K_max for _, s in groups],
+                         batches=[(s.batch_prompts, "replay.batch_prompts") for _, s in groups])
     for cfg, settings in groups:
         check_writable(cfg.output_dir, [replay_root(cfg), group_folder(cfg, settings)])
         _check_group_folder(group_folder(cfg, settings), group_meta(cfg, settings), bool(cfg.force))

@@ -17,13 +17,13 @@ machine's calibration when ``check`` wrote one, else ``hardware.estimate``). The
 are the mean ``rule_seconds`` of the finished blocks of the replay's groups (same pair, hardware and grid);
 with none finished they are not estimated (counted 0, and said so).
 
-With ``replay.batch_prompts`` B > 1 and a calibration, the prompts left are priced a batch at a time (full
-batches, then a short last one): a batch's prefills are its prompts', and each of its calls is one target forward
-over B x K_max rows x (L_max + 1) tokens, the B prompts' pending tokens through the draft, and L_max - 1 draft
-steps over B x K_max rows (``cost.calibrated_prompt_seconds(batch=B)``: the cost model's price of the engine's
-batched calls, interpolated in rows x tokens where the calibration did not measure B x K_max rows). The roofline
-(no calibration) has no batched shape: there each prompt is priced as if alone, an upper bound, and the line says
-so. The rules' seconds per block do not change with B (each prompt's rules run on its own blocks).
+With ``replay.batch_prompts`` B > 1 the prompts left are priced a batch at a time (full batches, then a short last
+one): a batch's prefills are its prompts' (each chunk on the context the earlier ones left), and each of its calls
+is one target forward over B x K_max rows x (L_max + 1) tokens, the B prompts' pending tokens through the draft,
+and L_max - 1 draft steps over B x K_max rows, on the calls' mean context (``cost.prompt_seconds(batch=B)``: from
+the calibration, interpolated in rows x tokens where it did not measure B x K_max rows; else from the hardware's
+estimate, whose forwards read the weights once for all B x K_max rows and pay attention per row over its cached
+context). The rules' seconds per block do not change with B (each prompt's rules run on its own blocks).
 
 The default ``replay:`` block of config.yaml (datasets null) is no planned replay: ``plan K=3`` prints none.
 """
@@ -41,7 +41,6 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from spectr_repro.cost import (
-    calibrated_prompt_seconds,
     calibration_for,
     expected_block_efficiency,
     model_calls_source,
@@ -49,7 +48,9 @@ from spectr_repro.cost import (
 )
 from spectr_repro.cost.model import rule_seconds_per_block
 from spectr_repro.errors import UsageError
+from spectr_repro.records import read_record_text
 from spectr_repro.replay.driver import (
+    BLOCKS_FILE,
     changed_settings,
     group_folder,
     group_meta,
@@ -59,6 +60,7 @@ from spectr_repro.replay.driver import (
     replay_root,
 )
 from spectr_repro.runner.config import conf_dir
+from spectr_repro.runner.fit import check_batch_fits
 from spectr_repro.runner.plan import format_duration, pair_config_of
 
 
@@ -163,11 +165,14 @@ def _plan_pair(command: str, groups: list, measured: dict[tuple, float], argumen
                       K_values=tuple(sorted({*settings.K_values, settings.reference_K})),
                       L_values=tuple(sorted({*settings.L_values, settings.reference_L})),
                       configs=[group_cfg for group_cfg, _ in groups])
+    for group_cfg, group_settings in groups:  # a batch that cannot fit is refused here too, before any pricing
+        check_batch_fits(group_cfg, group_settings.batch_prompts, group_settings.K_max, group_settings.L_max,
+                         "replay.batch_prompts")
     calibration = calibration_for(cfg)
     plan.model_note = model_calls_source(cfg, calibration)
     if settings.batch_prompts > 1:
-        plan.model_note += (f"; {settings.batch_prompts} prompts a batch" if calibration is not None else
-                            f"; each prompt as if alone: the roofline has no batch of {settings.batch_prompts}")
+        plan.model_note += (f"; {settings.batch_prompts} prompts a batch ({settings.batch_prompts} x "
+                            f"{settings.K_max} rows a call)")
     folders, blocks = [], []
     for cfg, settings in groups:
         folder = group_folder(cfg, settings)
@@ -193,16 +198,13 @@ def _plan_pair(command: str, groups: list, measured: dict[tuple, float], argumen
 
 def _model_seconds(cfg: DictConfig, settings, calibration, prompts: int, iterations: int) -> float:
     """The model calls of ``prompts`` prompts of ``iterations`` blocks each, replayed ``settings.batch_prompts`` at
-    a time: calibrated, full batches and a last short one at B x K_max rows a call; otherwise one at a time."""
-    batch = settings.batch_prompts
-    if calibration is not None and batch > 1:
-        full, rest = divmod(prompts, batch)
-        sizes = [batch] * full + ([rest] if rest else [])
-        return sum(calibrated_prompt_seconds(cfg, calibration, settings.K_max, settings.L_max, iterations, size)
-                   for size in sizes)
-    per_prompt = prompt_seconds(cfg, pair_config_of(cfg) if calibration is None else None, calibration,
-                                settings.K_max, settings.L_max, iterations)
-    return prompts * (per_prompt or 0.0)
+    a time (full batches and a last short one, B x K_max rows a call): this machine's calibration, else the
+    hardware's estimate (``cost.prompt_seconds``)."""
+    batch = max(1, int(settings.batch_prompts))
+    full, rest = divmod(prompts, batch)
+    pair = pair_config_of(cfg) if calibration is None else None
+    return sum(prompt_seconds(cfg, pair, calibration, settings.K_max, settings.L_max, iterations, size) or 0.0
+               for size in [batch] * full + ([rest] if rest else []))
 
 
 def _reference_block_efficiency(cfg: DictConfig, settings, own: list[dict], pooled: list[float],
@@ -231,7 +233,8 @@ def _finished_blocks(folder: Path) -> list[dict]:
     lines = []
     for directory in sorted((folder / "prompts").glob("*")):
         if prompt_finished(directory):
-            lines += [json.loads(line) for line in (directory / "blocks.jsonl").read_text().splitlines() if line]
+            text = read_record_text(directory / BLOCKS_FILE)  # as written, or its sealed .gz copy (committed results)
+            lines += [json.loads(line) for line in text.splitlines() if line]
     return lines
 
 

@@ -456,7 +456,8 @@ def check_dataset_sizes(wanted: Iterable[tuple[DictConfig, int]]) -> None:
 
 def check_before_loading(cfgs: Sequence[DictConfig], num_prompts: Sequence[int] | None = None,
                          block_L: Sequence[int] | None = None, L_key: str = "L",
-                         rows: Sequence[int] | None = None) -> None:
+                         rows: Sequence[int] | None = None,
+                         batches: Sequence[tuple[int, str]] | None = None) -> None:
     """The one validation of every command that loads models (run, sweep, replay, bias, check, bench): each
     config's values (:func:`validate`), its hardware, its dataset's size and the block length it drafts, as
     UsageError (one message; the command exits 2) before any model loads.
@@ -464,8 +465,10 @@ def check_before_loading(cfgs: Sequence[DictConfig], num_prompts: Sequence[int] 
     ``num_prompts[i]``/``block_L[i]``/``rows[i]``: what config i really asks (a replay's replay.num_prompts, L_max
     and K_max); by default its num_prompts, min(L, max_new_tokens) (a cell's blocks never run past max_new_tokens)
     and K. A long-input bucket (a dataset config that fixes its prompt length) must also fit the pair's context
-    window and the device's memory (:func:`spectr_repro.runner.fit.check_context_fits`)."""
-    from spectr_repro.runner.fit import check_context_fits
+    window and the device's memory (:func:`spectr_repro.runner.fit.check_context_fits`), and prompts decoded
+    ``batches[i]`` = (B, its setting's name) at a time (default ``hardware.batch_prompts``) the device's memory
+    (:func:`spectr_repro.runner.fit.check_batch_fits`)."""
+    from spectr_repro.runner.fit import check_batch_fits, check_context_fits
 
     for cfg in cfgs:
         validate(cfg)
@@ -481,6 +484,9 @@ def check_before_loading(cfgs: Sequence[DictConfig], num_prompts: Sequence[int] 
             check_block_fits(cfg, length, L_key)
     for cfg, length, K in zip(cfgs, lengths, rows or [int(cfg.K) for cfg in cfgs]):
         check_context_fits(cfg, int(K), int(length), context_window(cfg.model_pair))
+    sizes = batches or [(int(cfg.hardware.get("batch_prompts") or 1), "hardware.batch_prompts") for cfg in cfgs]
+    for cfg, length, K, (batch, key) in zip(cfgs, lengths, rows or [int(cfg.K) for cfg in cfgs], sizes):
+        check_batch_fits(cfg, int(batch), int(K), int(length), key)
 
 
 def run_folders(cfg: DictConfig, cell_dirs: Iterable[Path] = ()) -> list[Path]:

@@ -137,4 +137,44 @@ def check_context_fits(cfg: DictConfig, rows: int, block_L: int, window: tuple[i
                      f"{cfg.choices.model_pair} at K={rows}: it needs {why}; {instead}")
 
 
-__all__ = ["HEADROOM", "ContextNeed", "check_context_fits", "context_need", "free_bytes", "packaged_buckets"]
+def check_batch_fits(cfg: DictConfig, batch: int, K: int, L: int, key: str, free: int | None = None) -> None:
+    """UsageError naming the largest batch that fits when ``batch`` prompts decoded together at K drafts of L tokens
+    (``cost.shapes.batch_memory_bytes``: weights, both KV caches on B x (K + 1) rows, a target call's logits and
+    activations) need more than the device's memory: ``hardware.memory_gb`` when set (the device's whole memory,
+    e.g. a GPU's), else its free memory now (``free``: bytes, for tests), less ``HEADROOM``. ``key``: the setting
+    named in the message (``hardware.batch_prompts`` or ``replay.batch_prompts``). Nothing for B = 1 (the context
+    check covers it) or a pair whose architecture is not known here."""
+    if int(batch) <= 1:
+        return
+    from spectr_repro.cost.shapes import batch_memory_bytes, largest_batch, model_shape, width_of
+    from spectr_repro.data import typical_prompt_tokens
+    from spectr_repro.models import pair_config
+
+    pair = pair_config(OmegaConf.to_container(cfg.model_pair, resolve=True)
+                       | {"name": cfg.model_pair.get("name") or cfg.choices.model_pair})
+    try:
+        target, draft = model_shape(pair, "target"), model_shape(pair, "draft")
+    except (ValueError, OSError, KeyError):
+        return
+    width = width_of(str(cfg.hardware.get("dtype") or pair.get("dtype") or "float32"))
+    prompt, new_tokens = typical_prompt_tokens(str(cfg.choices.dataset)), int(cfg.max_new_tokens)
+    memory_gb = cfg.hardware.get("memory_gb")
+    available = float(memory_gb) * 1e9 if memory_gb else (free if free is not None else free_bytes(
+        cfg.hardware.get("device")))
+    usable = int(available * (1 - HEADROOM))
+
+    def need(size: int) -> int:
+        return batch_memory_bytes(target, draft, prompt, new_tokens, int(K), int(L), size, width)
+
+    if need(int(batch)) <= usable:
+        return
+    best = largest_batch(lambda size: need(size) <= usable, int(batch))
+    instead = f"the largest that fits is {key}={best}" if best else "not even one prompt fits"
+    raise UsageError(f"{key}={batch} does not fit: {batch} prompts of ~{prompt:,} tokens + {new_tokens} new at K={K} "
+                     f"L={L} need {need(int(batch)) / 2**30:.1f} GiB (weights, KV caches on {batch} x {K + 1} rows, "
+                     f"a target call's logits) but {usable / 2**30:.1f} GiB are usable ({100 * (1 - HEADROOM):.0f} % "
+                     f"of {available / 2**30:.1f} GiB); {instead}")
+
+
+__all__ = ["HEADROOM", "ContextNeed", "check_batch_fits", "check_context_fits", "context_need", "free_bytes",
+           "packaged_buckets"]

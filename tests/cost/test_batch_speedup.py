@@ -1,0 +1,56 @@
+"""Predicted speed-up over AR at batch B on an accelerator (a model, issue 50 item 3)."""
+
+from __future__ import annotations
+
+from spectr_repro.cost.batch_speedup import LABEL, assumed_tokens_per_call, batch_speedups
+from spectr_repro.cost.roofline import accelerator
+from spectr_repro.cost.shapes import pair_shapes
+
+
+def _table(pair: str = "qwen25coder_1.5b_0.5b", device: str = "H100"):
+    target, draft = pair_shapes(pair)
+    return batch_speedups(target, draft, accelerator(device).rates(), assumed_tokens_per_call, 512), target
+
+
+def test_the_speedup_falls_with_B_once_the_verify_forward_is_compute_bound():
+    table, target = _table()
+    ridge = accelerator("H100").rates().ridge_tokens(target)
+    assert 100 < ridge < 1000  # H100: ~300 tokens per forward before the matmuls outlast the weight reads
+    assert set(table["model"]) == {LABEL}
+    for (method, K, L), rows in table[table["method"] != "ar"].groupby(["method", "K", "L"]):
+        rows = rows.sort_values("B")
+        bound = rows[rows["verify_tokens"] > ridge]
+        assert len(bound) >= 2, (method, K, L)
+        assert (bound["speedup"].diff().dropna() < 0).all(), (method, K, L)
+        assert bound["speedup"].iloc[-1] < rows["speedup"].iloc[0]
+    ar = table[table["method"] == "ar"]
+    assert (ar["speedup"] == 1.0).all()  # negative control: AR against itself does not move
+
+
+def test_multi_draft_loses_its_edge_before_sd_does():
+    table, _ = _table("deepseek_33b_1.3b")
+    speedup = table.set_index(["method", "K", "L", "B"])["speedup"]
+    batches = sorted(table["B"].unique())
+    for L in (4, 6):
+        assert speedup[("spectr", 3, L, 1)] > speedup[("sd", 1, L, 1)]  # at B = 1 multi-draft leads
+        lead = [speedup[("spectr", 3, L, b)] > speedup[("sd", 1, L, b)] for b in batches]
+        lost = lead.index(False)  # the first B where SD is ahead
+        assert all(not x for x in lead[lost:])
+        # multi-draft falls below AR (loses every edge) at a smaller B than SD does
+        below = {m: next(b for b in batches if speedup[(m, k, L, b)] < 1) for m, k in (("spectr", 3), ("sd", 1))}
+        assert below["spectr"] < below["sd"], below
+
+
+def test_the_script_writes_a_csv_marked_as_a_model(tmp_path):
+    import pandas as pd
+
+    from tests.script_helpers import load_script
+
+    script = load_script("gpu_speedups")
+    out = tmp_path / "speedups.csv"
+    assert script.main(["--out", str(out)]) == 0
+    table = pd.read_csv(out)
+    assert set(table["model"]) == {LABEL}
+    assert {"H100", "H200", "A100-80GB"} <= set(table["accelerator"])
+    assert set(table["B"]) == {1, 2, 4, 8, 16, 32, 64, 128, 256}
+    assert {"ar", "sd", "spectr", "spectr_gbv", "sbvf"} == set(table["method"])
