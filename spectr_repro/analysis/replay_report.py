@@ -181,6 +181,15 @@ def verdict_rows(blocks: pd.DataFrame, table: pd.DataFrame, audit_rows: list[dic
     step = (difference_interval(blocks, ("spectr_gbv", 1, L), ("gbv", 1, L), resamples=resamples)
             if {"spectr_gbv", "gbv"} <= methods and 1 in set(table["K"]) else None)
     verdict, note = _equality_verdict(step, "spectr_gbv and gbv at K=1 not both replayed")
+    release = blocks[(blocks["method"] == "spectr_gbv") & (blocks["K"] == 1) & (blocks["L"] == L)]
+    if step is not None and verdict == "does not hold" and (release["estimator"] == "monte_carlo").any():
+        # The release's values are draws (replay.sampled): 16 per block, shared by the row groups and, through the
+        # prompt's seeds, by the temperatures; a prompt bootstrap of so few prompts is too narrow for them. The exact
+        # values are equal wherever computed (tests/replay/test_release_k1.py; docs/replay.md, 2026-12-05).
+        verdict = "undecided"
+        note = ("the release's K=1 values here are Monte-Carlo draws (replay.sampled), gbv's exact, with noise that a "
+                "prompt bootstrap of few prompts understates (docs/replay.md, 'The release at K = 1 in a sampled "
+                "grid'); exactly equal on every block where both are exact")
     rows.append({"claim": "K=1 reduces to GBV", "paper": "SpecTr-GBV(K=1) = GBV",
                  "measured": f"SpecTr-GBV(K=1)−GBV {_text(step)}", "verdict": verdict, "note": note})
     return rows
