@@ -259,8 +259,13 @@ def _mean_paired_difference(verifier, block, seeds: list[int]) -> float:
 
 
 def _mean_draw(verifier, block, seeds: list[int]) -> float:
-    """Mean of tau + 1 over one run of the sampler per seed (the same seeds for every rule of a block)."""
+    """Mean of tau + 1 over one run of the sampler per seed (the same seeds for every rule of a block). A rule that
+    gives its draws' tau from one shared table (the release's ``sampled_lengths``: the same tau draw by draw) is
+    asked once for every seed."""
     device = block[1].device
+    if hasattr(verifier, "sampled_lengths"):
+        generators = [torch.Generator(device=device).manual_seed(seed) for seed in seeds]
+        return sum(tau + 1 for tau in verifier.sampled_lengths(*block, generators)) / len(seeds)
     total = 0
     for seed in seeds:
         draw = torch.Generator(device=device).manual_seed(seed)

@@ -337,6 +337,38 @@ class SpecTrGBV(Verifier):
         mean = sum(weight * (tau + 1) for (tau, _), weight in law.items())
         return torch.tensor(mean, dtype=torch.float64, device=draft_probs.device)
 
+    def sampled_lengths(self, draft_tokens, draft_probs, target_probs, generators) -> list[int]:
+        """τ of one run of the sampler per generator, from a fresh state, as ``__call__`` gives them draw by draw,
+        but with the table of every prefix's h built once for all the draws (the replay's Monte-Carlo estimate
+        takes 16 draws of every (K, L, row group); the sampler rebuilt the h of each draft's prefixes at every
+        draw). Each draw consumes its generator's K·L uniforms as the sampler does; no correction is drawn (it
+        does not change τ). tests/replay/test_release_k1.py checks τ draw by draw against the sampler."""
+        K, L = draft_tokens.shape
+        draft_probs, target_probs = self._rows_for_arithmetic(draft_probs, target_probs)
+        effective, P, Q = self._block(draft_tokens, draft_probs, target_probs, None)
+        h_table = self._h_table(effective, draft_probs, P, Q, K, L)
+        drafts = draft_tokens.tolist()
+        return [self._scan_draw(drafts, h_table, uniform(K * L, generator).tolist(), K, L)
+                for generator in generators]
+
+    @staticmethod
+    def _scan_draw(drafts: list[list[int]], h_table: list[list[float]], draws: list[float], K: int, L: int) -> int:
+        """τ of the sampler's scan (``_sample``) with uniforms ``draws`` [K·L] and the h table."""
+        tau = 0
+        seen: set[tuple[int, ...]] = set()
+        for j in range(K):
+            if draws[j * L + L - 1] < h_table[j][L - 1]:
+                return L
+            for i in range(tau, L - 1):
+                prefix = tuple(drafts[j][: i + 1])
+                if prefix in seen:
+                    continue
+                if draws[j * L + i] < h_table[j][i]:
+                    tau = i + 1
+                else:
+                    seen.add(prefix)
+        return tau
+
     def scan_law(self, draft_tokens, draft_probs, target_probs, state=None) -> dict[tuple[int, int], float]:
         """Exact law of (τ, selected draft) after the scan, the rule's uniforms integrated: {(τ, j): probability}.
 
