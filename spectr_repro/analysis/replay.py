@@ -20,7 +20,7 @@ import pandas as pd
 
 from spectr_repro.analysis.format import AVERAGE, COMPARATORS, interval_text
 from spectr_repro.analysis.stats import RESAMPLES, mean_of_ratios, paired_comparison
-from spectr_repro.records import integrity_problems
+from spectr_repro.units import unit_state
 from spectr_repro.verify import VERIFIERS, method_labels
 
 log = logging.getLogger(__name__)
@@ -58,11 +58,13 @@ def read_blocks(root: str | Path) -> tuple[pd.DataFrame, list[str]]:
             blocks_path = done_path.parent / "blocks.jsonl"
             if not blocks_path.exists():
                 continue
-            prompt_rows, problem, verified = _prompt_rows(meta, done_path, blocks_path)
+            state = unit_state(done_path.parent, legacy=(blocks_path.name,))  # the one check of a done file
+            prompt_rows, problem = ([], state.problem) if not state.finished else _prompt_rows(meta, state.done,
+                                                                                                blocks_path)
             if problem is not None:
                 left_out.append(f"left out prompt {done_path.parent.name} of {meta_path.parent.name}: {problem}")
                 continue
-            unverified += not verified
+            unverified += state.status == "unverified"
             rows += prompt_rows
         if unverified:
             left_out.append(f"note: {unverified} prompt(s) of {meta_path.parent} were written before done.json "
@@ -72,18 +74,12 @@ def read_blocks(root: str | Path) -> tuple[pd.DataFrame, list[str]]:
     return pd.DataFrame(rows, columns=columns), left_out
 
 
-def _prompt_rows(meta: dict, done_path: Path, blocks_path: Path) -> tuple[list[tuple], str | None, bool]:
-    """(rows, None, verified) of one finished prompt, or ([], the problem naming file and line, False)."""
+def _prompt_rows(meta: dict, prompt: dict, blocks_path: Path) -> tuple[list[tuple], str | None]:
+    """(rows, None) of one finished prompt (``prompt``: its done.json), or ([], the problem naming file and line)."""
     try:
-        prompt = json.loads(done_path.read_text(encoding="utf-8"))
         text = blocks_path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
-        return [], f"cannot read {done_path} or {blocks_path} ({error})", False
-    files = prompt.get("records") if isinstance(prompt, dict) else None
-    if isinstance(files, dict) and files:
-        problems = integrity_problems(done_path.parent, files)
-        if problems:
-            return [], "; ".join(problems), False
+    except (OSError, UnicodeDecodeError) as error:
+        return [], f"cannot read {blocks_path} ({error})"
     rows = []
     emitted = 0  # records before 2026-12-03 have no output_position: the earlier blocks' reference tokens give it
     prompt_tokens = prompt.get("prompt_tokens") if isinstance(prompt, dict) else None
@@ -97,8 +93,8 @@ def _prompt_rows(meta: dict, done_path: Path, blocks_path: Path) -> tuple[list[t
                              block["iteration"], block["reference_tokens"], method, int(K), int(L), float(tokens),
                              estimator, int(draws), position, prompt_tokens))
         except (json.JSONDecodeError, KeyError, TypeError, ValueError) as error:
-            return [], f"{blocks_path}:{number}: cannot be read ({type(error).__name__}: {error})", False
-    return rows, None, isinstance(files, dict) and bool(files)
+            return [], f"{blocks_path}:{number}: cannot be read ({type(error).__name__}: {error})"
+    return rows, None
 
 
 def _per_prompt(frame: pd.DataFrame) -> pd.DataFrame:

@@ -24,7 +24,6 @@ SIGINT say what is kept and how to resume.
 from __future__ import annotations
 
 import copy
-import datetime
 import hashlib
 import json
 import logging
@@ -44,7 +43,7 @@ from tqdm import tqdm
 from spectr_repro import tracking
 from spectr_repro.bias import estimators
 from spectr_repro.errors import ResourceError
-from spectr_repro.records import file_integrity, integrity_problems
+from spectr_repro.files import atomic_write_text
 from spectr_repro.runner.config import (
     Composer,
     UsageError,
@@ -58,13 +57,13 @@ from spectr_repro.runner.config import (
 )
 from spectr_repro.runner.pairs import PairCache
 from spectr_repro.runner.signals import RunProgress, Terminated, stop_on_signals, stop_status
+from spectr_repro.units import DONE_FILE, SET_ASIDE, set_aside, unit_state, write_unit
 from spectr_repro.verify import VERIFIERS, get_verifier
 
 CSV_COLUMNS = ["model_pair", "dataset", "method", "K", "L", "temperature", "draft_temperature", "context",
                "samples", "tv_estimate", "interval", "p_value", "p_value_holm", "detectable_tv", "verdict",
                "estimator", "acceptance", "exact_tv"]  # p_value_holm: per context, Holm-adjusted in its family
 TOP_TOKENS = 12  # tokens kept per (method, context) for the report's figure
-DONE_FILE = "done.json"  # a context is finished when its done.json vouches for its records
 INTEGRITY = 1  # setting.json's ``records_integrity``: its contexts have a done.json (absent: written before 2026-12-03)
 log = logging.getLogger(__name__)
 
@@ -298,7 +297,7 @@ def _start_setting(folder: Path, setting: dict) -> bool:
                     f"unverified")
         return False
     try:
-        _write_json(path, {**setting, "records_integrity": INTEGRITY})
+        atomic_write_text(path, json.dumps({**setting, "records_integrity": INTEGRITY}))
     except OSError as error:
         raise ResourceError(f"cannot write into {folder}: {error}") from error
     return True
@@ -309,51 +308,28 @@ def _missing_methods(directory: Path, methods: list[str], verified: bool) -> lis
     its files; a damaged or partial context is named and its files set aside first (never deleted)."""
     if not verified:  # written before done.json: what is there counts
         return [m for m in methods if not (directory / f"{m}.json").exists()]
-    problem = context_problem(directory)
-    if problem is None:
+    state = unit_state(directory)
+    if state.status == "finished":
         return [m for m in methods if not (directory / f"{m}.json").exists()]
-    if directory.exists() and any(directory.iterdir()):
-        moved = set_aside(directory)
-        tqdm.write(f"warning: {problem}; its files are set aside in {moved} and the context is measured again",
+    if state.status != "absent":
+        moved = set_aside(directory, directory.parents[2] / SET_ASIDE / directory.parent.name)
+        tqdm.write(f"warning: {state.problem}; its files are set aside in {moved} and the context is measured again",
                    file=sys.stderr)
     return list(methods)
 
 
 def context_problem(directory: Path) -> str | None:
     """None when the context's done.json vouches for its files, else what is wrong (naming the file)."""
-    done_path = directory / DONE_FILE
-    if not done_path.exists():
-        return f"{directory}: no {DONE_FILE} (stopped before the context finished)"
-    done = _json_or_none(done_path)
-    files = done.get("records") if isinstance(done, dict) else None
-    if not isinstance(files, dict) or not files:
-        return f"{done_path}: cannot be read as a context's done.json"
-    problems = integrity_problems(directory, files)
-    return "; ".join(problems) if problems else None
-
-
-def set_aside(directory: Path) -> Path:
-    """Move a context folder to ``bias/set_aside/<setting>/<context>-<UTC time>`` (out of the table's way)."""
-    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%S%f")
-    target = directory.parents[2] / "set_aside" / directory.parent.name / f"{directory.name}-{stamp}"
-    try:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        os.replace(directory, target)
-    except OSError as error:
-        raise ResourceError(f"cannot set aside the damaged context {directory} into {target}: {error}") from error
-    return target
+    state = unit_state(directory)
+    if state.status == "finished":
+        return None
+    return state.problem or f"{directory}: no {DONE_FILE} (nothing written yet)"
 
 
 def write_context(directory: Path, records: dict[str, dict]) -> None:
-    """One JSON per method, then done.json with each file's sha256 and line count (last: the context is finished)."""
-    directory.mkdir(parents=True, exist_ok=True)
-    texts = {f"{method}.json": json.dumps(record) for method, record in records.items()}
-    for name, text in texts.items():
-        _write_text(directory / name, text)
-    done = _json_or_none(directory / DONE_FILE) if (directory / DONE_FILE).exists() else None
-    files = dict(done.get("records") or {}) if isinstance(done, dict) else {}
-    files.update({name: file_integrity(text) for name, text in texts.items()})
-    _write_text(directory / DONE_FILE, json.dumps({"records": files}, indent=2) + "\n")
+    """One JSON per method, then done.json with each file's sha256 and line count (last: the context is finished);
+    methods added to a finished context join the files its done.json lists."""
+    write_unit(directory, {f"{method}.json": json.dumps(record) for method, record in records.items()}, extend=True)
 
 
 def _json_or_none(path: Path):
@@ -365,20 +341,6 @@ def _json_or_none(path: Path):
 
 def _safe(name: str) -> str:
     return "".join(c if c.isalnum() or c in "+-_." else "_" for c in name)
-
-
-def _write_json(path: Path, payload: dict) -> None:
-    _write_text(path, json.dumps(payload))
-
-
-def _write_text(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = path.with_suffix(".tmp")
-    try:
-        temporary.write_text(text, encoding="utf-8")
-        os.replace(temporary, path)  # atomic: a killed run never leaves half a record
-    finally:
-        temporary.unlink(missing_ok=True)
 
 
 @torch.inference_mode()
@@ -560,4 +522,4 @@ def write_csv(folder: Path) -> Path:
 
 __all__ = ["CSV_COLUMNS", "Progress", "bias_folder", "bias_table", "check_bias_config", "context_problem",
            "contexts_of", "group_settings", "main", "measure_context", "parse", "read_records", "read_records_checked",
-           "run_setting", "set_aside", "setting_id", "setting_of", "write_context", "write_csv"]
+           "run_setting", "setting_id", "setting_of", "write_context", "write_csv"]
