@@ -32,7 +32,7 @@ import os
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
@@ -56,7 +56,7 @@ from spectr_repro.runner.config import (
     validate,
 )
 from spectr_repro.runner.pairs import PairCache
-from spectr_repro.runner.signals import RunProgress, Terminated, stop_on_signals, stop_status
+from spectr_repro.runner.signals import Budget, RunProgress, Terminated, budget_minutes, stop_on_signals, stop_status
 from spectr_repro.units import DONE_FILE, SET_ASIDE, set_aside, unit_state, write_unit
 from spectr_repro.verify import VERIFIERS, get_verifier
 
@@ -92,6 +92,7 @@ def check_bias_config(cfg: DictConfig) -> None:
     if draft_temperature is not None and (isinstance(draft_temperature, bool)
                                           or not isinstance(draft_temperature, int | float) or draft_temperature <= 0):
         raise UsageError(f"bias.draft_temperature must be null or a number > 0, got {draft_temperature!r}")
+    budget_minutes(settings.get("budget_minutes"), "bias.budget_minutes")
     if float(cfg.temperature) <= 0:
         raise UsageError("bias needs temperature > 0 (at 0 every rule emits the target's argmax)")
     caps = settings.get("sample_cap") or {}
@@ -150,9 +151,23 @@ class Progress(RunProgress):
     """What this run has done so far (contexts): what a stop by signal reports."""
 
     current: str | None = None  # the context being measured
+    budget: Budget = field(default_factory=Budget)  # bias.budget_minutes
+    planned: dict[str, int] = field(default_factory=dict)  # setting id -> its contexts (settings reached)
 
     def stopped_message(self, stop: BaseException, folder: Path) -> str:
         return self.stop_report(stop, [folder], "context", "measured", "rerun the same command to resume.")
+
+    def budget_message(self, cfgs: Sequence[DictConfig], argv: Sequence[str]) -> str:
+        """What a run stopped by its budget kept, counted on disk; a setting not reached yet counts its
+        num_prompts x contexts_per_prompt contexts (at most that many)."""
+        finished = left = 0
+        for setting, cfg, _ in group_settings(cfgs):
+            key = setting_id(setting)
+            folder = bias_folder(cfg) / "contexts" / key
+            done = sum(context_problem(d) is None for d in folder.iterdir() if d.is_dir()) if folder.is_dir() else 0
+            planned = self.planned.get(key, setting["num_prompts"] * setting["contexts_per_prompt"])
+            finished, left = finished + done, left + max(planned - done, 0)
+        return self.budget.message(self.computed, max(finished - self.computed, 0), left, "context", "bias", argv)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -166,11 +181,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     started = time.perf_counter()
     pairs = PairCache()  # settings of one pair share it: loaded once
-    progress = Progress()
+    progress = Progress(budget=Budget(cfgs[0].bias.get("budget_minutes")))
     try:
         with stop_on_signals():
             for setting, cfg, methods in group_settings(cfgs):
                 run_setting(setting, cfg, methods, pairs, progress)
+                if progress.budget.stopped:
+                    break
             try:
                 path = write_csv(bias_folder(cfgs[0]))
             except OSError as error:
@@ -185,6 +202,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"bias: {path} (wall time {time.perf_counter() - started:.0f} s)")
     tracking.log_command("bias", cfgs[0].logger, path.parent.parent, tables={"rows": path},
                          config=tracking.top_level_config(setting for setting, _, _ in group_settings(cfgs)))
+    if progress.budget.stopped:
+        print(progress.budget_message(cfgs, argv))
     return 0
 
 
@@ -258,6 +277,7 @@ def run_setting(setting: dict, cfg: DictConfig, methods: list[str], pairs: PairC
     if key not in _CONTEXTS:  # settings that differ only by method, K or L share their contexts
         _CONTEXTS[key] = contexts_of(pair, cfg, examples)
     contexts = _CONTEXTS[key]
+    progress.planned[setting_id(setting)] = len(contexts)
     all_methods = [*methods, *estimators.CONTROLS]
     verified = _start_setting(folder, setting)
     with tqdm(total=len(contexts) * setting["samples"], desc=f"bias K={setting['K']} T={setting['temperature']:g}",
@@ -269,15 +289,18 @@ def run_setting(setting: dict, cfg: DictConfig, methods: list[str], pairs: PairC
                 progress.earlier += 1
                 bar.update(setting["samples"])
                 continue
+            if progress.budget.spent():
+                return  # the next context would not fit in bias.budget_minutes
             progress.current = f"{setting_id(setting)}/{name}"
-            results = measure_context(pair, cfg, setting, ids, missing, number, bar)
-            try:
-                write_context(directory, {method: {**record, "context": name, "context_tokens": len(ids),
-                                                   "top_strings": [pair.tokenizer.decode([token])
-                                                                   for token in record["top_tokens"]]}
-                                          for method, record in results.items()})
-            except OSError as error:
-                raise ResourceError(f"cannot write context {name} into {directory}: {error}") from error
+            with progress.budget.unit():
+                results = measure_context(pair, cfg, setting, ids, missing, number, bar)
+                try:
+                    write_context(directory, {method: {**record, "context": name, "context_tokens": len(ids),
+                                                       "top_strings": [pair.tokenizer.decode([token])
+                                                                       for token in record["top_tokens"]]}
+                                              for method, record in results.items()})
+                except OSError as error:
+                    raise ResourceError(f"cannot write context {name} into {directory}: {error}") from error
             progress.computed += 1  # kept from here on: a stop while the table is rebuilt below loses nothing
             progress.current = None
             try:

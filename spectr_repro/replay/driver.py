@@ -18,9 +18,10 @@ written last, with the sha256 and line count of blocks.jsonl); ``replay.json`` h
 is a unit of :mod:`spectr_repro.units` (state, claim, set aside under ``<group>/set_aside/``, never deleted): an
 interrupted replay resumes with the prompts it had not finished, several runners over one folder replay each prompt
 once, a damaged or partial prompt is named and replayed again. SIGTERM and SIGINT say what is kept and how to
-resume. The summary (``replay_summary.csv``, ``replay_differences.csv``) is rebuilt at the end from every
-finished prompt of the folders (a larger num_prompts extends a replay in its folder: the seeded prompt selection
-keeps its first prompts).
+resume; ``replay.budget_minutes`` stops the run at a batch boundary (exit 0, with the command that continues it).
+The summary (``replay_summary.csv``, ``replay_differences.csv``) is rebuilt at the end from every finished prompt
+of the folders (a larger num_prompts extends a replay in its folder: the seeded prompt selection keeps its first
+prompts).
 Bad input: one message, exit 2, before any model loads (the checks of every command that loads models:
 :func:`spectr_repro.runner.config.check_before_loading`, with the replay's num_prompts and L_max).
 
@@ -60,7 +61,7 @@ from spectr_repro.runner.config import (
     print_help_if_asked,
     validate,
 )
-from spectr_repro.runner.signals import Terminated, stop_name, stop_on_signals, stop_status
+from spectr_repro.runner.signals import Budget, Terminated, budget_minutes, stop_name, stop_on_signals, stop_status
 from spectr_repro.units import SET_ASIDE, UnitState, claim_unit, unit_state, write_unit
 from spectr_repro.verify import VERIFIERS, Verifier, get_verifier
 
@@ -85,6 +86,7 @@ class ReplaySettings:
     # Rules judged on each block's support (replay.support_mass; replay/support.py): also how, not which blocks (the
     # values move within the rules' float rounding), so not a setting of the folder either. None: every token.
     support_mass: float | None = SUPPORT_TAIL_MASS
+    budget_minutes: float | None = None  # replay.budget_minutes: the command's, not the folder's (None: no budget)
 
     @property
     def K_max(self) -> int:
@@ -164,6 +166,7 @@ def settings_of(cfg: DictConfig, grid: dict[str, list[str]]) -> ReplaySettings:
                                      or not 0 < support_mass < 1):
         raise UsageError(f"replay.support_mass must be a number in (0, 1) (the most mass of a row pooled into the "
                          f"block's tail token) or null (every token), got {support_mass!r}")
+    budget = budget_minutes(replay.get("budget_minutes"), "replay.budget_minutes")
     sampled = tuple(str(m) for m in replay.get("sampled") or ())
     unknown = [m for m in sampled if m not in methods]
     if unknown:
@@ -171,7 +174,7 @@ def settings_of(cfg: DictConfig, grid: dict[str, list[str]]) -> ReplaySettings:
                          f"(it runs {', '.join(methods)})")
     return ReplaySettings(tuple(dict.fromkeys(methods)), K_values, L_values, reference, int(reference_K),
                           int(reference_L), int(draws), int(num_prompts), str(row_groups), sampled,
-                          int(batch_prompts), None if support_mass is None else float(support_mass))
+                          int(batch_prompts), None if support_mass is None else float(support_mass), budget)
 
 
 def parse(argv: Sequence[str]) -> list[tuple[DictConfig, ReplaySettings]]:
@@ -392,13 +395,14 @@ def write_prompt(directory: Path, blocks: Sequence[dict[str, Any]], done: dict[s
 
 @dataclass
 class Progress:
-    """What this run has done so far: what a stop by signal reports."""
+    """What this run has done so far: what a stop by signal, or by the budget, reports."""
 
     planned: int = 0  # prompts of the command, every group
     computed: int = 0  # replayed and written by this run
     earlier: int = 0  # finished before this run (or by another runner)
     current: list[Path] = field(default_factory=list)  # the prompts being replayed (one batch)
     warned_unverified: set[Path] = field(default_factory=set)  # groups told once about their unverified prompts
+    budget: Budget = field(default_factory=Budget)  # replay.budget_minutes
 
     def stopped_message(self, stop: BaseException, roots: Sequence[Path]) -> str:
         if len(self.current) > 1:
@@ -412,6 +416,13 @@ class Progress:
         return (f"stopped by {stop_name(stop)}: kept {self.computed} prompt(s) replayed in this run and "
                 f"{self.earlier} finished before, in {', '.join(map(str, roots))}; {dropped}; rerun the same "
                 f"command to replay the {left} prompt(s) left.")
+
+    def budget_message(self, groups: Sequence[tuple[DictConfig, ReplaySettings]], argv: Sequence[str]) -> str:
+        """What a run stopped by its budget kept, counted on disk (groups it did not reach included)."""
+        finished = sum(prompt_finished(prompt_directory(group_folder(cfg, settings), index))
+                       for cfg, settings in groups for index in range(settings.num_prompts))
+        return self.budget.message(self.computed, max(finished - self.computed, 0), max(self.planned - finished, 0),
+                                   "prompt", "replay", argv)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -428,12 +439,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     from spectr_repro.runner.pairs import PairCache
 
     roots = list(dict.fromkeys(replay_root(cfg) for cfg, _ in groups))
-    progress = Progress(planned=sum(settings.num_prompts for _, settings in groups))
+    progress = Progress(planned=sum(settings.num_prompts for _, settings in groups),
+                        budget=Budget(groups[0][1].budget_minutes))
     try:
         with stop_on_signals(), Runner() as runner, recursion_room(max(s.L_max for _, s in groups)):
             pairs = PairCache(on_load=lambda name: runner.set_state("loading", name))
             for cfg, settings in groups:
                 _run_group(pairs, runner, cfg, settings, progress)
+                if progress.budget.stopped:
+                    break
             pairs.release()
     except ResourceError as error:
         print(f"error: {error}\n(finished prompts are kept; fix the above and rerun the same command)",
@@ -455,6 +469,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         tracking.log_command("replay", groups[0][0].logger, root.parent, tables={
             "summary": root / "replay_summary.csv", "differences": root / "replay_differences.csv"},
             config=tracking.top_level_config(group_meta(c, s) for c, s in groups if replay_root(c) == root))
+    if progress.budget.stopped:
+        print(progress.budget_message(groups, argv))
+        return 0
     print(f"{progress.computed} prompt(s) replayed, {progress.earlier} finished earlier or elsewhere; "
           f"results in {', '.join(map(str, roots))}")
     return 0
@@ -462,7 +479,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _run_group(pairs, runner, cfg: DictConfig, settings: ReplaySettings, progress: Progress) -> None:
     """Replay every prompt of one group not finished yet (counted in ``progress``), up to
-    ``settings.batch_prompts`` claimed prompts at a time."""
+    ``settings.batch_prompts`` claimed prompts at a time; before claiming a batch, stop if the budget is spent."""
     folder = group_folder(cfg, settings)
     try:
         folder.mkdir(parents=True, exist_ok=True)
@@ -481,6 +498,8 @@ def _run_group(pairs, runner, cfg: DictConfig, settings: ReplaySettings, progres
                     progress.earlier += 1
                     bar.update()
                     continue
+                if not claimed and progress.budget.spent():
+                    return  # before claiming the next batch: it would not fit
                 if not _claim(runner, directory, folder, index, bool(cfg.force), progress):
                     bar.update()
                     continue  # another live runner replays it, or has just finished it
@@ -512,8 +531,9 @@ def _claim(runner, directory: Path, folder: Path, index: int, force: bool, progr
 
 def _replay_batch(pair, runner, cfg: DictConfig, settings: ReplaySettings, batch: Sequence[tuple[int, Any, Path]],
                   progress: Progress, bar) -> None:
-    """One batch of claimed prompts."""
-    bar.set_postfix(blocks=_replay_claimed(pair, runner, cfg, settings, batch, progress))
+    """One batch of claimed prompts, timed for the budget."""
+    with progress.budget.unit():
+        bar.set_postfix(blocks=_replay_claimed(pair, runner, cfg, settings, batch, progress))
     bar.update(len(batch))
 
 
