@@ -32,6 +32,7 @@ ALLOWED = {
     "records": {"errors"},
     "paper": set(),
     "files": set(),
+    "units": {"errors", "files", "records"},  # the one store for units of work: below every command
     "theory": {"models", "sampling", "tracking", "verify"},  # tracking: its commands log their results to W&B
     "quality": {"data", "verify", "errors", "records", "tracking"},  # tracking: quality.csv logged to W&B
     # the one cost model: below every command that prices or predicts (plan, replay, check, bench)

@@ -27,7 +27,8 @@ from spectr_repro.analysis.versions import (
     keep_current,
     prompt_versions,
 )
-from spectr_repro.records import integrity_problems, read_record_text, record_file_exists
+from spectr_repro.records import read_record_text, record_file_exists
+from spectr_repro.units import unit_state
 from spectr_repro.verify import VERIFIERS, method_labels
 
 log = logging.getLogger(__name__)
@@ -69,11 +70,13 @@ def read_blocks(root: str | Path) -> tuple[pd.DataFrame, list[str]]:
             blocks_path = done_path.parent / "blocks.jsonl"
             if not record_file_exists(blocks_path):
                 continue
-            prompt_rows, problem, verified = _prompt_rows(meta, done_path, blocks_path, manifest, finished)
+            state = unit_state(done_path.parent, legacy=(blocks_path.name,))  # the one check of a done file
+            prompt_rows, problem = ([], state.problem) if not state.finished else _prompt_rows(
+                meta, state.done, blocks_path, manifest, finished)
             if problem is not None:
                 left_out.append(f"left out prompt {done_path.parent.name} of {meta_path.parent.name}: {problem}")
                 continue
-            unverified += not verified
+            unverified += state.status == "unverified"
             rows += prompt_rows
         if unverified:
             left_out.append(f"note: {unverified} prompt(s) of {meta_path.parent} were written before done.json "
@@ -84,21 +87,15 @@ def read_blocks(root: str | Path) -> tuple[pd.DataFrame, list[str]]:
     return frame, left_out + other_versions
 
 
-def _prompt_rows(meta: dict, done_path: Path, blocks_path: Path, manifest: dict | None = None,
-                 finished: list | None = None) -> tuple[list[tuple], str | None, bool]:
-    """(rows, None, verified) of one finished prompt, or ([], the problem naming file and line, False); appends the
-    prompt's (finished_at, rule versions) to ``finished``."""
+def _prompt_rows(meta: dict, prompt: dict, blocks_path: Path, manifest: dict | None = None,
+                 finished: list | None = None) -> tuple[list[tuple], str | None]:
+    """(rows, None) of one finished prompt (``prompt``: its done.json), or ([], the problem naming file and line);
+    appends the prompt's (finished_at, rule versions) to ``finished``."""
     try:
-        prompt = json.loads(done_path.read_text(encoding="utf-8"))
         text = read_record_text(blocks_path)
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
-        return [], f"cannot read {done_path} or {blocks_path} ({error})", False
-    files = prompt.get("records") if isinstance(prompt, dict) else None
-    if isinstance(files, dict) and files:
-        problems = integrity_problems(done_path.parent, files)
-        if problems:
-            return [], "; ".join(problems), False
-    versions = prompt_versions(prompt, manifest, done_path.parent.name) if isinstance(prompt, dict) else {}
+    except (OSError, UnicodeDecodeError) as error:
+        return [], f"cannot read {blocks_path} ({error})"
+    versions = prompt_versions(prompt, manifest, blocks_path.parent.name) if isinstance(prompt, dict) else {}
     if finished is not None:
         finished.append((str(prompt.get("finished_at", "")), versions))
     rows = []
@@ -114,8 +111,8 @@ def _prompt_rows(meta: dict, done_path: Path, blocks_path: Path, manifest: dict 
                              block["iteration"], block["reference_tokens"], method, int(K), int(L), float(tokens),
                              estimator, int(draws), position, prompt_tokens, versions.get(method, "")))
         except (json.JSONDecodeError, KeyError, TypeError, ValueError) as error:
-            return [], f"{blocks_path}:{number}: cannot be read ({type(error).__name__}: {error})", False
-    return rows, None, isinstance(files, dict) and bool(files)
+            return [], f"{blocks_path}:{number}: cannot be read ({type(error).__name__}: {error})"
+    return rows, None
 
 
 def _per_prompt(frame: pd.DataFrame) -> pd.DataFrame:

@@ -24,7 +24,6 @@ SIGINT say what is kept and how to resume.
 from __future__ import annotations
 
 import copy
-import datetime
 import hashlib
 import json
 import logging
@@ -33,7 +32,7 @@ import os
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
@@ -44,7 +43,7 @@ from tqdm import tqdm
 from spectr_repro import tracking
 from spectr_repro.bias import estimators
 from spectr_repro.errors import ResourceError
-from spectr_repro.records import file_integrity, integrity_problems
+from spectr_repro.files import atomic_write_text
 from spectr_repro.runner.config import (
     Composer,
     UsageError,
@@ -57,14 +56,14 @@ from spectr_repro.runner.config import (
     validate,
 )
 from spectr_repro.runner.pairs import PairCache
-from spectr_repro.runner.signals import RunProgress, Terminated, stop_on_signals, stop_status
+from spectr_repro.runner.signals import Budget, RunProgress, Terminated, budget_minutes, stop_on_signals, stop_status
+from spectr_repro.units import DONE_FILE, SET_ASIDE, set_aside, unit_state, write_unit
 from spectr_repro.verify import VERIFIERS, get_verifier
 
 CSV_COLUMNS = ["model_pair", "dataset", "method", "K", "L", "temperature", "draft_temperature", "context",
                "samples", "tv_estimate", "interval", "p_value", "p_value_holm", "detectable_tv", "verdict",
                "estimator", "acceptance", "exact_tv"]  # p_value_holm: per context, Holm-adjusted in its family
 TOP_TOKENS = 12  # tokens kept per (method, context) for the report's figure
-DONE_FILE = "done.json"  # a context is finished when its done.json vouches for its records
 INTEGRITY = 1  # setting.json's ``records_integrity``: its contexts have a done.json (absent: written before 2026-12-03)
 log = logging.getLogger(__name__)
 
@@ -93,6 +92,7 @@ def check_bias_config(cfg: DictConfig) -> None:
     if draft_temperature is not None and (isinstance(draft_temperature, bool)
                                           or not isinstance(draft_temperature, int | float) or draft_temperature <= 0):
         raise UsageError(f"bias.draft_temperature must be null or a number > 0, got {draft_temperature!r}")
+    budget_minutes(settings.get("budget_minutes"), "bias.budget_minutes")
     if float(cfg.temperature) <= 0:
         raise UsageError("bias needs temperature > 0 (at 0 every rule emits the target's argmax)")
     caps = settings.get("sample_cap") or {}
@@ -151,9 +151,23 @@ class Progress(RunProgress):
     """What this run has done so far (contexts): what a stop by signal reports."""
 
     current: str | None = None  # the context being measured
+    budget: Budget = field(default_factory=Budget)  # bias.budget_minutes
+    planned: dict[str, int] = field(default_factory=dict)  # setting id -> its contexts (settings reached)
 
     def stopped_message(self, stop: BaseException, folder: Path) -> str:
         return self.stop_report(stop, [folder], "context", "measured", "rerun the same command to resume.")
+
+    def budget_message(self, cfgs: Sequence[DictConfig], argv: Sequence[str]) -> str:
+        """What a run stopped by its budget kept, counted on disk; a setting not reached yet counts its
+        num_prompts x contexts_per_prompt contexts (at most that many)."""
+        finished = left = 0
+        for setting, cfg, _ in group_settings(cfgs):
+            key = setting_id(setting)
+            folder = bias_folder(cfg) / "contexts" / key
+            done = sum(context_problem(d) is None for d in folder.iterdir() if d.is_dir()) if folder.is_dir() else 0
+            planned = self.planned.get(key, setting["num_prompts"] * setting["contexts_per_prompt"])
+            finished, left = finished + done, left + max(planned - done, 0)
+        return self.budget.message(self.computed, max(finished - self.computed, 0), left, "context", "bias", argv)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -167,11 +181,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     started = time.perf_counter()
     pairs = PairCache()  # settings of one pair share it: loaded once
-    progress = Progress()
+    progress = Progress(budget=Budget(cfgs[0].bias.get("budget_minutes")))
     try:
         with stop_on_signals():
             for setting, cfg, methods in group_settings(cfgs):
                 run_setting(setting, cfg, methods, pairs, progress)
+                if progress.budget.stopped:
+                    break
             try:
                 path = write_csv(bias_folder(cfgs[0]))
             except OSError as error:
@@ -186,6 +202,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"bias: {path} (wall time {time.perf_counter() - started:.0f} s)")
     tracking.log_command("bias", cfgs[0].logger, path.parent.parent, tables={"rows": path},
                          config=tracking.top_level_config(setting for setting, _, _ in group_settings(cfgs)))
+    if progress.budget.stopped:
+        print(progress.budget_message(cfgs, argv))
     return 0
 
 
@@ -259,6 +277,7 @@ def run_setting(setting: dict, cfg: DictConfig, methods: list[str], pairs: PairC
     if key not in _CONTEXTS:  # settings that differ only by method, K or L share their contexts
         _CONTEXTS[key] = contexts_of(pair, cfg, examples)
     contexts = _CONTEXTS[key]
+    progress.planned[setting_id(setting)] = len(contexts)
     all_methods = [*methods, *estimators.CONTROLS]
     verified = _start_setting(folder, setting)
     with tqdm(total=len(contexts) * setting["samples"], desc=f"bias K={setting['K']} T={setting['temperature']:g}",
@@ -270,15 +289,18 @@ def run_setting(setting: dict, cfg: DictConfig, methods: list[str], pairs: PairC
                 progress.earlier += 1
                 bar.update(setting["samples"])
                 continue
+            if progress.budget.spent():
+                return  # the next context would not fit in bias.budget_minutes
             progress.current = f"{setting_id(setting)}/{name}"
-            results = measure_context(pair, cfg, setting, ids, missing, number, bar)
-            try:
-                write_context(directory, {method: {**record, "context": name, "context_tokens": len(ids),
-                                                   "top_strings": [pair.tokenizer.decode([token])
-                                                                   for token in record["top_tokens"]]}
-                                          for method, record in results.items()})
-            except OSError as error:
-                raise ResourceError(f"cannot write context {name} into {directory}: {error}") from error
+            with progress.budget.unit():
+                results = measure_context(pair, cfg, setting, ids, missing, number, bar)
+                try:
+                    write_context(directory, {method: {**record, "context": name, "context_tokens": len(ids),
+                                                       "top_strings": [pair.tokenizer.decode([token])
+                                                                       for token in record["top_tokens"]]}
+                                              for method, record in results.items()})
+                except OSError as error:
+                    raise ResourceError(f"cannot write context {name} into {directory}: {error}") from error
             progress.computed += 1  # kept from here on: a stop while the table is rebuilt below loses nothing
             progress.current = None
             try:
@@ -298,7 +320,7 @@ def _start_setting(folder: Path, setting: dict) -> bool:
                     f"unverified")
         return False
     try:
-        _write_json(path, {**setting, "records_integrity": INTEGRITY})
+        atomic_write_text(path, json.dumps({**setting, "records_integrity": INTEGRITY}))
     except OSError as error:
         raise ResourceError(f"cannot write into {folder}: {error}") from error
     return True
@@ -309,51 +331,28 @@ def _missing_methods(directory: Path, methods: list[str], verified: bool) -> lis
     its files; a damaged or partial context is named and its files set aside first (never deleted)."""
     if not verified:  # written before done.json: what is there counts
         return [m for m in methods if not (directory / f"{m}.json").exists()]
-    problem = context_problem(directory)
-    if problem is None:
+    state = unit_state(directory)
+    if state.status == "finished":
         return [m for m in methods if not (directory / f"{m}.json").exists()]
-    if directory.exists() and any(directory.iterdir()):
-        moved = set_aside(directory)
-        tqdm.write(f"warning: {problem}; its files are set aside in {moved} and the context is measured again",
+    if state.status != "absent":
+        moved = set_aside(directory, directory.parents[2] / SET_ASIDE / directory.parent.name)
+        tqdm.write(f"warning: {state.problem}; its files are set aside in {moved} and the context is measured again",
                    file=sys.stderr)
     return list(methods)
 
 
 def context_problem(directory: Path) -> str | None:
     """None when the context's done.json vouches for its files, else what is wrong (naming the file)."""
-    done_path = directory / DONE_FILE
-    if not done_path.exists():
-        return f"{directory}: no {DONE_FILE} (stopped before the context finished)"
-    done = _json_or_none(done_path)
-    files = done.get("records") if isinstance(done, dict) else None
-    if not isinstance(files, dict) or not files:
-        return f"{done_path}: cannot be read as a context's done.json"
-    problems = integrity_problems(directory, files)
-    return "; ".join(problems) if problems else None
-
-
-def set_aside(directory: Path) -> Path:
-    """Move a context folder to ``bias/set_aside/<setting>/<context>-<UTC time>`` (out of the table's way)."""
-    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%S%f")
-    target = directory.parents[2] / "set_aside" / directory.parent.name / f"{directory.name}-{stamp}"
-    try:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        os.replace(directory, target)
-    except OSError as error:
-        raise ResourceError(f"cannot set aside the damaged context {directory} into {target}: {error}") from error
-    return target
+    state = unit_state(directory)
+    if state.status == "finished":
+        return None
+    return state.problem or f"{directory}: no {DONE_FILE} (nothing written yet)"
 
 
 def write_context(directory: Path, records: dict[str, dict]) -> None:
-    """One JSON per method, then done.json with each file's sha256 and line count (last: the context is finished)."""
-    directory.mkdir(parents=True, exist_ok=True)
-    texts = {f"{method}.json": json.dumps(record) for method, record in records.items()}
-    for name, text in texts.items():
-        _write_text(directory / name, text)
-    done = _json_or_none(directory / DONE_FILE) if (directory / DONE_FILE).exists() else None
-    files = dict(done.get("records") or {}) if isinstance(done, dict) else {}
-    files.update({name: file_integrity(text) for name, text in texts.items()})
-    _write_text(directory / DONE_FILE, json.dumps({"records": files}, indent=2) + "\n")
+    """One JSON per method, then done.json with each file's sha256 and line count (last: the context is finished);
+    methods added to a finished context join the files its done.json lists."""
+    write_unit(directory, {f"{method}.json": json.dumps(record) for method, record in records.items()}, extend=True)
 
 
 def _json_or_none(path: Path):
@@ -365,20 +364,6 @@ def _json_or_none(path: Path):
 
 def _safe(name: str) -> str:
     return "".join(c if c.isalnum() or c in "+-_." else "_" for c in name)
-
-
-def _write_json(path: Path, payload: dict) -> None:
-    _write_text(path, json.dumps(payload))
-
-
-def _write_text(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = path.with_suffix(".tmp")
-    try:
-        temporary.write_text(text, encoding="utf-8")
-        os.replace(temporary, path)  # atomic: a killed run never leaves half a record
-    finally:
-        temporary.unlink(missing_ok=True)
 
 
 @torch.inference_mode()
@@ -560,4 +545,4 @@ def write_csv(folder: Path) -> Path:
 
 __all__ = ["CSV_COLUMNS", "Progress", "bias_folder", "bias_table", "check_bias_config", "context_problem",
            "contexts_of", "group_settings", "main", "measure_context", "parse", "read_records", "read_records_checked",
-           "run_setting", "set_aside", "setting_id", "setting_of", "write_context", "write_csv"]
+           "run_setting", "setting_id", "setting_of", "write_context", "write_csv"]

@@ -39,6 +39,7 @@ at the cost of the rules' work only; "first" uses rows [:K] alone (the replays w
 from __future__ import annotations
 
 import contextlib
+import sys
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -273,5 +274,18 @@ def _mean_draw(verifier, block, seeds: list[int]) -> float:
     return total / len(seeds)
 
 
+@contextlib.contextmanager
+def recursion_room(L_max: int) -> Iterator[None]:
+    """Room for the rules whose exact law walks a block position by position (sbv's selection walk recurses once
+    per position): Python's default limit (1000 frames) would end an L in the thousands in a RecursionError.
+    Python-to-Python calls use no C stack since 3.11, so a larger limit is safe."""
+    previous = sys.getrecursionlimit()
+    sys.setrecursionlimit(max(previous, 4 * L_max + 1000))
+    try:
+        yield
+    finally:
+        sys.setrecursionlimit(previous)
+
+
 __all__ = ["BlockEstimate", "ESTIMATORS", "ROW_GROUPS", "block_estimates", "check_grid", "grid",
-           "single_draft_reductions"]
+           "recursion_room", "single_draft_reductions"]

@@ -14,14 +14,14 @@ the trajectory (max_new_tokens, EOS, a stop string) only decides how many blocks
 Records: ``<output_dir>/<experiment>/replay/<group>/prompts/<index>/blocks.jsonl`` (one line per block, with its
 ``output_position``: the tokens generated before it; records written before 2026-12-03 lack it and the analysis
 sums the earlier blocks' ``reference_tokens`` instead) and ``done.json`` (with the prompt's ``prompt_tokens``;
-written last, with the sha256 and line count of blocks.jsonl: a prompt is finished when
-its blocks are the ones done.json vouches for); ``replay.json`` holds the group's settings. Prompts are
-claimed like cells (several runners over one folder compute each prompt once), an interrupted replay resumes
-with the prompts it had not finished, and a damaged or partial prompt is named, its files set aside under
-``<group>/set_aside/`` (never deleted) and replayed again. SIGTERM and SIGINT say what is kept and how to
-resume. The summary (``replay_summary.csv``,
-``replay_differences.csv``) is rebuilt at the end from every finished prompt of the folders (a larger
-num_prompts extends a replay in its folder: the seeded prompt selection keeps its first prompts).
+written last, with the sha256 and line count of blocks.jsonl); ``replay.json`` holds the group's settings. A prompt
+is a unit of :mod:`spectr_repro.units` (state, claim, set aside under ``<group>/set_aside/``, never deleted): an
+interrupted replay resumes with the prompts it had not finished, several runners over one folder replay each prompt
+once, a damaged or partial prompt is named and replayed again. SIGTERM and SIGINT say what is kept and how to
+resume; ``replay.budget_minutes`` stops the run at a batch boundary (exit 0, with the command that continues it).
+The summary (``replay_summary.csv``, ``replay_differences.csv``) is rebuilt at the end from every finished prompt
+of the folders (a larger num_prompts extends a replay in its folder: the seeded prompt selection keeps its first
+prompts).
 Bad input: one message, exit 2, before any model loads (the checks of every command that loads models:
 :func:`spectr_repro.runner.config.check_before_loading`, with the replay's num_prompts and L_max).
 
@@ -33,14 +33,12 @@ B = 1 (its ``done.json`` adds ``batch_prompts`` and ``batch_seconds``; its ``sec
 
 from __future__ import annotations
 
-import contextlib
 import datetime
 import hashlib
 import json
-import os
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -51,8 +49,8 @@ from tqdm.auto import tqdm
 
 from spectr_repro import tracking
 from spectr_repro.errors import ResourceError
-from spectr_repro.records import file_integrity, integrity_problems
-from spectr_repro.replay.core import ROW_GROUPS, block_estimates, check_grid
+from spectr_repro.files import atomic_write_text
+from spectr_repro.replay.core import ROW_GROUPS, block_estimates, check_grid, recursion_room
 from spectr_repro.replay.fingerprint import provenance
 from spectr_repro.replay.support import SUPPORT_TAIL_MASS
 from spectr_repro.runner.config import (
@@ -65,8 +63,8 @@ from spectr_repro.runner.config import (
     print_help_if_asked,
     validate,
 )
-from spectr_repro.runner.signals import Terminated, stop_name, stop_on_signals, stop_status
-from spectr_repro.runner.store import atomic_write_text
+from spectr_repro.runner.signals import Budget, Terminated, budget_minutes, stop_name, stop_on_signals, stop_status
+from spectr_repro.units import SET_ASIDE, UnitState, claim_unit, unit_state, write_unit
 from spectr_repro.verify import VERIFIERS, Verifier, get_verifier
 
 GRID_KEYS = ("method", "K", "L")  # command-line keys that set the replay's grid, not one cell's value
@@ -90,6 +88,7 @@ class ReplaySettings:
     # Rules judged on each block's support (replay.support_mass; replay/support.py): also how, not which blocks (the
     # values move within the rules' float rounding), so not a setting of the folder either. None: every token.
     support_mass: float | None = SUPPORT_TAIL_MASS
+    budget_minutes: float | None = None  # replay.budget_minutes: the command's, not the folder's (None: no budget)
 
     @property
     def K_max(self) -> int:
@@ -169,6 +168,7 @@ def settings_of(cfg: DictConfig, grid: dict[str, list[str]]) -> ReplaySettings:
                                      or not 0 < support_mass < 1):
         raise UsageError(f"replay.support_mass must be a number in (0, 1) (the most mass of a row pooled into the "
                          f"block's tail token) or null (every token), got {support_mass!r}")
+    budget = budget_minutes(replay.get("budget_minutes"), "replay.budget_minutes")
     sampled = tuple(str(m) for m in replay.get("sampled") or ())
     unknown = [m for m in sampled if m not in methods]
     if unknown:
@@ -176,7 +176,7 @@ def settings_of(cfg: DictConfig, grid: dict[str, list[str]]) -> ReplaySettings:
                          f"(it runs {', '.join(methods)})")
     return ReplaySettings(tuple(dict.fromkeys(methods)), K_values, L_values, reference, int(reference_K),
                           int(reference_L), int(draws), int(num_prompts), str(row_groups), sampled,
-                          int(batch_prompts), None if support_mass is None else float(support_mass))
+                          int(batch_prompts), None if support_mass is None else float(support_mass), budget)
 
 
 def parse(argv: Sequence[str]) -> list[tuple[DictConfig, ReplaySettings]]:
@@ -214,19 +214,6 @@ def check_groups(groups: Sequence[tuple[DictConfig, ReplaySettings]]) -> None:
     for cfg, settings in groups:
         check_writable(cfg.output_dir, [replay_root(cfg), group_folder(cfg, settings)])
         _check_group_folder(group_folder(cfg, settings), group_meta(cfg, settings), bool(cfg.force))
-
-
-@contextlib.contextmanager
-def recursion_room(L_max: int) -> Iterator[None]:
-    """Room for the rules whose exact law walks a block position by position (sbv's selection walk recurses once
-    per position): Python's default limit (1000 frames) would end an L in the thousands in a RecursionError.
-    Python-to-Python calls use no C stack since 3.11, so a larger limit is safe."""
-    previous = sys.getrecursionlimit()
-    sys.setrecursionlimit(max(previous, 4 * L_max + 1000))
-    try:
-        yield
-    finally:
-        sys.setrecursionlimit(previous)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -392,67 +379,24 @@ def prompt_directory(folder: Path, index: int) -> Path:
     return folder / "prompts" / f"{index:04d}"
 
 
-BLOCKS_FILE, DONE_FILE = "blocks.jsonl", "done.json"
-FINISHED = ("finished", "unverified")  # unverified: a done.json written before it vouched for its blocks
+BLOCKS_FILE = "blocks.jsonl"
 
 
-@dataclass(frozen=True)
-class PromptState:
-    """``finished`` (blocks.jsonl is the file done.json vouches for), ``unverified`` (a done.json written before
-    2026-12-03, without the blocks' sha256: counted as finished), ``partial`` (blocks without done.json: stopped
-    between the two), ``damaged`` (``problem`` names the file and the line) or ``absent``."""
-
-    status: str
-    problem: str | None = None
-
-
-def prompt_state(directory: Path) -> PromptState:
-    """Read and check one prompt folder (never raises for bad content: a damaged prompt says why)."""
-    done_path, blocks_path = directory / DONE_FILE, directory / BLOCKS_FILE
-    if not done_path.exists():
-        if blocks_path.exists():
-            return PromptState("partial", f"{blocks_path}: written without its {DONE_FILE} (stopped before the "
-                                          f"prompt finished)")
-        return PromptState("absent")
-    try:
-        done = json.loads(done_path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
-        return PromptState("damaged", f"{done_path}: cannot be read ({type(error).__name__}: {error})")
-    files = done.get("records") if isinstance(done, dict) else None
-    if not isinstance(files, dict) or not files:
-        if blocks_path.exists() and isinstance(done, dict):
-            return PromptState("unverified")
-        return PromptState("damaged", f"{blocks_path}: missing ({DONE_FILE} says the prompt finished)")
-    problems = integrity_problems(directory, files)
-    return PromptState("damaged", "; ".join(problems)) if problems else PromptState("finished")
+def prompt_state(directory: Path) -> UnitState:
+    """Read and check one prompt folder (:func:`spectr_repro.units.unit_state`, never raising for bad content): a
+    done.json written before 2026-12-03, without the blocks' sha256, beside its blocks.jsonl is ``unverified``
+    (counted as finished)."""
+    return unit_state(directory, legacy=(BLOCKS_FILE,))
 
 
 def prompt_finished(directory: Path) -> bool:
-    return prompt_state(directory).status in FINISHED
-
-
-def set_aside(directory: Path, folder: Path) -> Path:
-    """Move a damaged or partial prompt's files (not its claim) to ``<folder>/set_aside/<index>-<UTC time>/``:
-    never deleted, out of the summary's way; returns where they went."""
-    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%S%f")
-    target = folder / "set_aside" / f"{directory.name}-{stamp}"
-    try:
-        target.mkdir(parents=True, exist_ok=False)
-        for name in (BLOCKS_FILE, DONE_FILE):
-            if (directory / name).exists():
-                os.replace(directory / name, target / name)
-    except OSError as error:
-        raise ResourceError(f"cannot set aside the damaged prompt {directory} into {target}: {error}") from error
-    return target
+    return prompt_state(directory).finished
 
 
 def write_prompt(directory: Path, blocks: Sequence[dict[str, Any]], done: dict[str, Any]) -> None:
     """A prompt's block lines, then ``done.json`` (last: the prompt is finished once it exists), which records
-    the blocks' sha256 and line count (:func:`prompt_state` checks them)."""
-    text = "".join(json.dumps(b) + "\n" for b in blocks)
-    atomic_write_text(directory / BLOCKS_FILE, text)
-    atomic_write_text(directory / DONE_FILE, json.dumps({**done, "records": {BLOCKS_FILE: file_integrity(text)}},
-                                                       indent=2) + "\n")
+    the blocks' sha256 and line count (:func:`spectr_repro.units.write_unit`)."""
+    write_unit(directory, {BLOCKS_FILE: "".join(json.dumps(b) + "\n" for b in blocks)}, done)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -461,13 +405,14 @@ def write_prompt(directory: Path, blocks: Sequence[dict[str, Any]], done: dict[s
 
 @dataclass
 class Progress:
-    """What this run has done so far: what a stop by signal reports."""
+    """What this run has done so far: what a stop by signal, or by the budget, reports."""
 
     planned: int = 0  # prompts of the command, every group
     computed: int = 0  # replayed and written by this run
     earlier: int = 0  # finished before this run (or by another runner)
     current: list[Path] = field(default_factory=list)  # the prompts being replayed (one batch)
     warned_unverified: set[Path] = field(default_factory=set)  # groups told once about their unverified prompts
+    budget: Budget = field(default_factory=Budget)  # replay.budget_minutes
 
     def stopped_message(self, stop: BaseException, roots: Sequence[Path]) -> str:
         if len(self.current) > 1:
@@ -481,6 +426,13 @@ class Progress:
         return (f"stopped by {stop_name(stop)}: kept {self.computed} prompt(s) replayed in this run and "
                 f"{self.earlier} finished before, in {', '.join(map(str, roots))}; {dropped}; rerun the same "
                 f"command to replay the {left} prompt(s) left.")
+
+    def budget_message(self, groups: Sequence[tuple[DictConfig, ReplaySettings]], argv: Sequence[str]) -> str:
+        """What a run stopped by its budget kept, counted on disk (groups it did not reach included)."""
+        finished = sum(prompt_finished(prompt_directory(group_folder(cfg, settings), index))
+                       for cfg, settings in groups for index in range(settings.num_prompts))
+        return self.budget.message(self.computed, max(finished - self.computed, 0), max(self.planned - finished, 0),
+                                   "prompt", "replay", argv)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -497,12 +449,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     from spectr_repro.runner.pairs import PairCache
 
     roots = list(dict.fromkeys(replay_root(cfg) for cfg, _ in groups))
-    progress = Progress(planned=sum(settings.num_prompts for _, settings in groups))
+    progress = Progress(planned=sum(settings.num_prompts for _, settings in groups),
+                        budget=Budget(groups[0][1].budget_minutes))
     try:
         with stop_on_signals(), Runner() as runner, recursion_room(max(s.L_max for _, s in groups)):
             pairs = PairCache(on_load=lambda name: runner.set_state("loading", name))
             for cfg, settings in groups:
                 _run_group(pairs, runner, cfg, settings, progress)
+                if progress.budget.stopped:
+                    break
             pairs.release()
     except ResourceError as error:
         print(f"error: {error}\n(finished prompts are kept; fix the above and rerun the same command)",
@@ -524,6 +479,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         tracking.log_command("replay", groups[0][0].logger, root.parent, tables={
             "summary": root / "replay_summary.csv", "differences": root / "replay_differences.csv"},
             config=tracking.top_level_config(group_meta(c, s) for c, s in groups if replay_root(c) == root))
+    if progress.budget.stopped:
+        print(progress.budget_message(groups, argv))
+        return 0
     print(f"{progress.computed} prompt(s) replayed, {progress.earlier} finished earlier or elsewhere; "
           f"results in {', '.join(map(str, roots))}")
     return 0
@@ -531,7 +489,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _run_group(pairs, runner, cfg: DictConfig, settings: ReplaySettings, progress: Progress) -> None:
     """Replay every prompt of one group not finished yet (counted in ``progress``), up to
-    ``settings.batch_prompts`` claimed prompts at a time."""
+    ``settings.batch_prompts`` claimed prompts at a time; before claiming a batch, stop if the budget is spent."""
     folder = group_folder(cfg, settings)
     try:
         folder.mkdir(parents=True, exist_ok=True)
@@ -539,37 +497,54 @@ def _run_group(pairs, runner, cfg: DictConfig, settings: ReplaySettings, progres
     except OSError as error:
         raise ResourceError(f"cannot write into {folder}: {error}") from error
     pair = pairs.pair(cfg)
-    cfg_prompts = OmegaConf.merge(cfg, {"num_prompts": settings.num_prompts})
-    examples = pairs.examples(cfg_prompts, pair.tokenizer)
-    force = bool(cfg.force)
+    examples = pairs.examples(OmegaConf.merge(cfg, {"num_prompts": settings.num_prompts}), pair.tokenizer)
     label = f"replay {cfg.choices.dataset} T={float(cfg.temperature):g}"
     claimed: list[tuple[int, Any, Path]] = []  # (index, example, folder) claimed and not replayed yet
     with tqdm(total=len(examples), desc=label, unit="prompt", file=sys.stderr, dynamic_ncols=True) as bar:
         try:
             for index, example in enumerate(examples):
                 directory = prompt_directory(folder, index)
-                if not force and _finished(directory, folder, progress):
+                if not cfg.force and _finished(directory, folder, progress):
                     progress.earlier += 1
                     bar.update()
                     continue
-                try:
-                    claim = runner.claim(directory)
-                except OSError as error:
-                    raise ResourceError(f"cannot write into {directory}: {error}") from error
-                if not claim.acquired:
+                if not claimed and progress.budget.spent():
+                    return  # before claiming the next batch: it would not fit
+                if not _claim(runner, directory, folder, index, bool(cfg.force), progress):
                     bar.update()
-                    continue  # another live runner replays it
+                    continue  # another live runner replays it, or has just finished it
                 claimed.append((index, example, directory))
                 if len(claimed) == settings.batch_prompts:
                     batch, claimed = claimed, []  # _replay_claimed releases the batch's claims
-                    bar.set_postfix(blocks=_replay_claimed(pair, runner, cfg, settings, folder, batch, progress))
-                    bar.update(len(batch))
+                    _replay_batch(pair, runner, cfg, settings, batch, progress, bar)
             if claimed:  # the prompts left over: a last, shorter batch
                 batch, claimed = claimed, []
-                bar.set_postfix(blocks=_replay_claimed(pair, runner, cfg, settings, folder, batch, progress))
-                bar.update(len(batch))
+                _replay_batch(pair, runner, cfg, settings, batch, progress, bar)
         finally:
             _release(runner, claimed)  # claimed but not replayed (a stop, an error): free for the next run
+
+
+def _claim(runner, directory: Path, folder: Path, index: int, force: bool, progress: Progress) -> bool:
+    """Claim one prompt (:func:`spectr_repro.units.claim_unit`): True when this run replays it; a prompt another
+    runner finished meanwhile counts as earlier; a damaged or partial one is named and its files set aside."""
+    try:
+        claimed = claim_unit(runner, directory, folder / SET_ASIDE, force=force, legacy=(BLOCKS_FILE,))
+    except OSError as error:
+        raise ResourceError(f"cannot write into {directory}: {error}") from error
+    if claimed.status == "finished":
+        progress.earlier += 1
+    if claimed.moved is not None:
+        tqdm.write(f"warning: {claimed.state.problem}; its files are set aside in {claimed.moved} and prompt {index} "
+                   f"is replayed again", file=sys.stderr)
+    return claimed.status == "claimed"
+
+
+def _replay_batch(pair, runner, cfg: DictConfig, settings: ReplaySettings, batch: Sequence[tuple[int, Any, Path]],
+                  progress: Progress, bar) -> None:
+    """One batch of claimed prompts, timed for the budget."""
+    with progress.budget.unit():
+        bar.set_postfix(blocks=_replay_claimed(pair, runner, cfg, settings, batch, progress))
+    bar.update(len(batch))
 
 
 def _release(runner, claimed: Sequence[tuple[int, Any, Path]]) -> None:
@@ -577,7 +552,7 @@ def _release(runner, claimed: Sequence[tuple[int, Any, Path]]) -> None:
         runner.release(directory)
 
 
-def _replay_claimed(pair, runner, cfg: DictConfig, settings: ReplaySettings, folder: Path,
+def _replay_claimed(pair, runner, cfg: DictConfig, settings: ReplaySettings,
                     claimed: Sequence[tuple[int, Any, Path]], progress: Progress) -> int:
     """Replay and write the claimed prompts (one batch; a batch of one takes the one-prompt path) and release their
     claims, whatever happens. A prompt's files are written only once the whole batch is replayed: a stop before
@@ -587,33 +562,19 @@ def _replay_claimed(pair, runner, cfg: DictConfig, settings: ReplaySettings, fol
 
     written = 0
     try:
-        todo = []
-        for index, example, directory in claimed:
-            state = prompt_state(directory)  # another runner may have finished it between our look and the claim
-            if state.status in FINISHED and not cfg.force:
-                progress.earlier += 1
-                continue
-            if state.status in ("damaged", "partial"):
-                moved = set_aside(directory, folder)
-                tqdm.write(f"warning: {state.problem}; its files are set aside in {moved} and prompt {index} is "
-                           f"replayed again", file=sys.stderr)
-            (directory / DONE_FILE).unlink(missing_ok=True)
-            todo.append((index, example, directory))
-        if not todo:
-            return 0
-        progress.current = [directory for _, _, directory in todo]
-        inputs = [encode_prompt(pair.tokenizer, example)[0].tolist() for _, example, _ in todo]
+        progress.current = [directory for _, _, directory in claimed]
+        inputs = [encode_prompt(pair.tokenizer, example)[0].tolist() for _, example, _ in claimed]
         stops = [stop_checker(pair.tokenizer, tuple(getattr(example, "stop_strings", ()) or ()))
-                 for _, example, _ in todo]
-        seeds = [int(cfg.seed) * 100_003 + index for index, _, _ in todo]
-        if len(todo) == 1:
+                 for _, example, _ in claimed]
+        seeds = [int(cfg.seed) * 100_003 + index for index, _, _ in claimed]
+        if len(claimed) == 1:
             results = [replay_prompt(pair, inputs[0], settings, cfg, seed=seeds[0], should_stop=stops[0])]
         else:
             results = replay_prompts(pair, inputs, settings, cfg, seeds, stops)
         recorded = {**provenance(settings.methods, settings.sampled, str(pair.device)),
-                    "batch": [index for index, _, _ in todo],
+                    "batch": [index for index, _, _ in claimed],
                     "finished_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
-        for (index, example, directory), input_ids, (blocks, summary) in zip(todo, inputs, results):
+        for (index, example, directory), input_ids, (blocks, summary) in zip(claimed, inputs, results):
             try:
                 write_prompt(directory, blocks, {"prompt_id": str(example.id), "index": index,
                                                  "prompt_tokens": len(input_ids), **summary,
@@ -635,11 +596,10 @@ def _finished(directory: Path, folder: Path, progress: Progress) -> bool:
         progress.warned_unverified.add(folder)
         tqdm.write(f"note: {folder} holds prompts replayed before done.json recorded their blocks' sha256: they "
                    f"are kept as finished, unverified", file=sys.stderr)
-    return state.status in FINISHED
+    return state.finished
 
 
-__all__ = ["FINISHED", "Progress", "PromptReplay", "PromptState", "ReplaySettings", "ReplayingReference",
+__all__ = ["BLOCKS_FILE", "Progress", "PromptReplay", "ReplaySettings", "ReplayingReference",
            "changed_settings", "check_groups", "group_folder", "group_meta", "group_name", "main", "parse",
            "prompt_directory", "prompt_finished", "prompt_state", "recursion_room", "replay_generator",
-           "replay_prompt", "replay_prompts", "replay_root", "rules_added", "set_aside", "settings_of",
-           "write_prompt"]
+           "replay_prompt", "replay_prompts", "replay_root", "rules_added", "settings_of", "write_prompt"]

@@ -34,8 +34,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-CLAIM_FILE = "claim.json"
-TAKEOVER_FILE = "claim.json.takeover"
+from spectr_repro.units import CLAIM_FILE, TAKEOVER_FILE  # the files of a unit folder that are not its records
+
 REGISTRY_ENV_VAR = "SPECTR_REPRO_RUNNERS"
 UNREADABLE_GRACE_S = 30.0  # a claim file being written is empty for a moment: live for this long
 TAKEOVER_LOCK_STALE_S = 60.0  # a takeover takes milliseconds; a lock this old was left by a dead runner

@@ -1,21 +1,30 @@
-"""Stops by signal for every long command (sweep, replay, bias): SIGTERM unwinds like Ctrl-C.
+"""Stops by signal for every long command (sweep, replay, bias): SIGTERM unwinds like Ctrl-C; and stops by budget.
 
 SLURM's end of job and `kill` send SIGTERM, whose default action ends the process at once: claims stay behind
 and nothing says what was kept. Inside :func:`stop_on_signals` SIGTERM raises :class:`Terminated` (a
 BaseException, like KeyboardInterrupt) so that ``finally`` blocks release claims and the command can print
 what is kept and how to resume; :func:`stop_name` and :func:`stop_status` give its words and exit status, and
 :class:`RunProgress` (what a run has done so far) the message.
+
+A run with a budget (``replay.budget_minutes``, ``bias.budget_minutes``: :class:`Budget`) stops itself at a unit
+boundary (a prompt, a batch of prompts, a context) once the next unit would not fit, keeps what it finished and
+exits 0 with the command that continues it.
 """
 
 from __future__ import annotations
 
 import contextlib
+import math
+import shlex
 import signal
 import threading
+import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from spectr_repro.errors import UsageError
 
 
 class Terminated(BaseException):
@@ -71,4 +80,49 @@ class RunProgress:
         return f"the {noun} being {doing} ({self.current}) was dropped and starts over"
 
 
-__all__ = ["RunProgress", "Terminated", "stop_name", "stop_on_signals", "stop_status"]
+def budget_minutes(value: Any, key: str) -> float | None:
+    """``<command>.budget_minutes`` checked: None (no budget) or a number of minutes > 0 (UsageError otherwise)."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+        raise UsageError(f"{key} must be a number of minutes > 0 (the run stops at a prompt boundary once the next "
+                         f"would not fit) or null (no budget), got {value!r}")
+    return float(value)
+
+
+@dataclass
+class Budget:
+    """A run's time budget: before it starts the next unit (a prompt, a batch, a context), :meth:`spent` says whether
+    the time since the run started plus that unit's estimate (the longest unit this run has done) would exceed it.
+    Before the first unit nothing is known, so a run always does at least one. ``minutes`` None: no budget."""
+
+    minutes: float | None = None
+    started: float = field(default_factory=time.monotonic)
+    longest_s: float | None = None  # the longest unit (batch) of this run so far
+    stopped: bool = False  # the run stopped itself because of the budget
+
+    def record(self, seconds: float) -> None:
+        self.longest_s = seconds if self.longest_s is None else max(self.longest_s, seconds)
+
+    @contextlib.contextmanager
+    def unit(self) -> Iterator[None]:
+        """Times one unit (recorded only when it finishes: a unit that raised is not a duration)."""
+        start = time.monotonic()
+        yield
+        self.record(time.monotonic() - start)
+
+    def spent(self) -> bool:
+        """True (and :attr:`stopped` set) when the next unit would end past the budget."""
+        if self.minutes is None or self.longest_s is None:
+            return False
+        self.stopped = time.monotonic() - self.started + self.longest_s > 60 * self.minutes
+        return self.stopped
+
+    def message(self, kept: int, before: int, left: int, noun: str, command: str, argv: Sequence[str]) -> str:
+        """``budget of 5 min reached: kept 3 prompt(s) this run, 2 finished before, 11 left; continue with: python
+        -m spectr_repro replay ...`` (the same command line)."""
+        return (f"budget of {self.minutes:g} min reached: kept {kept} {noun}(s) this run, {before} finished before, "
+                f"{left} left; continue with: python -m spectr_repro {command} {shlex.join(argv)}".rstrip())
+
+
+__all__ = ["Budget", "RunProgress", "budget_minutes", "Terminated", "stop_name", "stop_on_signals", "stop_status"]

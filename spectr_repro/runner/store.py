@@ -5,10 +5,11 @@
     <output_dir>/<experiment>/cells/<cell_id>/summary.json    the cell's metrics (records.CellSummary, last)
     <output_dir>/<experiment>/cells/<cell_id>/claim.json      while a runner computes the cell (runner.claims)
 
-records.jsonl, then config.yaml, then summary.json, each through a temporary file and ``os.replace``.
-A cell is finished only when its summary parses and agrees with its records (count, prompt ids, totals,
-the records' sha256: :func:`cell_state`); a cell interrupted before its summary, or damaged later, is
-redone from scratch (never half-counted).
+records.jsonl, then config.yaml, then summary.json, each through a temporary file and ``os.replace``
+(:func:`spectr_repro.units.write_last`: a cell is a unit of the one store, whose done file is its summary; the
+units module says why a cell keeps summary.json rather than a done.json). A cell is finished only when its summary
+parses and agrees with its records (count, prompt ids, totals, the records' sha256: :func:`cell_state`); a cell
+interrupted before its summary, or damaged later, is redone from scratch (never half-counted).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from spectr_repro.records import (
     summary_disagreements,
     summary_from_json,
 )
+from spectr_repro.units import write_last
 
 
 def cell_identity(cfg: DictConfig) -> dict[str, Any]:
@@ -141,12 +143,12 @@ def records_text(records: list[dict[str, Any]]) -> str:
 
 def write_cell(directory: Path, records: list[dict[str, Any]], summary: dict[str, Any],
                config: DictConfig | None = None) -> None:
-    """Records first, then the resolved config, summary last: the summary's presence marks the cell finished."""
-    (directory / "summary.json").unlink(missing_ok=True)  # a forced rerun is unfinished until done
-    atomic_write_text(directory / "records.jsonl", records_text(records))
+    """Records first, then the resolved config, summary last: the summary's presence marks the cell finished (a
+    forced rerun is unfinished until done: its old summary goes first)."""
+    files = {"records.jsonl": records_text(records)}
     if config is not None:
-        atomic_write_text(directory / "config.yaml", OmegaConf.to_yaml(config, resolve=True))
-    atomic_write_text(directory / "summary.json", json.dumps(summary, indent=2) + "\n")
+        files["config.yaml"] = OmegaConf.to_yaml(config, resolve=True)
+    write_last(directory, files, "summary.json", json.dumps(summary, indent=2) + "\n")
 
 
 __all__ = ["CellState", "atomic_write_text", "cell_dir", "cell_id", "cell_identity", "cell_state", "experiment_dir",

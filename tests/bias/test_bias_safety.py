@@ -62,12 +62,13 @@ def test_a_damaged_record_is_named_left_out_set_aside_and_measured_again(tmp_pat
 def test_a_kill_between_the_records_and_done_json_is_found_and_measured_again(tmp_path, capsys):
     prelude = """
 import os, signal
-real = driver._write_text
+import spectr_repro.units as units
+real = units.atomic_write_text
 def dying(path, text):
     if path.name == "done.json":
         os.kill(os.getpid(), signal.SIGKILL)  # the method files are written, done.json never will be
     real(path, text)
-driver._write_text = dying
+units.atomic_write_text = dying  # the one store writes every unit's files
 """
     process = subprocess_bias(tmp_path, SMALL, prelude)
     process.communicate(timeout=600)
@@ -83,14 +84,12 @@ driver._write_text = dying
 
 def test_a_full_disk_stops_with_one_message(tmp_path, capsys, monkeypatch):
     """ENOSPC where the records are written (the tmpfs version is tests/replay's; this one needs no mount)."""
-    real = driver._write_text
+    import spectr_repro.units as units
 
     def no_space(path, text):
-        if path.name.endswith(".json") and path.name != "setting.json":
-            raise OSError(28, "No space left on device", str(path))
-        real(path, text)
+        raise OSError(28, "No space left on device", str(path))
 
-    monkeypatch.setattr(driver, "_write_text", no_space)
+    monkeypatch.setattr(units, "atomic_write_text", no_space)  # the one store writes every context's files
     assert cli(["bias", *SMALL, f"output_dir={tmp_path}"]) == 1
     err = capsys.readouterr().err
     assert "Traceback" not in err and "No space left on device" in err and "finished contexts are kept" in err

@@ -159,7 +159,9 @@ def test_bad_batch_prompts_is_one_message_and_exit_2_before_loading(tmp_path, ca
 def test_plan_prices_a_batch_of_prompts_at_b_times_the_rows(tmp_path, monkeypatch):
     """`plan` with replay.batch_prompts=4 over 9 prompts: two batches of 4 and one prompt alone, each call over
     B x K_max rows (the calibrated cost model's batched price); B = 1 prices 9 prompts alone, which costs more when a
-    forward has a fixed part (here 0.2 s target, 0.1 s draft). Without a calibration (roofline) B changes nothing."""
+    forward has a fixed part (here 0.2 s target, 0.1 s draft). Without a calibration the modelled forwards (pair
+    shapes, cost/shapes.py, 2026-12-05) price the batch too: reading the weights once for B x K_max rows is cheaper
+    than B times alone."""
     monkeypatch.setenv(CALIBRATION_ENV_VAR, str(tmp_path / "calibration.json"))
     argv = ["experiment=replay_qwen", "dataset=humaneval", "replay.num_prompts=9", f"output_dir={tmp_path / 'out'}"]
 
@@ -167,9 +169,9 @@ def test_plan_prices_a_batch_of_prompts_at_b_times_the_rows(tmp_path, monkeypatc
         (plan,) = plan_replays([([*argv, f"replay.batch_prompts={batch}"], "replay_qwen")], {})
         return plan
 
-    roofline = [model_seconds(batch) for batch in (1, 4)]
-    assert roofline[0].model_seconds == roofline[1].model_seconds > 0
-    assert "each prompt as if alone" in roofline[1].model_note and "alone" not in roofline[0].model_note
+    modelled = [model_seconds(batch) for batch in (1, 4)]
+    assert 0 < modelled[1].model_seconds < modelled[0].model_seconds
+    assert "4 prompts a batch (4 x 7 rows a call)" in modelled[1].model_note and "batch" not in modelled[0].model_note
 
     ((cfg, _),) = parse(argv)
     shapes = plan_shapes([1, 3, 5, 7], [6, 12], [512, 2048], [1, 4])

@@ -85,12 +85,13 @@ def test_a_damaged_record_is_named_left_out_set_aside_and_recomputed(tmp_path, c
 def test_a_kill_between_the_records_and_done_json_is_found_and_recomputed(tmp_path, capsys):
     prelude = """
 import os, signal
-real = driver.atomic_write_text
+import spectr_repro.units as units
+real = units.atomic_write_text
 def dying(path, text):
     if path.name == "done.json" and path.parent.name == "0001":
         os.kill(os.getpid(), signal.SIGKILL)  # blocks.jsonl is written, done.json never will be
     real(path, text)
-driver.atomic_write_text = dying
+units.atomic_write_text = dying  # the one store writes every unit's files
 """
     process = subprocess_replay(tmp_path, SMALL, prelude)
     process.communicate(timeout=600)
