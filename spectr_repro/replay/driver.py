@@ -352,13 +352,8 @@ def changed_settings(folder: Path, meta: dict[str, Any]) -> list[str]:
         raise UsageError(f"{path} is not a replay's settings (a JSON object): move it aside, or use another "
                          f"experiment=")
     return [key for key in meta if key != "num_prompts" and old.get(key) != meta[key]
-            and not (key == "methods" and rules_added(old.get(key), meta[key]))]
-
-
-def rules_added(old: Any, new: Sequence[str]) -> bool:
-    """``new`` runs every rule of ``old`` and more (a rule registered after the replay began): the replay goes on, the
-    new rules evaluated on the prompts replayed from now on (the report pairs rules on the prompts both have)."""
-    return isinstance(old, list) and set(old) <= set(new)
+            # rules added (registered after the replay began) join it on the prompts replayed from now on
+            and not (key == "methods" and isinstance(old.get(key), list) and set(old[key]) <= set(meta[key]))]
 
 
 def _check_group_folder(folder: Path, meta: dict[str, Any], force: bool) -> None:
@@ -602,4 +597,4 @@ def _finished(directory: Path, folder: Path, progress: Progress) -> bool:
 __all__ = ["BLOCKS_FILE", "Progress", "PromptReplay", "ReplaySettings", "ReplayingReference",
            "changed_settings", "check_groups", "group_folder", "group_meta", "group_name", "main", "parse",
            "prompt_directory", "prompt_finished", "prompt_state", "recursion_room", "replay_generator",
-           "replay_prompt", "replay_prompts", "replay_root", "rules_added", "settings_of", "write_prompt"]
+           "replay_prompt", "replay_prompts", "replay_root", "settings_of", "write_prompt"]
