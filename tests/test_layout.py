@@ -68,4 +68,4 @@ def test_committed_results_are_sealed_small_and_packed():
         # a prompt a running replay finished since the last seal is not committed yet: only committed ones count
         problems = [p for p in problems if "finished but not in" not in p
                     or str(Path(p.split(":")[0]).relative_to(REPO) / "done.json") in tracked]
-        assert problems == [] and checked > 0, group
+        assert problems == [], group  # a group a stopped round only began may hold no prompt yet
