@@ -109,7 +109,14 @@ def provenance(methods: Sequence[str], sampled: Sequence[str], device: str) -> d
     """What each finished prompt's done.json records of how it was replayed: the environment (device and its model,
     library versions, threads, commit) and the fingerprint of every rule it evaluated (the report pools prompts
     rule by rule on it; the spot check compares it)."""
-    return {"environment": environment(device), "rules_fingerprint": rules_fingerprint(methods, sampled)}
+    return {"environment": environment(device),
+            "rules_fingerprint": dict(_cached_fingerprint(tuple(methods), tuple(sampled)))}
+
+
+@cache
+def _cached_fingerprint(methods: tuple[str, ...], sampled: tuple[str, ...]) -> dict[str, str]:
+    """One computation per process: the replay records it for every batch, the rules do not change meanwhile."""
+    return rules_fingerprint(methods, sampled)
 
 
 __all__ = ["FINGERPRINT_VERSION", "provenance", "rule_fingerprint", "rules_fingerprint"]
