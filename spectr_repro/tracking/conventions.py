@@ -21,12 +21,14 @@ per-prompt records (``records``) and the acceptance by draft position as a line 
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig
 
 from spectr_repro.records import flatten_numbers, table_columns
+from spectr_repro.tracking.offline import wait_until_written
 
 # Per-prompt columns shown in the W&B table: the record schema minus the long per-iteration lists
 # (kept in records.jsonl only).
@@ -135,8 +137,17 @@ def log_cell(logger_cfg: DictConfig, run_root: Path, experiment: str, cell_id: s
         run_dir = Path(run.dir).parent  # .../wandb/offline-run-<time>-<id>/files -> the run folder
     finally:
         run.finish()
+    return written(run_dir, logger_cfg)
+
+
+def written(run_dir: Path, logger_cfg: DictConfig) -> Path:
+    """The run folder once its offline file is on disk (``run.finish()`` may return before W&B's core flushes it);
+    a warning, never an error, if it is not within the wait."""
+    if mode(logger_cfg) == "offline" and not wait_until_written(run_dir):
+        print(f"warning: W&B has not finished writing {run_dir} yet", file=sys.stderr)
     return run_dir
 
 
 __all__ = ["DEFAULT_LOGGER", "DEFAULT_PROJECT", "LOGGERS", "SETTINGS", "TABLE_COLUMNS", "add_logger_option",
-           "destination", "enabled", "log_cell", "logger_config", "logger_from_argv", "mode", "prepare", "run_tags"]
+           "destination", "enabled", "log_cell", "logger_config", "logger_from_argv", "mode", "prepare",
+           "run_tags", "written"]

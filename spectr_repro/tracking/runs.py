@@ -22,7 +22,7 @@ from typing import Any
 import pandas as pd
 from omegaconf import DictConfig
 
-from spectr_repro.tracking.conventions import SETTINGS, destination, enabled, mode, prepare
+from spectr_repro.tracking.conventions import SETTINGS, destination, enabled, mode, prepare, written
 from spectr_repro.tracking.names import derive
 
 
@@ -127,7 +127,7 @@ def _log(command: str, logger_cfg: DictConfig, folder: Path, frames: dict[str, p
     finally:
         run.finish()
     print(f"W&B {mode(logger_cfg)} run of {command}: {run_dir}", file=sys.stderr)
-    return run_dir
+    return written(run_dir, logger_cfg)
 
 
 __all__ = ["log_command", "read_tables", "tables_in", "top_level_config", "wandb_table"]

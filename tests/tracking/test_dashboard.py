@@ -196,3 +196,19 @@ def test_quality_logs_its_table(tmp_path):
     quiet.mkdir()
     assert main_quality([str(quiet), "--logger", "disabled"]) == 0
     assert not (quiet / "wandb").exists()
+
+
+def test_a_logged_run_is_on_disk_when_logging_returns(tmp_path):
+    """run.finish() may return before W&B's core has flushed the file (1 run in 25 on a busy CPU): log_command waits
+    for the run's exit record, and the wait says False for a file cut before it."""
+    from spectr_repro.tracking.offline import records, wait_until_written
+
+    run_dir = tracking.log_command("bench", tracking.logger_config(), tmp_path / "bench", results=BENCH)
+    (path,) = run_files(tmp_path / "bench")
+    assert [r.WhichOneof("record_type") for r in records(path)][-1] == "exit"
+    assert wait_until_written(run_dir, timeout_s=0.0)
+    cut = tmp_path / "cut" / path.name
+    cut.parent.mkdir()
+    cut.write_bytes(path.read_bytes()[:200])  # the header and the start of the run record: no exit yet
+    assert not wait_until_written(cut.parent, timeout_s=0.2)
+    assert not wait_until_written(tmp_path / "no_run", timeout_s=0.0)
