@@ -117,6 +117,8 @@ def run(preset, hardware, device: str | None, dtype: str | None, replay_summary:
     if preset.get("methods"):
         results["methods"][pair.name] = suites.bench_methods(pair, prompts, T, m,
                                                              [tuple(p) for p in preset.methods], chunk)
+    if preset.get("batches"):
+        results["batches"] = {"pair": pair.name, **_batches(pair, preset.batches, T, m, chunk)}
     ver = preset.get("verification")
     if ver:
         results["verification"] = {"target_model": pair.name, "rows": suites.bench_verification(
@@ -125,6 +127,21 @@ def run(preset, hardware, device: str | None, dtype: str | None, replay_summary:
     results["environment"] = environment(str(pair.device))
     results["wall_time_s"] = time.perf_counter() - started
     return results
+
+
+def _batches(pair, spec, temperature: float, new_tokens: int, chunk) -> dict:
+    """The timed batch groups of ``spec`` (``bench.batches``): each dataset's first groups x max(B) prompts, and the
+    next prompt of the first dataset for the calibration (decoded by no group)."""
+    from spectr_repro.bench.batches import bench_batches
+    from spectr_repro.bench.contenders import encode_prompts
+
+    needed = int(spec.groups) * max(int(b) for b in spec.B)
+    prompts = {str(name): encode_prompts(pair, str(name), needed + (1 if i == 0 else 0))
+               for i, name in enumerate(spec.datasets)}
+    first = str(spec.datasets[0])
+    calibration_prompt = prompts[first].pop()
+    return bench_batches(pair, prompts, calibration_prompt, [tuple(c) for c in spec.contenders],
+                         [int(b) for b in spec.B], int(spec.groups), temperature, new_tokens, chunk)
 
 
 def _profile_cells(prof: dict) -> str:
@@ -139,6 +156,10 @@ PROFILE_HEADER = ("BE | target fwd/tok | ms/target fwd | draft fwd/tok | ms/draf
 
 
 def markdown(results: dict) -> str:
+    if results.get("batches"):
+        from spectr_repro.bench.batches import markdown as batches_markdown
+
+        return batches_markdown(results["batches"], results["batches"]["pair"])
     if not (results["ar_vs_hf_generate"] or results["sd_vs_hf_assisted"]):  # a preset without those sections
         return _best_methods_verification(results, [])
     lines = ["| benchmark | pair | ours tok/s | HF tok/s | ratio | target |", "|---|---|---|---|---|---|"]

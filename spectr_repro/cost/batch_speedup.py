@@ -24,7 +24,13 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 
 import pandas as pd
 
-from spectr_repro.cost.model import seconds_per_call
+from spectr_repro.cost.model import (
+    SECTIONS,
+    CallCosts,
+    chunked_prefill_seconds,
+    seconds_per_call,
+    section_forward_seconds,
+)
 from spectr_repro.cost.shapes import ModelledForwardCosts, ModelShape
 
 BATCHES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
@@ -76,4 +82,37 @@ def batch_speedups(target: ModelShape, draft: ModelShape, rates, tokens_per_call
     return pd.DataFrame(rows)
 
 
-__all__ = ["BATCHES", "KS", "LABEL", "LS", "METHODS", "assumed_tokens_per_call", "batch_speedups", "settings"]
+def batch_decode_seconds(costs: CallCosts, method: str, K: int, L: int, prompt_tokens: Sequence[int],
+                         calls_per_prompt: Sequence[int], new_tokens: int, chunk: int | None = None) -> float:
+    """Seconds the one cost model gives to ``engine.generate_batch`` decoding these prompts together, each making
+    ``calls_per_prompt[i]`` calls (AR: one per token) and emitting ``new_tokens`` (EOS off):
+
+        prefill  = each prompt alone through the target (and the draft), chunked       (engine.batched._prefill)
+        call c   = the forwards at a(c) prompts = #{i : calls_i >= c} (B*K rows, shrinking as prompts finish)
+                   + a(c) x (the rule's call + each section's overhead at batch 1)
+
+    The overheads and the rule are charged per prompt because the engine samples, verifies and keeps the books of
+    each prompt in its own Python loop (``_sample_per_prompt``, the verify list); the forwards read the weights once
+    for all rows. Calls are priced at the prompts' mean context plus half the new tokens."""
+    context = round(sum(prompt_tokens) / len(prompt_tokens)) + int(new_tokens) // 2
+    speculative = method != "ar"
+    prefill = sum(chunked_prefill_seconds(costs.target, n, chunk)
+                  + (chunked_prefill_seconds(costs.draft, n, chunk) if speculative else 0.0) for n in prompt_tokens)
+    if not speculative:
+        per_prompt = max(0.0, costs.ar_token_seconds(context) - costs.target.seconds(1, 1, context=context))
+        batch = len(prompt_tokens)
+        return prefill + max(calls_per_prompt) * (costs.target.seconds(batch, 1, context=context) + batch * per_prompt)
+    # a least-squares fit of the overheads can dip below 0 between its corners; a call never costs less than its
+    # forwards and its rule
+    overheads = sum(costs.overheads.seconds(section, K, L, context) for section in SECTIONS) if costs.overheads else 0
+    per_prompt = costs.rule_call_seconds(method, K, L) + max(0.0, overheads)
+    seconds = prefill
+    for call in range(1, max(calls_per_prompt) + 1):
+        active = sum(calls >= call for calls in calls_per_prompt)
+        seconds += sum(section_forward_seconds(costs.target, costs.draft, K, L, context, active).values())
+        seconds += active * per_prompt
+    return seconds
+
+
+__all__ = ["BATCHES", "KS", "LABEL", "LS", "METHODS", "assumed_tokens_per_call", "batch_decode_seconds",
+           "batch_speedups", "settings"]

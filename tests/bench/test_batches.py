@@ -1,0 +1,86 @@
+"""Speed-up against batch size (issue 50): the cost model's price of a batch, the paired summary, and a run of the
+timed groups on the tiny random pair."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from spectr_repro.bench.batches import interval, summarise
+from spectr_repro.cost.batch_speedup import batch_decode_seconds
+from spectr_repro.cost.calibration import ForwardCosts
+from spectr_repro.cost.model import CallCosts, section_forward_seconds
+
+
+def linear_costs(fixed: float, per_token: float) -> ForwardCosts:
+    """A forward costs fixed + per_token x rows x tokens (two measured sizes: interpolation is exact)."""
+    return ForwardCosts(tuple((1, n, kind, fixed + per_token * n) for n in (1, 1000) for kind in ("last", "all")))
+
+
+COSTS = CallCosts(linear_costs(0.1, 0.001), linear_costs(0.02, 0.0005), {("sd", 1, 4): 0.003})
+
+
+def test_ar_batch_is_its_prefills_and_one_forward_over_the_batch_per_token():
+    seconds = batch_decode_seconds(COSTS, "ar", 1, 1, [100, 300], [8, 8], new_tokens=8)
+    prefill = (0.1 + 0.001 * 100) + (0.1 + 0.001 * 300)
+    assert seconds == pytest.approx(prefill + 8 * (0.1 + 0.001 * 2))
+
+
+def test_a_speculative_batch_prices_each_call_at_the_prompts_still_running():
+    """Calls per prompt [3, 1]: call 1 at two prompts, calls 2 and 3 at one; the rule once per prompt a call."""
+    seconds = batch_decode_seconds(COSTS, "sd", 1, 4, [100, 100], [3, 1], new_tokens=8)
+    prefill = 2 * ((0.1 + 0.001 * 100) + (0.02 + 0.0005 * 100))
+    def call(active):
+        return sum(section_forward_seconds(COSTS.target, COSTS.draft, 1, 4, None, active).values()) + active * 0.003
+    assert seconds == pytest.approx(prefill + call(2) + 2 * call(1))
+    # the same calls made by prompts one after the other would cost more forwards: the batch shares weight reads
+    alone = sum(batch_decode_seconds(COSTS, "sd", 1, 4, [100], [c], new_tokens=8) for c in (3, 1))
+    assert seconds < alone
+
+
+def group(method, seconds, tokens=16, B=2, g=0, dataset="humaneval", K=1, L=4, calls=(4, 4)):
+    return {"B": B, "dataset": dataset, "group": g, "method": method, "K": K, "L": L, "prompt_tokens": [100] * B,
+            "seconds": seconds, "tokens": tokens, "calls": list(calls)}
+
+
+def test_summary_pairs_each_group_with_ar_at_the_same_batch():
+    rows = [group("ar", 4.0, calls=(8, 8)), group("sd", 2.0), group("ar", 6.0, g=1, calls=(8, 8)),
+            group("sd", 2.0, g=1)]
+    (cell,) = summarise(rows, COSTS, new_tokens=8)
+    assert (cell["method"], cell["B"], cell["groups"]) == ("sd", 2, 2)
+    assert cell["speedup"] == pytest.approx(2.5)  # mean of 2 and 3, not 10 / 4
+    assert cell["speedup_low"] < 2.5 < cell["speedup_high"]
+    assert cell["tokens_per_call"] == pytest.approx(2.0)
+    expected = (batch_decode_seconds(COSTS, "ar", 1, 1, [100, 100], [8, 8], 8)
+                / batch_decode_seconds(COSTS, "sd", 1, 4, [100, 100], [4, 4], 8))
+    assert cell["predicted"] == pytest.approx(expected)
+    assert cell["error"] == pytest.approx(expected / 2.5 - 1)
+
+
+def test_summary_refuses_decodes_of_different_lengths():
+    with pytest.raises(ValueError, match="not comparable"):
+        summarise([group("ar", 4.0, calls=(8, 8)), group("sd", 2.0, tokens=15)], COSTS, new_tokens=8)
+
+
+def test_interval_is_a_t_interval():
+    mean, low, high = interval([1.0, 2.0, 3.0])
+    assert mean == 2.0 and high - mean == pytest.approx(4.302653 * 1.0 / math.sqrt(3), rel=1e-5)
+    assert math.isnan(interval([1.0])[1])
+
+
+def test_the_batch_bench_runs_on_the_tiny_pair(tmp_path, monkeypatch):
+    """End to end through the command: the tiny preset cut to B = 1, 2, one group, one dataset, two rules."""
+    from spectr_repro.bench import cli
+
+    monkeypatch.chdir(tmp_path)
+    preset, hardware = cli.compose_preset("batch_tiny", "cpu")
+    preset.batches.datasets, preset.batches.groups, preset.max_new_tokens = ["humaneval"], 1, 4
+    preset.batches.contenders = [["sd", 1, 2], ["spectr", 2, 2]]
+    results = cli.run(preset, hardware, "cpu", None)
+    cells = results["batches"]["cells"]
+    assert {(c["method"], c["B"]) for c in cells} == {("sd", 1), ("sd", 2), ("spectr", 1), ("spectr", 2)}
+    assert all(c["speedup"] > 0 and c["predicted"] > 0 and c["tokens_per_call"] >= 1 for c in cells)
+    groups = results["batches"]["groups"]
+    assert len(groups) == 3 * 2 and {len(g["calls"]) for g in groups} == {1, 2}
+    assert "| spectr | 2 | 2 | 2 |" in cli.markdown(results)
