@@ -3,11 +3,13 @@ rule, in one process, and the one cost model's prediction for the same batches.
 
     python -m spectr_repro bench --preset batch_qwen
 
-For each batch size B and dataset, ``groups`` groups of B distinct prompts; within a group every contender (AR and
-each (rule, K, L)) decodes the same B prompts with the same seeds, EOS off, so all emit B x ``max_new_tokens``
-tokens, in an order that rotates from group to group (the VM's drift falls on every contender alike). A group's
-speed-up is AR's wall time over the rule's (AR at the same B: the baseline a server at that batch has); the
-interval is a t interval over the groups (paired: each ratio is of one group's two decodes).
+One pool of prompts, the datasets' taken in turn (a server's batch mixes requests); at each batch size B the pool
+is cut into groups of B. Within a group every contender (AR and each (rule, K, L)) decodes the same B prompts with
+the same seeds, EOS off, so all emit B x ``max_new_tokens`` tokens, in an order that rotates from group to group
+(the VM's drift falls on every contender alike). A group's speed-up is AR's wall time over the rule's (AR at the
+same B: the baseline a server at that batch has), end to end and after the prefill (a server prefills apart, and
+each prompt's prefill here is the same work for every contender); the interval is a t interval over the groups
+(paired: each ratio is of one group's two decodes; none from a single group).
 
 The prediction is made before any timed round, from costs measured in this process on other inputs: every forward
 at the batch shapes (``cost.measure.measure_forward_costs``), the rules' calls on real blocks drafted from a prompt
@@ -79,27 +81,36 @@ def decode_group(pair, prompts: Sequence[torch.Tensor], contender: Contender, te
             "tokens": sum(len(o.new_tokens) for o in out.outputs), "calls": [o.target_calls for o in out.outputs]}
 
 
-def time_groups(pair, prompts_by_dataset: dict[str, Sequence[torch.Tensor]], contenders: Sequence[Contender],
-                batches: Sequence[int], groups: int, temperature: float, new_tokens: int,
+def prompt_pool(prompts_by_dataset: dict[str, Sequence[torch.Tensor]]) -> list[tuple[str, torch.Tensor]]:
+    """(dataset, prompt), the datasets' prompts taken in turn."""
+    pool = []
+    for i in range(max(len(prompts) for prompts in prompts_by_dataset.values())):
+        pool += [(name, prompts[i]) for name, prompts in prompts_by_dataset.items() if i < len(prompts)]
+    return pool
+
+
+def time_groups(pair, pool: Sequence[tuple[str, torch.Tensor]], contenders: Sequence[Contender],
+                batches: Sequence[int], temperature: float, new_tokens: int,
                 prefill_chunk: int | None = None) -> list[dict[str, Any]]:
-    """One row per (B, dataset, group, contender): the group's decode (see the module docstring)."""
+    """One row per (B, group, contender): the group's decode (see the module docstring)."""
     contenders = [AR, *[c for c in contenders if c != AR]]
     rows, turn = [], 0
-    plan = [(B, name, g) for B in batches for name in prompts_by_dataset for g in range(groups)]
-    for B, name, g in tqdm(plan, desc=f"batches [{pair.name}]", unit="group", leave=False):
-        chosen = list(prompts_by_dataset[name][g * B:(g + 1) * B])
-        if len(chosen) < B:
-            raise ValueError(f"{name} has {len(prompts_by_dataset[name])} prompts; group {g} at B={B} needs "
-                             f"{(g + 1) * B}")
-        if g == 0 and name == next(iter(prompts_by_dataset)):  # a warm-up at each B: threads, allocator, kernels
+    plan = [(B, g) for B in batches for g in range(len(pool) // B)]
+    if any(B > len(pool) for B in batches):
+        raise ValueError(f"a batch of {max(batches)} needs that many prompts; the pool has {len(pool)}")
+    for B, g in tqdm(plan, desc=f"batches [{pair.name}]", unit="group", leave=False):
+        chosen = pool[g * B:(g + 1) * B]
+        prompts = [prompt for _, prompt in chosen]
+        if g == 0:  # a warm-up at each B: threads, allocator, kernels
             for contender in (AR, contenders[-1]):
-                decode_group(pair, chosen, contender, temperature, WARMUP_TOKENS, 10**6, prefill_chunk)
+                decode_group(pair, prompts, contender, temperature, WARMUP_TOKENS, 10**6, prefill_chunk)
         order = contenders[turn % len(contenders):] + contenders[:turn % len(contenders)]
         turn += 1
         for contender in order:
-            decoded = decode_group(pair, chosen, contender, temperature, new_tokens, 1000 * g, prefill_chunk)
-            rows.append({"B": B, "dataset": name, "group": g, "method": contender[0], "K": contender[1],
-                         "L": contender[2], "prompt_tokens": [int(p.numel()) for p in chosen], **decoded})
+            decoded = decode_group(pair, prompts, contender, temperature, new_tokens, 1000 * g, prefill_chunk)
+            rows.append({"B": B, "group": g, "datasets": [name for name, _ in chosen], "method": contender[0],
+                         "K": contender[1], "L": contender[2], "prompt_tokens": [int(p.numel()) for p in prompts],
+                         **decoded})
     return rows
 
 
@@ -114,67 +125,82 @@ def interval(values: Sequence[float]) -> tuple[float, float, float]:
 
 def summarise(rows: Sequence[dict[str, Any]], costs: CallCosts, new_tokens: int,
               prefill_chunk: int | None = None) -> list[dict[str, Any]]:
-    """Per (rule, K, L, B): the measured speed-up over AR at the same B with its interval, tokens per call, and the
-    cost model's speed-up for the same groups (their own calls per prompt) with its error."""
-    def predicted(row) -> float:
+    """Per (rule, K, L, B): the measured speed-up over AR at the same B with its interval, end to end and after the
+    prefill (``decode_``), tokens per call, and the cost model's speed-ups for the same groups (their own calls per
+    prompt) with their errors."""
+    def predicted(row, prefill: bool) -> float:
         return batch_decode_seconds(costs, row["method"], row["K"], row["L"], row["prompt_tokens"], row["calls"],
-                                    new_tokens, prefill_chunk)
+                                    new_tokens, prefill_chunk, prefill)
 
-    ar = {(r["B"], r["dataset"], r["group"]): r for r in rows if r["method"] == "ar"}
-    cells: dict[tuple, list[tuple[float, float, dict]]] = {}
+    ar = {(r["B"], r["group"]): r for r in rows if r["method"] == "ar"}
+    cells: dict[tuple, list[tuple[dict, dict]]] = {}
     for row in rows:
         if row["method"] == "ar":
             continue
-        base = ar[(row["B"], row["dataset"], row["group"])]
+        base = ar[(row["B"], row["group"])]
         if row["tokens"] != base["tokens"]:
             raise ValueError(f"{row['method']} emitted {row['tokens']} tokens, AR {base['tokens']}: not comparable")
-        cells.setdefault((row["method"], row["K"], row["L"], row["B"]), []).append(
-            (base["seconds"] / row["seconds"], predicted(base) / predicted(row), row))
+        cells.setdefault((row["method"], row["K"], row["L"], row["B"]), []).append((base, row))
     summary = []
-    for (method, K, L, B), values in sorted(cells.items(), key=lambda item: (item[0][3], item[0][:3])):
-        measured, low, high = interval([m for m, _, _ in values])
-        prediction = statistics.fmean(p for _, p, _ in values)
-        tokens = sum(r["tokens"] for _, _, r in values)
-        calls = sum(sum(r["calls"]) for _, _, r in values)
-        summary.append({"method": method, "K": K, "L": L, "B": B, "groups": len(values),
-                        "tokens_per_call": tokens / calls, "speedup": measured, "speedup_low": low,
-                        "speedup_high": high, "predicted": prediction, "error": prediction / measured - 1.0})
+    for (method, K, L, B), pairs in sorted(cells.items(), key=lambda item: (item[0][3], item[0][:3])):
+        cell = {"method": method, "K": K, "L": L, "B": B, "groups": len(pairs),
+                "tokens_per_call": sum(r["tokens"] for _, r in pairs) / sum(sum(r["calls"]) for _, r in pairs)}
+        for prefix, prefill in (("", True), ("decode_", False)):
+            def seconds(row, prefill=prefill):
+                return row["seconds"] - (0.0 if prefill else row["prefill_s"])
+
+            measured, low, high = interval([seconds(base) / seconds(row) for base, row in pairs])
+            prediction = statistics.fmean(predicted(base, prefill) / predicted(row, prefill) for base, row in pairs)
+            cell |= {f"{prefix}speedup": measured, f"{prefix}speedup_low": low, f"{prefix}speedup_high": high,
+                     f"{prefix}predicted": prediction, f"{prefix}error": prediction / measured - 1.0}
+        summary.append(cell)
     return summary
 
 
 def bench_batches(pair, prompts_by_dataset: dict[str, Sequence[torch.Tensor]], calibration_prompt: torch.Tensor,
-                  contenders: Sequence[Contender], batches: Sequence[int], groups: int, temperature: float,
+                  contenders: Sequence[Contender], batches: Sequence[int], temperature: float,
                   new_tokens: int, prefill_chunk: int | None = None) -> dict[str, Any]:
     """Calibrate, time the groups, summarise (see the module docstring)."""
-    lengths = sorted(int(p.numel()) for prompts in prompts_by_dataset.values()
-                     for p in prompts[:groups * max(batches)])
+    pool = prompt_pool(prompts_by_dataset)
+    lengths = sorted(int(p.numel()) for _, p in pool)
     costs = calibrate(pair, calibration_prompt, contenders, batches, temperature, new_tokens,
                       [lengths[0], lengths[len(lengths) // 2], lengths[-1]], prefill_chunk)
-    rows = time_groups(pair, prompts_by_dataset, contenders, batches, groups, temperature, new_tokens, prefill_chunk)
+    rows = time_groups(pair, pool, contenders, batches, temperature, new_tokens, prefill_chunk)
     cells = summarise(rows, costs, new_tokens, prefill_chunk)
-    errors = [abs(c["error"]) for c in cells]
-    return {"cells": cells, "groups": rows, "costs_source": costs.source,
-            "median_abs_error": statistics.median(errors), "worst_abs_error": max(errors),
-            "settings": {"batches": list(batches), "groups": groups, "datasets": list(prompts_by_dataset),
-                         "temperature": temperature, "max_new_tokens": new_tokens,
-                         "contenders": [list(c) for c in contenders]}}
+    result: dict[str, Any] = {"cells": cells, "groups": rows, "costs_source": costs.source}
+    for prefix in ("", "decode_"):
+        errors = [abs(c[f"{prefix}error"]) for c in cells]
+        result |= {f"{prefix}median_abs_error": statistics.median(errors), f"{prefix}worst_abs_error": max(errors)}
+    result["settings"] = {"batches": list(batches), "datasets": list(prompts_by_dataset), "prompts": len(pool),
+                          "temperature": temperature, "max_new_tokens": new_tokens,
+                          "contenders": [list(c) for c in contenders]}
+    return result
 
 
 def markdown(result: dict[str, Any], pair_name: str) -> str:
     """The timed cells as a table, with the prediction's median and worst error."""
     settings = result["settings"]
-    lines = [f"Speed-up against batch size on {pair_name} ({', '.join(settings['datasets'])}; {settings['groups']} "
-             f"group(s) of B prompts per dataset; {settings['max_new_tokens']} tokens a prompt, EOS off; "
-             f"T={settings['temperature']}; AR at the same B is 1.0):", "",
-             "| rule | K | L | B | groups | tokens per call | measured (95 %) | predicted | error |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    lines = [f"Speed-up against batch size on {pair_name} ({settings['prompts']} prompts of "
+             f"{', '.join(settings['datasets'])} in turn, cut into groups of B; {settings['max_new_tokens']} tokens a "
+             f"prompt, EOS off; T={settings['temperature']}; AR at the same B is 1.0):", "",
+             "| rule | K | L | B | groups | tokens per call | measured (95 %) | predicted | error "
+             "| after prefill: measured (95 %) | predicted | error |", "|---" * 12 + "|"]
+
+    def measured(c, prefix):
+        low, high = c[f"{prefix}speedup_low"], c[f"{prefix}speedup_high"]
+        bounds = "" if math.isnan(low) else f" [{low:.2f}, {high:.2f}]"
+        error = 100 * c[f"{prefix}error"]
+        return f"{c[f'{prefix}speedup']:.2f}{bounds} | {c[f'{prefix}predicted']:.2f} | {error:+.0f} %"
+
     for c in result["cells"]:
-        bounds = "" if math.isnan(c["speedup_low"]) else f" [{c['speedup_low']:.2f}, {c['speedup_high']:.2f}]"
         lines.append(f"| {c['method']} | {c['K']} | {c['L']} | {c['B']} | {c['groups']} | {c['tokens_per_call']:.2f} | "
-                     f"{c['speedup']:.2f}{bounds} | {c['predicted']:.2f} | {100 * c['error']:+.0f} % |")
-    lines += ["", f"Prediction ({result['costs_source']}): median |error| {100 * result['median_abs_error']:.1f} %, "
-              f"worst {100 * result['worst_abs_error']:.1f} % over {len(result['cells'])} cells."]
+                     f"{measured(c, '')} | {measured(c, 'decode_')} |")
+    lines += ["", f"Prediction ({result['costs_source']}): end to end, median |error| "
+              f"{100 * result['median_abs_error']:.1f} %, worst {100 * result['worst_abs_error']:.1f} %; after the "
+              f"prefill, median {100 * result['decode_median_abs_error']:.1f} %, worst "
+              f"{100 * result['decode_worst_abs_error']:.1f} % ({len(result['cells'])} cells)."]
     return "\n".join(lines)
 
 
-__all__ = ["AR", "bench_batches", "calibrate", "decode_group", "interval", "markdown", "summarise", "time_groups"]
+__all__ = ["AR", "bench_batches", "calibrate", "decode_group", "interval", "markdown", "prompt_pool", "summarise",
+           "time_groups"]

@@ -130,18 +130,17 @@ def run(preset, hardware, device: str | None, dtype: str | None, replay_summary:
 
 
 def _batches(pair, spec, temperature: float, new_tokens: int, chunk) -> dict:
-    """The timed batch groups of ``spec`` (``bench.batches``): each dataset's first groups x max(B) prompts, and the
-    next prompt of the first dataset for the calibration (decoded by no group)."""
+    """The timed batch groups of ``spec`` (``bench.batches``): each dataset's first ``prompts_per_dataset`` prompts,
+    and the next prompt of the first dataset for the calibration (decoded by no group)."""
     from spectr_repro.bench.batches import bench_batches
     from spectr_repro.bench.contenders import encode_prompts
 
-    needed = int(spec.groups) * max(int(b) for b in spec.B)
+    needed = int(spec.prompts_per_dataset)
     prompts = {str(name): encode_prompts(pair, str(name), needed + (1 if i == 0 else 0))
                for i, name in enumerate(spec.datasets)}
-    first = str(spec.datasets[0])
-    calibration_prompt = prompts[first].pop()
+    calibration_prompt = prompts[str(spec.datasets[0])].pop()
     return bench_batches(pair, prompts, calibration_prompt, [tuple(c) for c in spec.contenders],
-                         [int(b) for b in spec.B], int(spec.groups), temperature, new_tokens, chunk)
+                         [int(b) for b in spec.B], temperature, new_tokens, chunk)
 
 
 def _profile_cells(prof: dict) -> str:

@@ -83,7 +83,8 @@ def batch_speedups(target: ModelShape, draft: ModelShape, rates, tokens_per_call
 
 
 def batch_decode_seconds(costs: CallCosts, method: str, K: int, L: int, prompt_tokens: Sequence[int],
-                         calls_per_prompt: Sequence[int], new_tokens: int, chunk: int | None = None) -> float:
+                         calls_per_prompt: Sequence[int], new_tokens: int, chunk: int | None = None,
+                         prefill: bool = True) -> float:
     """Seconds the one cost model gives to ``engine.generate_batch`` decoding these prompts together, each making
     ``calls_per_prompt[i]`` calls (AR: one per token) and emitting ``new_tokens`` (EOS off):
 
@@ -93,11 +94,13 @@ def batch_decode_seconds(costs: CallCosts, method: str, K: int, L: int, prompt_t
 
     The overheads and the rule are charged per prompt because the engine samples, verifies and keeps the books of
     each prompt in its own Python loop (``_sample_per_prompt``, the verify list); the forwards read the weights once
-    for all rows. Calls are priced at the prompts' mean context plus half the new tokens."""
+    for all rows. Calls are priced at the prompts' mean context plus half the new tokens. ``prefill`` False: the
+    decoding after the prefill only."""
     context = round(sum(prompt_tokens) / len(prompt_tokens)) + int(new_tokens) // 2
     speculative = method != "ar"
     prefill = sum(chunked_prefill_seconds(costs.target, n, chunk)
-                  + (chunked_prefill_seconds(costs.draft, n, chunk) if speculative else 0.0) for n in prompt_tokens)
+                  + (chunked_prefill_seconds(costs.draft, n, chunk) if speculative else 0.0)
+                  for n in prompt_tokens) if prefill else 0.0
     if not speculative:
         per_prompt = max(0.0, costs.ar_token_seconds(context) - costs.target.seconds(1, 1, context=context))
         batch = len(prompt_tokens)

@@ -39,9 +39,10 @@ def test_a_speculative_batch_prices_each_call_at_the_prompts_still_running():
     assert seconds < alone
 
 
-def group(method, seconds, tokens=16, B=2, g=0, dataset="humaneval", K=1, L=4, calls=(4, 4)):
-    return {"B": B, "dataset": dataset, "group": g, "method": method, "K": K, "L": L, "prompt_tokens": [100] * B,
-            "seconds": seconds, "tokens": tokens, "calls": list(calls)}
+def group(method, seconds, tokens=16, B=2, g=0, K=1, L=4, calls=(4, 4), prefill_s=0.5):
+    return {"B": B, "group": g, "datasets": ["humaneval"] * B, "method": method, "K": K, "L": L,
+            "prompt_tokens": [100] * B, "seconds": seconds, "prefill_s": prefill_s, "tokens": tokens,
+            "calls": list(calls)}
 
 
 def test_summary_pairs_each_group_with_ar_at_the_same_batch():
@@ -56,6 +57,10 @@ def test_summary_pairs_each_group_with_ar_at_the_same_batch():
                 / batch_decode_seconds(COSTS, "sd", 1, 4, [100, 100], [4, 4], 8))
     assert cell["predicted"] == pytest.approx(expected)
     assert cell["error"] == pytest.approx(expected / 2.5 - 1)
+    assert cell["decode_speedup"] == pytest.approx((3.5 / 1.5 + 5.5 / 1.5) / 2)  # each decode after its prefill
+    decode = (batch_decode_seconds(COSTS, "ar", 1, 1, [100, 100], [8, 8], 8, prefill=False)
+              / batch_decode_seconds(COSTS, "sd", 1, 4, [100, 100], [4, 4], 8, prefill=False))
+    assert cell["decode_predicted"] == pytest.approx(decode) and decode > expected  # the prefill is shared work
 
 
 def test_summary_refuses_decodes_of_different_lengths():
@@ -70,17 +75,19 @@ def test_interval_is_a_t_interval():
 
 
 def test_the_batch_bench_runs_on_the_tiny_pair(tmp_path, monkeypatch):
-    """End to end through the command: the tiny preset cut to B = 1, 2, one group, one dataset, two rules."""
+    """End to end through the command: the tiny preset cut to a pool of 2 prompts (one per dataset), B = 1, 2."""
     from spectr_repro.bench import cli
 
     monkeypatch.chdir(tmp_path)
     preset, hardware = cli.compose_preset("batch_tiny", "cpu")
-    preset.batches.datasets, preset.batches.groups, preset.max_new_tokens = ["humaneval"], 1, 4
+    preset.batches.prompts_per_dataset, preset.max_new_tokens = 1, 4
     preset.batches.contenders = [["sd", 1, 2], ["spectr", 2, 2]]
     results = cli.run(preset, hardware, "cpu", None)
     cells = results["batches"]["cells"]
-    assert {(c["method"], c["B"]) for c in cells} == {("sd", 1), ("sd", 2), ("spectr", 1), ("spectr", 2)}
+    assert {(c["method"], c["B"], c["groups"]) for c in cells} == {("sd", 1, 2), ("sd", 2, 1), ("spectr", 1, 2),
+                                                                   ("spectr", 2, 1)}
     assert all(c["speedup"] > 0 and c["predicted"] > 0 and c["tokens_per_call"] >= 1 for c in cells)
     groups = results["batches"]["groups"]
-    assert len(groups) == 3 * 2 and {len(g["calls"]) for g in groups} == {1, 2}
+    assert len(groups) == 3 * (2 + 1) and {len(g["calls"]) for g in groups} == {1, 2}
+    assert {tuple(g["datasets"]) for g in groups if g["B"] == 2} == {("humaneval", "gsm8k")}
     assert "| spectr | 2 | 2 | 2 |" in cli.markdown(results)
