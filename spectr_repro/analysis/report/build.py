@@ -25,6 +25,7 @@ from pathlib import Path
 from spectr_repro import tracking
 from spectr_repro.analysis.report.audit import audit_section
 from spectr_repro.analysis.report.batch import batch_section
+from spectr_repro.analysis.report.batch_measured import batch_measured_section
 from spectr_repro.analysis.report.bias import bias_section
 from spectr_repro.analysis.report.block_verifiers import block_verifiers_section
 from spectr_repro.analysis.report.context import ReportContext, load_context
@@ -52,7 +53,8 @@ def header_section(context: ReportContext) -> str:
 
 # The verdicts open the report; the replayed Table 1 comes before the trajectory one.
 SECTIONS = [header_section, verdicts_section, environment_section, integrity_section, settings_section,
-            replay_section, block_verifiers_section, speedup_section, batch_section, context_length_section,
+            replay_section, block_verifiers_section, speedup_section, batch_section, batch_measured_section,
+            context_length_section,
             pair_sections, speed_bench_section, paper_section, physics_section, audit_section, quality_section,
             theory_section, bias_section]
 
