@@ -44,7 +44,8 @@ def measured_cell(method, K, L, B, speedup, predicted, groups=2):
     return {"method": method, "K": K, "L": L, "B": B, "groups": groups, "tokens_per_call": 2.5,
             "speedup": speedup, "speedup_low": low, "speedup_high": high, "predicted": predicted,
             "error": predicted / speedup - 1, "decode_speedup": speedup * 1.1,
-            "decode_speedup_low": low * 1.1, "decode_speedup_high": high * 1.1, "decode_predicted": predicted * 1.1, "decode_error": predicted / speedup - 1}
+            "decode_speedup_low": low * 1.1, "decode_speedup_high": high * 1.1, "decode_predicted": predicted * 1.1,
+            "decode_error": predicted / speedup - 1}
 
 
 def write_bench(folder, cells):
