@@ -165,6 +165,18 @@ def machine_section(folder: Path) -> Section:
     return Section("Machine: check and bench", panels, "Environment; docs/speed.md (bench)")
 
 
+def batch_section(folder: Path) -> Section:
+    """The batch bench (``bench --preset batch_qwen``): its own folder, or ``speedup_batch`` beside the results."""
+    bench = _json(folder / "bench_batch.json") or _json(folder.parent / "speedup_batch" / "bench_batch.json")
+    cells = ((bench or {}).get("batches") or {}).get("cells") or []
+    panels = []
+    if cells:
+        y = sorted({name for row in names.batch_curves(cells) for name in row if name != names.BATCH_B})
+        panels += [Panel("line", "Speed-up over AR at the same batch, measured and predicted", y, names.BATCH_B),
+                   Panel("table", "Timed batch groups: every cell", ["bench/batches/cells"])]
+    return Section("Speed-up against batch size", panels, "Speed-up against batch size (measured)")
+
+
 def figures_section(folder: Path) -> Section:
     figures = sorted((folder / "figures").glob("*.png"))
     panels = [Panel("media", "REPORT.md's figures", [f"report/figures/{f.stem}" for f in figures])] if figures else []
@@ -173,7 +185,7 @@ def figures_section(folder: Path) -> Section:
 
 def sections(folder: Path, runs: Sequence[OfflineRun]) -> list[Section]:
     built = [verdicts_section(folder), table1_section(folder), tokens_section(folder), speedup_section(folder, runs),
-             bias_section(folder), machine_section(folder), figures_section(folder)]
+             bias_section(folder), machine_section(folder), batch_section(folder), figures_section(folder)]
     return [s for s in built if s.panels]
 
 

@@ -20,7 +20,7 @@ from typing import Any
 import pandas as pd
 
 # The x of each family of curves (history rows carry it beside their y values).
-REPLAY_K, REPLAY_L, SPEEDUP_L = "replay/K", "replay/L", "speedup/L"
+REPLAY_K, REPLAY_L, SPEEDUP_L, BATCH_B = "replay/K", "replay/L", "speedup/L", "batch_speedup/B"
 # The verdicts REPORT.md gives a claim (analysis.replay_report): each always has a count, 0 included.
 VERDICTS = ("holds", "does not hold", "undecided")
 
@@ -245,10 +245,28 @@ def check_metrics(tables: Mapping[str, pd.DataFrame], results: Mapping[str, Any]
     return Derived(summary)
 
 
+def batch_speedup(method, K, L, which: str) -> str:
+    """``which``: ``measured`` (the batch bench's timed groups) or ``predicted`` (the cost model on the same groups)."""
+    return f"batch_speedup/{slug(method)}/K{int(K)}_L{int(L)}/{which}"
+
+
+def batch_curves(cells: list[Mapping[str, Any]]) -> list[dict[str, float]]:
+    """History rows of the batch bench: one per B, each rule's measured and predicted speed-up over AR at that B."""
+    rows: dict[int, dict[str, float]] = {}
+    for cell in cells:
+        row = rows.setdefault(int(cell["B"]), {BATCH_B: float(cell["B"])})
+        for which, key in (("measured", "speedup"), ("predicted", "predicted")):
+            if finite(cell.get(key)):
+                row[batch_speedup(cell["method"], cell["K"], cell["L"], which)] = float(cell[key])
+    return [rows[B] for B in sorted(rows)]
+
+
 def bench_metrics(tables: Mapping[str, pd.DataFrame], results: Mapping[str, Any]) -> Derived:
     skip = {"settings", "environment", "date", "command"}
+    cells = (results.get("batches") or {}).get("cells") or []
     return Derived({f"bench/{key}": value for key, value in
-                    _numbers({k: v for k, v in results.items() if k not in skip}).items()})
+                    _numbers({k: v for k, v in results.items() if k not in skip}).items()},
+                   batch_curves(cells), {"batch_speedup/*": BATCH_B} if cells else {})
 
 
 def _numbers(data: Mapping[str, Any], prefix: str = "") -> dict[str, float]:
@@ -283,7 +301,8 @@ def derive(command: str, tables: Mapping[str, pd.DataFrame], results: Mapping[st
     return function(tables, results or {}) if function is not None else Derived()
 
 
-__all__ = ["BIAS_QUANTITIES", "DERIVATIONS", "REPLAY_K", "REPLAY_L", "SPEEDUP_L", "VERDICTS", "Derived", "audit_rule",
-           "audit_tv", "bias_setting", "bias_value", "derive", "excursion_share", "excursions_metrics", "finite",
-           "replay_tokens", "replay_vs_K", "replay_vs_L", "setting", "slug", "speedup_points", "speedup_predicted",
-           "speedup_vs_L", "temperature_part", "verdict_count", "verdict_part"]
+__all__ = ["BATCH_B", "BIAS_QUANTITIES", "DERIVATIONS", "Derived", "REPLAY_K", "REPLAY_L", "SPEEDUP_L", "VERDICTS",
+           "audit_rule", "audit_tv", "batch_curves", "batch_speedup", "bias_setting", "bias_value", "derive",
+           "excursion_share", "excursions_metrics", "finite", "replay_tokens", "replay_vs_K", "replay_vs_L",
+           "setting", "slug", "speedup_points", "speedup_predicted", "speedup_vs_L", "temperature_part",
+           "verdict_count", "verdict_part"]

@@ -212,3 +212,24 @@ def test_a_logged_run_is_on_disk_when_logging_returns(tmp_path):
     cut.write_bytes(path.read_bytes()[:200])  # the header and the start of the run record: no exit yet
     assert not wait_until_written(cut.parent, timeout_s=0.2)
     assert not wait_until_written(tmp_path / "no_run", timeout_s=0.0)
+
+
+def test_the_batch_bench_is_logged_as_curves_the_dashboard_plots(tmp_path):
+    """bench --preset batch_qwen: each rule's measured and predicted speed-up against B as history rows (x = B), and
+    the dashboard's batch panels name only what the run holds."""
+    cells = [{"method": m, "K": k, "L": 4, "B": B, "speedup": s, "predicted": s * 1.1}
+             for m, k, base in (("sd", 1, 1.4), ("spectr", 3, 1.3)) for B, s in ((1, base), (2, base - 0.2))]
+    results = {"settings": {"preset": "batch_qwen"},
+               "batches": {"cells": cells, "median_abs_error": 0.1, "worst_abs_error": 0.1}}
+    folder = tmp_path / "speedup_batch"
+    folder.mkdir()
+    (folder / "bench_batch.json").write_text(json.dumps(results))
+    tracking.log_command("bench", tracking.logger_config(), folder, results=results)
+    (run,) = read_runs([folder])
+    assert names.batch_speedup("spectr", 3, 4, "measured") in run.history_keys
+    assert names.batch_speedup("sd", 1, 4, "predicted") in run.history_keys
+    section = dashboard.batch_section(folder)
+    assert [p.kind for p in section.panels] == ["line", "table"]
+    assert dashboard.unplotted([section], [run]) == []
+    assert dashboard.batch_section(tmp_path / "grid").panels  # a results folder beside speedup_batch/
+    assert not dashboard.batch_section(tmp_path / "other" / "grid").panels
