@@ -31,11 +31,20 @@ TARGETS = {"ar_vs_hf_generate": ">= 1.0", "sd_vs_hf_assisted": ">= 1.2 (equal L)
 
 
 def compose_preset(name: str, device: str):
-    """The bench preset ``name`` and the hardware config of ``device`` (cpu or cuda), through Hydra."""
+    """The bench preset ``name`` and the hardware config of ``device`` (cpu or cuda), through Hydra. A preset with
+    ``batches`` is refused here, before any model loads, when its largest batch does not fit the device's memory
+    (UsageError naming the largest B that does)."""
     from spectr_repro.runner.config import Composer
+    from spectr_repro.runner.fit import check_batch_fits
 
     with Composer() as composer:
         cfg = composer.compose([f"+bench={name}", f"hardware={device}"])
+        batches = cfg.bench.get("batches")
+        if batches:
+            whole = composer.compose([f"+bench={name}", f"hardware={device}", f"model_pair={cfg.bench.pair}",
+                                      f"dataset={batches.datasets[0]}", f"max_new_tokens={cfg.bench.max_new_tokens}"])
+            check_batch_fits(whole, max(int(b) for b in batches.B), max(int(c[1]) for c in batches.contenders),
+                             max(int(c[2]) for c in batches.contenders), f"bench.batches.B (preset {name})")
     return cfg.bench, cfg.hardware
 
 

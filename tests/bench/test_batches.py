@@ -4,6 +4,7 @@ timed groups on the tiny random pair."""
 from __future__ import annotations
 
 import math
+import re
 
 import pytest
 
@@ -91,3 +92,22 @@ def test_the_batch_bench_runs_on_the_tiny_pair(tmp_path, monkeypatch):
     assert len(groups) == 3 * (2 + 1) and {len(g["calls"]) for g in groups} == {1, 2}
     assert {tuple(g["datasets"]) for g in groups if g["B"] == 2} == {("humaneval", "gsm8k")}
     assert "| spectr | 2 | 2 | 2 |" in cli.markdown(results)
+
+
+def test_a_batch_that_does_not_fit_is_refused_before_any_model_loads(tmp_path, monkeypatch, capsys):
+    """The Qwen preset's B = 8 on a machine with 5.55 GiB free (bf16: ~4.5 GiB at B = 1, ~4.85 at B = 8, 85 % usable):
+    exit 2, the largest B that fits named, nothing written."""
+    from spectr_repro.bench import cli
+    from spectr_repro.runner import fit
+
+    monkeypatch.setattr(fit, "free_bytes", lambda device=None: int(5.55 * 2**30))
+    monkeypatch.setattr(cli, "run", lambda *a, **k: pytest.fail("a model was about to load"))
+    out = tmp_path / "bench_batch.json"
+    assert cli.main(["--preset", "batch_qwen", "--device", "cpu", "--out", str(out), "--logger", "disabled"]) == 2
+    message = capsys.readouterr().err
+    assert "bench.batches.B (preset batch_qwen)=8 does not fit" in message
+    largest = re.search(r"the largest that fits is bench.batches.B \(preset batch_qwen\)=(\d+)", message)
+    assert largest and 1 < int(largest.group(1)) < 8
+    assert not out.exists()
+    monkeypatch.setattr(fit, "free_bytes", lambda device=None: 64 * 2**30)  # the same preset fits with 64 GiB free
+    assert cli.compose_preset("batch_qwen", "cpu")[0].batches.B == [1, 2, 4, 8]
