@@ -144,3 +144,26 @@ def test_a_preset_without_some_sections_renders_what_it_has(tmp_path):
         doc = _speed_doc(tmp_path / "speed.md")
         assert docs.main([str(path), "--docs", str(doc)]) == 0
         assert present in doc.read_text() and absent not in doc.read_text()
+
+
+def test_the_batch_bench_has_its_own_block(tmp_path):
+    """``--block batch-tables``: the batch bench's table into its block; the bench block is left as it was."""
+    cell = {"method": "spectr", "K": 3, "L": 4, "B": 8, "groups": 1, "tokens_per_call": 2.9, "speedup": 0.81,
+            "speedup_low": float("nan"), "speedup_high": float("nan"), "predicted": 0.77, "error": -0.05,
+            "decode_speedup": 0.9, "decode_speedup_low": float("nan"), "decode_speedup_high": float("nan"),
+            "decode_predicted": 0.85, "decode_error": -0.06}
+    result = fabricated() | {"batches": {
+        "pair": "qwen", "cells": [cell], "groups": [], "costs_source": "measured here", "median_abs_error": 0.05,
+        "worst_abs_error": 0.05, "decode_median_abs_error": 0.06, "decode_worst_abs_error": 0.06,
+        "settings": {"batches": [8], "datasets": ["humaneval", "gsm8k"], "prompts": 8, "temperature": 0.4,
+                     "max_new_tokens": 32, "contenders": [["spectr", 3, 4]]}}}
+    path = tmp_path / "bench_batch.json"
+    path.write_text(json.dumps(result))
+    doc = _speed_doc(tmp_path / "speed.md")
+    doc.write_text(doc.read_text() + "\n<!-- batch-tables:begin -->\n<!-- batch-tables:end -->\n")
+    assert docs.main(["--docs", str(doc), "--block", "batch-tables", str(path)]) == 0
+    text = doc.read_text()
+    assert read_block(text, "bench-tables", "doc") == "old"
+    block = read_block(text, "batch-tables", "doc")
+    assert "--block batch-tables" in block and "| spectr | 3 | 4 | 8 | 1 | 2.90 | 0.81 | 0.77 | -5 % |" in block
+    assert docs.main(["--docs", str(doc), "--block", "batch-tables", "--check", str(path)]) == 0
