@@ -1,8 +1,9 @@
 """Speed-up against batch size, predicted (issue 50): the replay's tokens per call at its main setting priced on the
 roofline of each accelerator in ``cost/accelerators.yaml`` at B = 1 ... 256 prompts (``cost.batch_speedup``), with the
 batch B* past which each rule stops beating AR and past which the multi-draft rules stop beating SD. A MODEL (spec-
-sheet peaks, ideal kernels, no per-forward overhead, no rule time), not a measurement: the timed cells at B = 1 ... 8
-on this CPU that would check it are not in these results yet."""
+sheet peaks, ideal kernels, no per-forward overhead, no rule time), not a measurement. The same cost model, calibrated
+on this CPU, is checked against timed groups at B = 1 ... 8 in the next section (``batch_measured``) when the batch
+bench's file is there."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from matplotlib.figure import Figure
 
 from spectr_repro.analysis.figures import legend_outside, method_color, method_dash, save_figure
 from spectr_repro.analysis.format import AVERAGE, markdown, relative
+from spectr_repro.analysis.report.batch_measured import find_batch_bench
 from spectr_repro.analysis.report.context import ReportContext
 from spectr_repro.cost.batch_speedup import BATCHES, LABEL, batch_speedups
 from spectr_repro.cost.roofline import PAPER_CONTEXT, load_accelerators
@@ -88,8 +90,10 @@ def batch_section(context: ReportContext) -> str | None:
         "## Speed-up against batch size (predicted)", "",
         f"The replay's tokens per call (K={replay.K}, L={replay.L}; single-draft rules K=1; average over datasets) "
         f"priced for {pair}'s shapes at {PAPER_CONTEXT} cached tokens on each accelerator's roofline, against AR at "
-        f"the same batch: {LABEL}. B* is the first batch at which a rule no longer beats AR (or SD). Not yet checked "
-        "against timed cells at B > 1.", "",
+        f"the same batch: {LABEL}. B* is the first batch at which a rule no longer beats AR (or SD). "
+        + ("The same cost model, calibrated on this CPU, is checked against timed groups at B > 1 in the next section."
+           if find_batch_bench(context.folders) else "Not checked against timed groups at B > 1 here (no "
+           "results/speedup_batch/bench_batch.json: `python -m spectr_repro bench --preset batch_qwen`)."), "",
         f"![speed-up against batch size]({relative(paths[0], out)})", "",
         markdown(pd.DataFrame(rows)), "",
         f"Every (rule, B, accelerator): [batch_speedup_predicted.csv]"
