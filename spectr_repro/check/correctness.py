@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from spectr_repro.check import architectures  # a module: tests swap its configs for small ones
+import spectr_repro.check.architectures as architectures  # a module: tests swap its configs for small ones
 from spectr_repro.check.checker import Checker
 from spectr_repro.check.environment import pair_dtype
 from spectr_repro.verify import VERIFIERS

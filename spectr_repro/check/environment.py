@@ -9,7 +9,7 @@ from typing import Any
 import psutil
 import torch
 
-from spectr_repro.check import architectures  # a module: tests swap its configs for small ones
+import spectr_repro.check.architectures as architectures  # a module: tests swap its configs for small ones
 from spectr_repro.check.checker import Checker
 from spectr_repro.environment import environment
 
