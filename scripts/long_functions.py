@@ -19,8 +19,6 @@ PACKAGE = Path(__file__).resolve().parent.parent / "spectr_repro"
 ALLOWED = {
     "spectr_repro/engine/loop.py::generate":
         "the engine's one entry point: half of it is the docstring of its 15 arguments, the body checks and dispatches",
-    "spectr_repro/runner/plan.py::build_plan":
-        "one pass over the cells accumulating per-pair counts, each branch ending the cell with `continue`",
     "spectr_repro/verify/rbv.py::RecursiveBlockVerification.expected_emitted":
         "a quarter of it is the docstring deriving the recursion; the body is one loop over drafts whose steps share "
         "the states (w, c, mass)",

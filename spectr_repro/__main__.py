@@ -8,6 +8,7 @@ that e.g. ``report`` works on a laptop without loading the runner.
 
 from __future__ import annotations
 
+import difflib
 import importlib
 import sys
 from collections.abc import Sequence
@@ -47,7 +48,7 @@ def usage() -> str:
     lines += [f"  {name:<{width}} {description}" for name, (_, _, description) in COMMANDS.items()]
     lines += ["", "Run `python -m spectr_repro <command> --help` for a command's options."]
     try:
-        from spectr_repro.runner.cli import help_text
+        from spectr_repro.runner.cli import help_text  # the runner (torch): --help stays light
 
         lines += ["", "run/sweep:", help_text()]
     except Exception as error:  # the help must still print without the runner's dependencies
@@ -64,14 +65,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     if command == "sweep" and "--plan" in rest:  # `sweep ... --plan` is `plan ...`
         command = "plan"
     if command not in COMMANDS:
-        import difflib
-
         close = difflib.get_close_matches(command, COMMANDS, n=1)
         hint = f" Did you mean {close[0]}?" if close else ""
         print(f"error: unknown command {command!r}.{hint} Commands: {', '.join(COMMANDS)}", file=sys.stderr)
         return 2
     module_name, function_name, _ = COMMANDS[command]
-    from spectr_repro.logs import setup_logging
+    from spectr_repro.logs import setup_logging  # tqdm: --help stays at ~50 ms
 
     setup_logging()
     function = getattr(importlib.import_module(module_name), function_name)

@@ -12,6 +12,8 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+import torch
+
 PACKAGE_DIR = Path(__file__).resolve().parent
 
 
@@ -43,8 +45,6 @@ def cpu_name() -> str:
 
 
 def device_name(device: str) -> str:
-    import torch
-
     if str(device).startswith("cuda") and torch.cuda.is_available():
         return torch.cuda.get_device_name(torch.device(device))
     return cpu_name()
@@ -52,8 +52,7 @@ def device_name(device: str) -> str:
 
 def environment(device: str = "cpu") -> dict[str, Any]:
     """The environment of a measurement on ``device`` (a JSON-ready dict)."""
-    import torch
-    import transformers
+    import transformers  # transformers (~1 s): refusals and light commands exit before any model loads
 
     return {
         "device": str(device),

@@ -14,6 +14,7 @@ once. Plain dataclasses, no torch: a report can be rebuilt from a results folder
 from __future__ import annotations
 
 import gzip
+import hashlib
 import json
 import math
 import statistics
@@ -204,8 +205,6 @@ def pooled_metrics(records: Sequence[Mapping[str, Any]]) -> dict[str, float]:
 
 def records_digest(text: str) -> str:
     """sha256 of a records.jsonl text, as stored in the summary's ``records_sha256``."""
-    import hashlib
-
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 

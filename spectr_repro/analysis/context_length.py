@@ -23,7 +23,7 @@ import pandas as pd
 
 from spectr_repro.analysis.format import AVERAGE
 from spectr_repro.analysis.replay import GROUP_KEYS, differences, summary
-from spectr_repro.analysis.stats import RESAMPLES, mean_of_ratios, paired_comparison
+from spectr_repro.analysis.stats import RESAMPLES, bootstrap_sums, mean_of_ratios, paired_comparison
 from spectr_repro.cost.model import chunked_prefill_seconds  # re-exported: the one prefill price
 from spectr_repro.data import bucket_tokens
 from spectr_repro.verify import VERIFIERS
@@ -103,7 +103,6 @@ def gain_change(blocks: pd.DataFrame, method: str, K: int, L: int, comparator: s
     short, long = columns(shortest), columns(longest)
     # (gain long) - (gain short) = [R(a, long) - R(b, long)] - [R(a, short) - R(b, short)]: a difference of two
     # paired differences, resampled jointly over the repositories (one stratum: the same prompts throughout).
-    from spectr_repro.analysis.stats import bootstrap_sums
 
     stacked = [np.vstack([*long, *short]).astype(float)]
 

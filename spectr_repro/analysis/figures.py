@@ -28,6 +28,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+from matplotlib import colormaps
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
@@ -63,8 +64,6 @@ DODGE_SHARE = 0.25  # the methods of a panel spread over this share of the small
 
 def method_color(method: str) -> tuple:
     """A fixed colour per method across every figure."""
-    from matplotlib import colormaps
-
     base = base_method(method)
     if base != method:  # an option variant ("gbv[carry_over=False]"): a stable colour of its own
         return colormaps["tab20"](zlib.crc32(method.encode()) % 20)

@@ -14,6 +14,8 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+import matplotlib
+import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
@@ -263,10 +265,7 @@ def ablation_figure(table: pd.DataFrame, axis: str, fixed: dict, path: Path) -> 
     """Tokens per call against K (or L) for each method, the other axis fixed; each method with its own marker
     (single-draft lines: their own dash) and a small x offset, so that rules with the same values (SBV and SBV-F)
     both show; legend outside the axes."""
-    import matplotlib
-
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
 
     part = table[table["dataset"] == (AVERAGE if AVERAGE in set(table["dataset"]) else table["dataset"].iloc[0])]
     other = "L" if axis == "K" else "K"

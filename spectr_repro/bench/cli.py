@@ -24,6 +24,8 @@ import sys
 import time
 from pathlib import Path
 
+from spectr_repro.errors import UsageError
+
 log = logging.getLogger(__name__)
 
 TARGETS = {"ar_vs_hf_generate": ">= 1.0", "sd_vs_hf_assisted": ">= 1.2 (equal L)",
@@ -34,8 +36,8 @@ def compose_preset(name: str, device: str):
     """The bench preset ``name`` and the hardware config of ``device`` (cpu or cuda), through Hydra. A preset with
     ``batches`` is refused here, before any model loads, when its largest batch does not fit the device's memory
     (UsageError naming the largest B that does)."""
-    from spectr_repro.runner.config import Composer
-    from spectr_repro.runner.fit import check_batch_fits
+    from spectr_repro.runner.config import Composer  # omegaconf/runner: check starts without
+    from spectr_repro.runner.fit import check_batch_fits  # as runner.config: loaded once a preset is composed
 
     with Composer() as composer:
         cfg = composer.compose([f"+bench={name}", f"hardware={device}"])
@@ -54,13 +56,16 @@ def predicted_pick(replay_summary: str, hardware, preset, pair, prompts, calibra
     file written earlier by ``check`` can be off by the machine's drift since (measured: 120 ms, then 207 ms,
     for one decode forward on the shared 2-core VM); its per-call overhead is used where there is one.
     ``calibrate``: (pair, shapes) -> (target costs, draft costs), for tests."""
-    import pandas as pd
+    import pandas as pd  # cost model/pandas (~0.7 s): this command's start-up does not pay for it
 
-    from spectr_repro.cost.calibration import find_calibration, today
+    from spectr_repro.cost.calibration import find_calibration, today  # cost model/pandas (~0.7 s): start-up without
+
+    # cost model/pandas (~0.7 s): this command's start-up does not pay for it
     from spectr_repro.cost.measure import measure_forward_costs, plan_shapes
-    from spectr_repro.cost.model import CallCosts
+    from spectr_repro.cost.model import CallCosts  # cost model/pandas (~0.7 s): start-up without
+
+    # cost model/pandas (~0.7 s): this command's start-up does not pay for it
     from spectr_repro.cost.predict import best_configuration, predict_tokens_per_s, read_replay_summary
-    from spectr_repro.errors import UsageError
 
     try:
         columns = pd.read_csv(replay_summary, nrows=0).columns
@@ -91,10 +96,10 @@ def predicted_pick(replay_summary: str, hardware, preset, pair, prompts, calibra
 
 
 def run(preset, hardware, device: str | None, dtype: str | None, replay_summary: str | None = None) -> dict:
-    from spectr_repro.bench import suites
-    from spectr_repro.bench.contenders import encode_prompts
-    from spectr_repro.environment import environment
-    from spectr_repro.models import clear_cache, load_pair
+    from spectr_repro.bench import suites  # torch/models: light start-up
+    from spectr_repro.bench.contenders import encode_prompts  # torch/models: light start-up
+    from spectr_repro.environment import environment  # torch/models: light start-up
+    from spectr_repro.models import clear_cache, load_pair  # torch/models: light start-up
 
     chunk = hardware.get("prefill_chunk")
     # A preset may leave sections out (e.g. verification_qwen: the verification rows only).
@@ -141,8 +146,8 @@ def run(preset, hardware, device: str | None, dtype: str | None, replay_summary:
 def _batches(pair, spec, temperature: float, new_tokens: int, chunk) -> dict:
     """The timed batch groups of ``spec`` (``bench.batches``): each dataset's first ``prompts_per_dataset`` prompts,
     and the next prompt of the first dataset for the calibration (decoded by no group)."""
-    from spectr_repro.bench.batches import bench_batches
-    from spectr_repro.bench.contenders import encode_prompts
+    from spectr_repro.bench.batches import bench_batches  # torch/models: light start-up
+    from spectr_repro.bench.contenders import encode_prompts  # torch/models: light start-up
 
     needed = int(spec.prompts_per_dataset)
     prompts = {str(name): encode_prompts(pair, str(name), needed + (1 if i == 0 else 0))
@@ -165,7 +170,7 @@ PROFILE_HEADER = ("BE | target fwd/tok | ms/target fwd | draft fwd/tok | ms/draf
 
 def markdown(results: dict) -> str:
     if results.get("batches"):
-        from spectr_repro.bench.batches import markdown as batches_markdown
+        from spectr_repro.bench.batches import markdown as batches_markdown  # torch/engine: bench.docs stays light
 
         return batches_markdown(results["batches"], results["batches"]["pair"])
     if not (results["ar_vs_hf_generate"] or results["sd_vs_hf_assisted"]):  # a preset without those sections
@@ -251,8 +256,6 @@ def write_json(results: dict, out: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from spectr_repro.errors import UsageError
-
     parser = argparse.ArgumentParser(prog="python -m spectr_repro bench", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="preset 'quick': SmolLM2 only, a few minutes")
@@ -264,16 +267,16 @@ def main(argv: list[str] | None = None) -> int:
                              "predicted from it and this machine's calibration (`check`), not the one-run sweep")
     parser.add_argument("--dtype", default=None,
                         help="model dtype for every contender (default: the pair's own; bfloat16 for the Qwen pair)")
-    from spectr_repro import tracking
+    from spectr_repro import tracking  # torch/models: light start-up
 
     tracking.add_logger_option(parser)
     argv = sys.argv[1:] if argv is None else list(argv)
     args = parser.parse_args(argv)
-    import torch
+    import torch  # torch/models: this command's start-up (report/quality/bench --help) does not pay for it
 
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     try:
-        from spectr_repro.runner.config import check_device
+        from spectr_repro.runner.config import check_device  # omegaconf/runner: check starts without
 
         check_device(device, "--device cpu")  # the message every command that loads models gives, before any loads
         preset, hardware = compose_preset(args.preset or ("quick" if args.quick else "full"), device.split(":")[0])

@@ -17,6 +17,7 @@ import statistics
 
 import torch
 from tqdm.auto import tqdm
+from transformers import DynamicCache
 
 from spectr_repro.bench.blocks import synthetic_block
 from spectr_repro.bench.contenders import run_hf, run_ours
@@ -176,8 +177,6 @@ def real_blocks(pair, prompt: torch.Tensor, K: int, L: int, count: int, temperat
 
 def target_call_seconds(pair, K: int, L: int, prompt_len: int, repeats: int) -> float:
     """Median seconds of one target call: K rows of L+1 tokens on a cached prompt."""
-    from transformers import DynamicCache
-
     gen = torch.Generator().manual_seed(0)
     prompt = torch.randint(0, pair.vocab_size, (1, prompt_len), generator=gen).to(pair.device)
     rows = torch.randint(0, pair.vocab_size, (K, L + 1), generator=gen).to(pair.device)

@@ -15,6 +15,8 @@ seeds: they are what the benchmark reports beside its timings, never timings the
 from __future__ import annotations
 
 import itertools
+import statistics
+import time
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 
@@ -173,9 +175,6 @@ def rule_times(
 ) -> list[TimeRow]:
     """Wall time per verify call of each rule on the synthetic blocks of ``rule_costs`` (one warm-up call per
     block first, so that buffers and caches are in place). All rules in one process: compare their ratios."""
-    import statistics
-    import time
-
     names = list(VERIFIERS) if rules is None else list(rules)
     unknown = [name for name in names if name not in VERIFIERS]
     if unknown:

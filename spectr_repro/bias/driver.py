@@ -42,6 +42,7 @@ from tqdm import tqdm
 
 from spectr_repro import tracking
 from spectr_repro.bias import estimators
+from spectr_repro.data import encode_prompt
 from spectr_repro.errors import ResourceError
 from spectr_repro.files import atomic_write_text
 from spectr_repro.runner.config import (
@@ -57,6 +58,7 @@ from spectr_repro.runner.config import (
 )
 from spectr_repro.runner.pairs import PairCache
 from spectr_repro.runner.signals import Budget, RunProgress, Terminated, budget_minutes, stop_on_signals, stop_status
+from spectr_repro.sampling import probs_from_logits
 from spectr_repro.units import DONE_FILE, SET_ASIDE, set_aside, unit_state, write_unit
 from spectr_repro.verify import VERIFIERS, get_verifier
 
@@ -234,12 +236,10 @@ def contexts_of(pair, cfg: DictConfig, examples) -> list[tuple[str, list[int]]]:
     has probability nearest 1/2. Why: where p is (nearly) a point mass every rule emits that token and no bias
     can show (code at T=0.4 is like that at most positions); where p is flat the stated alternatives (mass
     moved off the top token, at most p_top) cannot reach a detectable TV."""
-    from transformers import DynamicCache
+    from transformers import DynamicCache  # transformers (~1 s): refusals exit first
 
-    from spectr_repro.data import encode_prompt
-    from spectr_repro.engine.forward import forward_chunked
-    from spectr_repro.engine.loop import generate
-    from spectr_repro.sampling import probs_from_logits
+    from spectr_repro.engine.forward import forward_chunked  # pulls transformers (~1 s): refusals exit first
+    from spectr_repro.engine.loop import generate  # pulls transformers (~1 s): refusals exit first
 
     temperature, chunk = float(cfg.temperature), cfg.hardware.get("prefill_chunk")
     contexts = []
@@ -370,13 +370,12 @@ def _safe(name: str) -> str:
 def measure_context(pair, cfg: DictConfig, setting: dict, ids: list[int], methods: list[str], number: int,
                     bar) -> dict[str, dict]:
     """Draw the setting's draft sets at one context, apply every method to them, analyse each."""
-    from transformers import DynamicCache
+    from transformers import DynamicCache  # transformers (~1 s): refusals exit first
 
-    from spectr_repro.engine.cache import repeat_rows
-    from spectr_repro.engine.drafting import draft_block
-    from spectr_repro.engine.forward import forward_chunked
-    from spectr_repro.engine.rows import DynamicRows
-    from spectr_repro.sampling import probs_from_logits
+    from spectr_repro.engine.cache import repeat_rows  # pulls transformers (~1 s): refusals exit first
+    from spectr_repro.engine.drafting import draft_block  # pulls transformers (~1 s): refusals exit first
+    from spectr_repro.engine.forward import forward_chunked  # pulls transformers (~1 s): refusals exit first
+    from spectr_repro.engine.rows import DynamicRows  # pulls transformers (~1 s): refusals exit first
 
     K, L, S, B = setting["K"], setting["L"], setting["samples"], setting["batch"]
     temperature, draft_temperature = setting["temperature"], setting["draft_temperature"]

@@ -53,8 +53,10 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 from scipy import stats
+from statsmodels.stats.multitest import multipletests
 
 from spectr_repro.verify import VERIFIERS, get_verifier
+from spectr_repro.verify.spectr import kseq_residual, optimal_rho
 
 ALPHA = 0.05
 POWER = 0.90
@@ -145,8 +147,6 @@ def closed_form_draws(method: str, p0: torch.Tensor, q0: torch.Tensor, first_tok
         accept = (factor * ratio[:, :1]).clamp(max=1.0)
         residual = _normalised((p0 - q0).clamp_min(0), fallback=p0)
     elif method == "spectr":
-        from spectr_repro.verify.spectr import kseq_residual, optimal_rho
-
         K = x.shape[1]
         rho = optimal_rho(p0, q0, K)
         single = (ratio / rho).clamp(max=1.0)  # [S, K], each draft's test at depth 0
@@ -492,8 +492,6 @@ def holm(p_values: Sequence[float], alpha: float = ALPHA) -> tuple[list[bool], l
     """Holm's step-down correction over one family of p-values (the contexts of one method and setting): which
     are rejected with family-wise error <= alpha under any dependence, and the Holm-adjusted p-values
     (statsmodels.stats.multitest.multipletests, method "holm")."""
-    from statsmodels.stats.multitest import multipletests
-
     if len(p_values) == 0:
         return [], []
     reject, adjusted, _, _ = multipletests(list(p_values), alpha=alpha, method="holm")

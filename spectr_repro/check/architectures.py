@@ -14,6 +14,8 @@ from pathlib import Path
 
 import torch
 
+from spectr_repro.models.offline import models_dir
+
 CONFIGS_DIR = Path(__file__).resolve().parent / "configs"
 GIB = 1024**3
 
@@ -25,14 +27,12 @@ def shipped_config_path(hub_id: str) -> Path:
 def architecture_config(pair_cfg: dict, role: str):
     """The transformers config of the pair's ``role`` model, found offline; None for the tiny pair.
     ValueError when no copy of it is here."""
-    from transformers import AutoConfig
+    from transformers import AutoConfig  # transformers (~1 s): refusals and light commands exit before any model loads
 
     if pair_cfg["source"] == "tiny":
         return None
     spec = pair_cfg.get(role) or {}
     if pair_cfg["source"] == "offline":
-        from spectr_repro.models.offline import models_dir
-
         converted = models_dir() / str(spec.get("offline")) / "config.json"
         if converted.is_file():
             return AutoConfig.from_pretrained(converted.parent)
@@ -50,7 +50,7 @@ def architecture_config(pair_cfg: dict, role: str):
 
 def parameter_count(config) -> int:
     """Parameters of a model of ``config``, counted on the meta device (nothing allocated)."""
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM  # transformers (~1 s): refusals exit first
 
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config)
@@ -67,7 +67,7 @@ def kv_cache_bytes(config, rows: int, context: int, width: int) -> int:
 
 def build_random_model(config, device: torch.device, dtype: torch.dtype, seed: int = 0) -> torch.nn.Module:
     """A model of ``config`` with random weights (seeded), built directly on ``device`` in ``dtype``."""
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM  # transformers (~1 s): refusals exit first
 
     torch.manual_seed(seed)
     with torch.device(device):

@@ -10,8 +10,10 @@ from typing import Any
 
 import torch
 
+import spectr_repro.check.architectures as architectures  # a module: tests swap its configs for small ones
 from spectr_repro.check.checker import Checker
 from spectr_repro.check.environment import pair_dtype
+from spectr_repro.verify import VERIFIERS
 
 
 @dataclass
@@ -26,16 +28,17 @@ class LoadedPair:
 def load_models(base, pair_cfg: dict, random_weights: bool) -> LoadedPair:
     """The pair's target and draft on the device: real weights (through the model-pair cache every command
     shares) or random ones."""
-    from omegaconf import OmegaConf
+    from omegaconf import OmegaConf  # runner config (omegaconf, the cost model): check's start-up does not pay for it
 
-    from spectr_repro.check.architectures import architecture_config, build_random_model
-    from spectr_repro.runner.pairs import PairCache
+    from spectr_repro.runner.pairs import PairCache  # omegaconf/runner: check starts without
 
     device = torch.device(str(base.hardware.device))
     dtype = pair_dtype(base, pair_cfg)
     if random_weights and pair_cfg["source"] != "tiny":
-        target = build_random_model(architecture_config(pair_cfg, "target"), device, dtype, seed=0)
-        draft = build_random_model(architecture_config(pair_cfg, "draft"), device, dtype, seed=1)
+        target = architectures.build_random_model(architectures.architecture_config(pair_cfg, "target"), device, dtype,
+                                                         seed=0)
+        draft = architectures.build_random_model(architectures.architecture_config(pair_cfg, "draft"), device, dtype,
+                                                        seed=1)
         vocab = min(m.get_output_embeddings().weight.shape[0] for m in (target, draft))
         return LoadedPair(target, draft, vocab, f"random weights from the configs, {str(dtype)[6:]}")
     # check reports offloading itself (its memory item), so the cache is told to allow it; the dtype is check's
@@ -61,8 +64,7 @@ def random_prompts(count: int, length: int, vocab: int, device, seed: int = 0) -
 
 
 def correctness_items(checker: Checker, target, draft, vocab: int, quick: bool) -> None:
-    from spectr_repro.engine import generate, generate_batch
-    from spectr_repro.verify import VERIFIERS
+    from spectr_repro.engine import generate, generate_batch  # pulls transformers (~1 s): refusals exit first
 
     device = next(target.parameters()).device
     prompts = random_prompts(1 if quick else 2, 12, vocab, device)

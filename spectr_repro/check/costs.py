@@ -7,20 +7,24 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+import torch
+
 from spectr_repro.check.checker import Checker
 from spectr_repro.check.correctness import LoadedPair, random_prompts
+from spectr_repro.data import bucket_tokens, encode_prompt, load_examples, typical_prompt_tokens
+from spectr_repro.verify import VERIFIERS
 
 TIMING_TOLERANCE = 0.05  # section times vs synchronised wall time (issue 26)
 
 
 def calibration_item(checker: Checker, base, pair_cfg, loaded: LoadedPair, shapes, quick: bool, device_name: str):
-    from spectr_repro.cost import Calibration, calibration_dtype, today
-    from spectr_repro.cost.measure import (
+    from spectr_repro.cost import Calibration, calibration_dtype, today  # cost model/pandas (~0.7 s): start-up without
+    from spectr_repro.cost.measure import (  # the cost model, as above
         CONTEXT_TOKENS,
         machine_roofline_figures,
         measure_forward_costs,
         plan_shapes,
-    )
+    )  # cost model/pandas (~0.7 s): this command's start-up does not pay for it
 
     wanted = plan_shapes(shapes["Ks"], shapes["Ls"], shapes["prefill_chunks"], shapes["batch_sizes"])
     repeats = 3  # medians of 3 rounds, quick too: one timed forward per shape once read 880 ms for a 320 ms shape
@@ -53,9 +57,9 @@ def call_costs_item(checker: Checker, base, loaded: LoadedPair, calibration, sha
     per call at the run's (K, L), timed on real blocks of the pair (``cost.measure.record_blocks``; random weights
     give random blocks, and the note says so), and each engine section's overhead fitted on real decodes at the
     corners of the grid (``cost.measure.measure_section_residuals``)."""
+    # cost model/pandas (~0.7 s): this command's start-up does not pay for it
     from spectr_repro.cost.measure import measure_rule_seconds, measure_section_residuals, record_blocks
-    from spectr_repro.cost.model import SectionOverheads, rule_key
-    from spectr_repro.verify import VERIFIERS
+    from spectr_repro.cost.model import SectionOverheads, rule_key  # cost model/pandas (~0.7 s): start-up without
 
     Ks, Ls, methods = shapes["Ks"], shapes["Ls"], shapes.get("methods") or ["sd"]
     grid = [(rule, K, L) for rule in dict.fromkeys([*methods, "sd", "spectr"]) for K in Ks for L in Ls
@@ -102,7 +106,7 @@ def call_costs_item(checker: Checker, base, loaded: LoadedPair, calibration, sha
 
 
 def _decoded_rule_seconds(calibration) -> dict:
-    from spectr_repro.cost.model import CallCosts
+    from spectr_repro.cost.model import CallCosts  # cost model/pandas (~0.7 s): start-up without
 
     return CallCosts.from_calibration(calibration).rule_seconds
 
@@ -114,8 +118,6 @@ def measured_contexts(by_dataset: dict[str, int]) -> tuple[list[int], list[int]]
     2026-12-03) and every long-input bucket's, so that its calls are priced from a measurement, not extrapolated.
     Decodes (each a prefill of its context and a few calls at every corner of the grid): the two ordinary ends, or
     the shortest bucket without ordinary datasets; the context terms of the overheads extend them."""
-    from spectr_repro.data import bucket_tokens
-
     ordinary = [c for name, c in by_dataset.items() if bucket_tokens(name) is None]
     buckets = [c for name, c in by_dataset.items() if bucket_tokens(name) is not None]
     decode = sorted({min(ordinary), max(ordinary)}) if ordinary else [min(buckets)]
@@ -129,7 +131,6 @@ def prompt_contexts(base, loaded: LoadedPair, shapes: dict, most: int = 16) -> N
     against a typical 180 (2026-12-03). Unchanged without a tokenizer or a local copy of the data."""
     if loaded.tokenizer is None:
         return
-    from spectr_repro.data import encode_prompt, load_examples
 
     means = {}
     for name in shapes.get("datasets") or [str(base.choices.dataset)]:
@@ -152,12 +153,8 @@ def calibration_prompts(base, loaded: LoadedPair, lengths: Sequence[int], device
     tokens of the experiment's dataset's first prompts one after another when the pair has a tokenizer (real blocks
     need real text, and a long context is real text too), else random tokens. The prompts are tokenized once for
     every length: each a list of 16 prompts through the tokenizer would cost a real tokenizer seconds per context."""
-    import torch
-
     text = None
     if loaded.tokenizer is not None:
-        from spectr_repro.data import encode_prompt, load_examples
-
         try:
             examples = load_examples(str(base.choices.dataset), CALIBRATION_PROMPTS, seed=0,
                                      tokenizer=loaded.tokenizer)
@@ -171,9 +168,8 @@ def calibration_prompts(base, loaded: LoadedPair, lengths: Sequence[int], device
 def timing_item(checker: Checker, base, loaded: LoadedPair, calibration, quick: bool):
     """One prompt decoded at the configured method: sections vs wall time; the overhead per call that the
     forwards do not explain (sampling, verification, cache bookkeeping) goes into the calibration."""
-    from spectr_repro.cost import seconds_per_call
-    from spectr_repro.engine import generate
-    from spectr_repro.verify import VERIFIERS
+    from spectr_repro.cost import seconds_per_call  # cost model/pandas (~0.7 s): start-up without
+    from spectr_repro.engine import generate  # pulls transformers (~1 s): refusals exit first
 
     method = base.method.name
     K = 1 if method == "ar" or VERIFIERS[method].single_draft else int(base.K)
@@ -203,9 +199,9 @@ def timing_item(checker: Checker, base, loaded: LoadedPair, calibration, quick: 
 
 
 def prediction_item(checker: Checker, base, calibration, replay_summary: str) -> dict | None:
+    # cost model/pandas (~0.7 s): this command's start-up does not pay for it
     from spectr_repro.cost import best_configuration, describe_best, predict_tokens_per_s, read_replay_summary
-    from spectr_repro.cost.model import CallCosts
-    from spectr_repro.data import typical_prompt_tokens
+    from spectr_repro.cost.model import CallCosts  # cost model/pandas (~0.7 s): start-up without
 
     def predict():
         table = read_replay_summary(replay_summary, _replay_filters(base, replay_summary))
@@ -219,7 +215,7 @@ def prediction_item(checker: Checker, base, calibration, replay_summary: str) ->
 
 def _replay_filters(base, path: str) -> dict[str, Any]:
     """Select the replay rows of this command's pair, dataset and temperature where the CSV has those columns."""
-    import pandas as pd
+    import pandas as pd  # cost model/pandas (~0.7 s): this command's start-up does not pay for it
 
     columns = set(pd.read_csv(path, nrows=0).columns)
     wanted = {"model_pair": base.choices.model_pair, "dataset": base.choices.dataset,

@@ -6,16 +6,17 @@ import time
 from pathlib import Path
 from typing import Any
 
+import psutil
 import torch
 
+import spectr_repro.check.architectures as architectures  # a module: tests swap its configs for small ones
 from spectr_repro.check.checker import Checker
+from spectr_repro.environment import environment
 
 CONTEXT_TOKENS = 1024  # KV context the memory check provisions per row (a long prompt plus its completion)
 
 
 def environment_items(checker: Checker, base) -> dict[str, Any]:
-    from spectr_repro.environment import environment
-
     device = torch.device(str(base.hardware.device))
     env = environment(str(device))
     free, total = free_memory(device)
@@ -38,7 +39,6 @@ def free_memory(device: torch.device) -> tuple[int, int]:
     if device.type == "cuda":
         free, total = torch.cuda.mem_get_info(device)
         return int(free), int(total)
-    import psutil
 
     memory = psutil.virtual_memory()
     return int(memory.available), int(memory.total)
@@ -75,7 +75,7 @@ def _compile_works(device):
 
 
 def _sandbox_mode():
-    from spectr_repro.quality.sandbox import SandboxUnavailable, find_sandbox
+    from spectr_repro.quality.sandbox import SandboxUnavailable, find_sandbox  # torch/models: light start-up
 
     try:
         return None, find_sandbox("auto").describe(), None
@@ -85,8 +85,6 @@ def _sandbox_mode():
 
 def memory_item(checker: Checker, base, pair_cfg: dict, shapes: dict[str, Any], free: int) -> bool:
     """Whether target and draft, their KV caches at the largest rows and the logits fit in ``free`` bytes."""
-    from spectr_repro.check.architectures import architecture_config, kv_cache_bytes, parameter_count
-
     dtype = pair_dtype(base, pair_cfg)
     width = torch.tensor([], dtype=dtype).element_size()
     rows = max(shapes["Ks"]) * max(shapes["batch_sizes"])
@@ -97,9 +95,9 @@ def memory_item(checker: Checker, base, pair_cfg: dict, shapes: dict[str, Any], 
     need = 0
     parts = []
     for role in ("target", "draft"):
-        config = architecture_config(pair_cfg, role)
-        weights = parameter_count(config) * width
-        cache = kv_cache_bytes(config, rows, CONTEXT_TOKENS, width)
+        config = architectures.architecture_config(pair_cfg, role)
+        weights = architectures.parameter_count(config) * width
+        cache = architectures.kv_cache_bytes(config, rows, CONTEXT_TOKENS, width)
         logits = 3 * rows * tokens * int(config.vocab_size) * 4  # logits, float32 probabilities, a copy
         need += weights + cache + logits
         parts.append(f"{role} {weights / 2**30:.1f} GiB + KV {cache / 2**30:.2f} + logits {logits / 2**30:.2f}")
@@ -113,7 +111,7 @@ def memory_item(checker: Checker, base, pair_cfg: dict, shapes: dict[str, Any], 
 
 def pair_dtype(base, pair_cfg: dict) -> torch.dtype:
     """The dtype the pair runs in here: ``hardware.dtype``, else the pair's own (float32 by default)."""
-    from spectr_repro.models import as_dtype
+    from spectr_repro.models import as_dtype  # torch/models: light start-up
 
     return as_dtype(base.hardware.get("dtype") or pair_cfg.get("dtype") or "float32")
 

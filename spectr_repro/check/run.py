@@ -19,11 +19,14 @@ from spectr_repro.check.costs import (
     timing_item,
 )
 from spectr_repro.check.environment import environment_items, memory_item
+from spectr_repro.data import typical_prompt_tokens
 from spectr_repro.errors import ResourceError
+from spectr_repro.verify import VERIFIERS
 
 
 def compose(argv: Sequence[str]):
     """(base config, every cell config) of the command line, through the runner's Hydra machinery."""
+    # runner config (omegaconf, the cost model): check's start-up does not pay for it
     from spectr_repro.runner.config import Composer, UsageError, check_before_loading, expand, parse_arguments
 
     args = parse_arguments(argv)
@@ -45,9 +48,6 @@ def run_shapes(base, cells, quick: bool = False) -> dict[str, Any]:
     its new tokens (the mean context of a decoding call), and ``contexts`` (that one and each long-input bucket's
     input plus half its new tokens) when the replay has buckets. ``quick``: only the smallest and largest L and prefill
     chunk (the costs between are interpolated, see ``cost.calibration``)."""
-    from spectr_repro.data import typical_prompt_tokens
-    from spectr_repro.verify import VERIFIERS
-
     Ks, Ls, chunks, batches = {1, int(base.K)}, {int(base.L)}, set(), {1}
     methods = {str(base.method.name)} - {"ar"}
     prompts = [typical_prompt_tokens(base.choices.dataset)]
@@ -85,10 +85,10 @@ def run_shapes(base, cells, quick: bool = False) -> dict[str, Any]:
 
 
 def run_check(argv: Sequence[str]) -> tuple[int, dict[str, Any]]:
-    from omegaconf import OmegaConf
+    from omegaconf import OmegaConf  # runner config (omegaconf, the cost model): check's start-up does not pay for it
 
-    from spectr_repro import models
-    from spectr_repro.cost import write_calibration
+    from spectr_repro import models  # torch/models: light start-up
+    from spectr_repro.cost import write_calibration  # cost model/pandas (~0.7 s): start-up without
 
     started = time.perf_counter()
     base, cells = compose(argv)

@@ -16,8 +16,15 @@ import statistics
 from collections.abc import Callable, Iterable, Sequence
 
 import torch
+from transformers import DynamicCache
 
 from spectr_repro.cost.calibration import ForwardCosts
+from spectr_repro.cost.model import section_residual
+from spectr_repro.engine import generate
+from spectr_repro.engine.cache import crop_to, keep_row, repeat_rows
+from spectr_repro.engine.forward import forward_logits, head_size
+from spectr_repro.engine.timing import SectionTimer
+from spectr_repro.verify import Verifier, get_verifier
 
 CONTEXT_TOKENS = 64  # cached tokens below each timed forward (a prompt's worth, as in decoding)
 AR_DECODES = 3  # measure_section_residuals: AR's decodes per context, their median kept
@@ -79,12 +86,6 @@ def _time_shapes(model, shapes, repeats: int, contexts: Sequence[int], vocab_siz
     (see the caller). The contexts take turns within each round, as the shapes do: measured one after the other,
     the machine's drift between them read as a cost of context (2026-12-03: a decode forward 252 ms on 75 cached
     tokens, then 228 ms on 552)."""
-    from transformers import DynamicCache
-
-    from spectr_repro.engine.cache import crop_to, keep_row, repeat_rows
-    from spectr_repro.engine.forward import forward_logits, head_size
-    from spectr_repro.engine.timing import SectionTimer
-
     device = next(model.parameters()).device
     vocab = int(vocab_size or head_size(model))
     generator = torch.Generator().manual_seed(0)
@@ -126,9 +127,6 @@ def record_blocks(target, draft, prompt: torch.Tensor, K: int, L: int, count: in
     drafts K x L on the pair and scores them, under a lossless rule (sd at K = 1, spectr above) that advances the
     text. Real blocks, not synthetic ones: a multi-draft rule's cost depends on how long its drafts stay together
     (on code the Qwen pair's drafts often coincide for many tokens)."""
-    from spectr_repro.engine import generate
-    from spectr_repro.verify import Verifier, get_verifier
-
     class Recorder(Verifier):
         def __init__(self) -> None:
             super().__init__(check_inputs=False)
@@ -153,8 +151,6 @@ def measure_rule_seconds(blocks: Sequence[tuple], grid: Iterable[tuple[str, int,
     """Median seconds of one call of each (rule, K, L) of ``grid`` on the first K drafts and L tokens of each of
     ``blocks`` (drafted at least that wide and long): one untimed call per block first (buffers, memos), then
     ``repeats`` timed calls per block. Rules that carry state (gbv) are timed on their first call."""
-    from spectr_repro.verify import get_verifier
-
     seconds = {}
     for rule, K, L in grid:
         verifier = get_verifier(rule, check_inputs=False)
@@ -172,8 +168,6 @@ def measure_rule_seconds(blocks: Sequence[tuple], grid: Iterable[tuple[str, int,
 
 
 def _timed(device: torch.device, call: Callable[[], object]) -> float:
-    from spectr_repro.engine.timing import SectionTimer
-
     timer = SectionTimer(device)
     with timer("call"):
         call()
@@ -193,9 +187,6 @@ def measure_section_residuals(target, draft, prompt: torch.Tensor, shapes: Itera
     and per call what each engine section spent beyond what the forwards (``target_costs``, ``draft_costs``,
     measured at the prompt's context) and the rule (``rule_seconds``) explain; plus AR's per token. The first
     iteration's scoring runs in the prefill section, so the target's per call is over ``calls - 1``."""
-    from spectr_repro.cost.model import section_residual
-    from spectr_repro.engine import generate
-
     context = int(prompt.numel())
     rows = []
     for K, L in shapes:
@@ -238,8 +229,6 @@ def measure_memory_bandwidth(size_bytes: int = 1 << 30, repeats: int = 5, device
     cache) summed, the median of ``repeats`` timed reads after one untimed one (the pages are touched, the
     threads started). A sum reads every byte once and writes nothing, as a decode forward streams its weights;
     a copy would also write (and, on most CPUs, read the destination first), mixing in other traffic."""
-    from spectr_repro.engine.timing import SectionTimer
-
     data = torch.ones(max(1, size_bytes // 4), dtype=torch.float32, device=device)
     seconds = []
     for attempt in range(repeats + 1):
@@ -255,8 +244,6 @@ def measure_matmul_flops(size: int = 2048, dtype: torch.dtype = torch.bfloat16, 
                          device: str | torch.device = "cpu") -> float:
     """This machine's matmul rate in FLOP/s in ``dtype``: a ``size`` x ``size`` product (2 size^3 FLOPs), the median
     of ``repeats`` after one untimed (kernel selection). The compute roof of this machine's roofline."""
-    from spectr_repro.engine.timing import SectionTimer
-
     generator = torch.Generator().manual_seed(0)
     a, b = (torch.randn(size, size, generator=generator).to(device=device, dtype=dtype) for _ in range(2))
     seconds = []

@@ -44,8 +44,10 @@ from typing import Any
 import numpy as np
 from omegaconf import DictConfig, OmegaConf
 
-from spectr_repro.cost.calibration import Calibration, ForwardCosts
+from spectr_repro.cost.calibration import Calibration, ForwardCosts, _interpolate
+from spectr_repro.cost.shapes import ModelledForwardCosts, Rates, model_shape
 from spectr_repro.data import typical_prompt_tokens
+from spectr_repro.paper import load_paper_numbers
 
 GB = 1e9
 
@@ -206,7 +208,6 @@ class CallCosts:
         measured = sorted((l_, s) for (r, k, l_), s in self.rule_seconds.items() if r == rule and k == K)
         if not measured:
             return 0.0
-        from spectr_repro.cost.calibration import _interpolate
 
         return max(0.0, _interpolate(measured, L)) if L >= measured[0][0] else measured[0][1] * L / measured[0][0]
 
@@ -362,8 +363,6 @@ def expected_block_efficiency(cfg: DictConfig, measured: dict[tuple, float]) -> 
 
 @functools.cache
 def _paper_block_efficiency() -> dict[tuple[str, str, str], float]:
-    from spectr_repro.paper import load_paper_numbers
-
     table = load_paper_numbers()
     table = table[table["metric"] == "block_efficiency"]
     return {(r.model_pair, r.dataset, r.method): float(r.value) for r in table.itertuples() if r.model_pair}
@@ -392,7 +391,6 @@ def estimate_forward_costs(cfg: DictConfig, pair: dict, context: int = 0) -> tup
     (:func:`forward_seconds`, no context)."""
     if cfg.hardware.get("estimate") is None:
         return None
-    from spectr_repro.cost.shapes import ModelledForwardCosts, Rates, model_shape
 
     estimate = OmegaConf.to_container(cfg.hardware.estimate, resolve=True)
     width = bytes_per_parameter(cfg, pair)

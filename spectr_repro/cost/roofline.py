@@ -48,6 +48,8 @@ from spectr_repro.cost.shapes import (
     shape_from_config,
     width_of,
 )
+from spectr_repro.paper import load_paper_numbers, release_numbers
+from spectr_repro.verify import VERIFIERS
 
 ACCELERATORS_YAML = Path(__file__).resolve().parent / "accelerators.yaml"
 PAPER_MAIN_YAML = Path(__file__).resolve().parent.parent / "conf" / "experiment" / "paper_main.yaml"
@@ -222,8 +224,6 @@ def paper_setting(path: Path = PAPER_MAIN_YAML) -> tuple[dict[str, int], int]:
     for the single-draft ones (sd, bv, gbv), its L (12, which the paper states for the 33B pair and we use for both).
     From the registry and the experiment's K and L, not its grid: the grid holds only the cells that check the
     predictions, not every method of the paper's table."""
-    from spectr_repro.verify import VERIFIERS
-
     experiment = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
     K, L = int(experiment["K"]), int(experiment["L"])
     return {name: 1 if spec.single_draft else K for name, spec in VERIFIERS.items()}, L
@@ -234,7 +234,7 @@ def _priced_rows(numbers: pd.DataFrame, index: Sequence[str], metrics: tuple[str
     """(row, target shape, draft shape, K, bytes per weight) for each (``index``..., method) of reported numbers
     (``paper.load_paper_numbers``'s long form) that has both ``metrics`` and a method of ``method_K``: the row's
     fields are ``index``, ``method`` and the metrics. The pair's dtype, else ``default_dtype``, sets the width."""
-    from spectr_repro.models import pair_config
+    from spectr_repro.models import pair_config  # torch/models: light start-up
 
     wide = numbers.pivot_table(index=[*index, "method"], columns="metric", values="value", aggfunc="first")
     if not set(metrics) <= set(wide.columns):
@@ -255,8 +255,6 @@ def paper_speedups_against_roofline(paper: pd.DataFrame | None = None,
     allowed, the per-forward overhead that would make the roofline give the reported speed-up
     (``implied_overhead_ms_<key>``).
     A model: ``MODEL_LABEL``."""
-    from spectr_repro.paper import load_paper_numbers
-
     paper = load_paper_numbers() if paper is None else paper
     method_K, L = paper_setting()
     devices = [accelerator(key) for key in accelerators]
@@ -283,8 +281,6 @@ def release_tokens_per_s_against_roofline(paper: pd.DataFrame | None = None, dev
     efficiency (no overhead, no prefill), the roofline's AR tokens/s, and the per-forward overhead that would
     bring the roofline down to the reported rate. Its block efficiency counts tokens
     generated before truncation (not ours), so "allowed" is for that count. MCSD's tree drafts are not priced."""
-    from spectr_repro.paper import load_paper_numbers, release_numbers
-
     paper = load_paper_numbers() if paper is None else paper
     method_K, L = experiment_setting(RELEASE_YAML)
     device = accelerator(device_key)
@@ -312,7 +308,7 @@ def roofline_against_calibration(calibration: Calibration, device: Accelerator, 
     """Every shape a calibration measured, beside the roofline of ``device`` (this machine's measured bandwidth and
     matmul rate) at the same shape: calibrated / roofline is how far the roofline is from a real forward here.
     ``context``: the cached tokens under the calibration's forwards (``cost.measure.CONTEXT_TOKENS``)."""
-    from spectr_repro.models import pair_config
+    from spectr_repro.models import pair_config  # torch/models: light start-up
 
     pair = pair_config(pair_name or calibration.model_pair)
     width = width_of(calibration.dtype)

@@ -115,13 +115,14 @@ def model_shape(pair: dict, role: str) -> ModelShape:
     ``make models`` made it, else the shipped ``config.json`` of its hub id; the tiny pair's code defaults.
     ValueError when no architecture of it is shipped."""
     if pair["source"] == "tiny":
+        # transformers (~1 s): refusals and light commands exit before any model loads
         from spectr_repro.models.tiny import make_byte_tokenizer, tiny_config
 
         vocab = len(make_byte_tokenizer()) + (5 if role == "target" else 0)  # make_tiny_pair's head padding
         return shape_from_config(f"tiny_random {role}", tiny_config(vocab).to_dict())
     spec = pair.get(role) or {}
     if pair["source"] == "offline":  # what `make models` converted is what runs here (its head may be untied)
-        from spectr_repro.models.offline import models_dir
+        from spectr_repro.models.offline import models_dir  # torch/models: light start-up
 
         converted = models_dir() / str(spec.get("offline")) / "config.json"
         if converted.is_file():
@@ -136,7 +137,7 @@ def model_shape(pair: dict, role: str) -> ModelShape:
 
 def pair_shapes(pair_name: str) -> tuple[ModelShape, ModelShape]:
     """(target, draft) shapes of a packaged pair."""
-    from spectr_repro.models import pair_config
+    from spectr_repro.models import pair_config  # torch/models: light start-up
 
     pair = pair_config(pair_name)
     return model_shape(pair, "target"), model_shape(pair, "draft")

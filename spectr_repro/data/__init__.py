@@ -13,6 +13,8 @@ import difflib
 from collections.abc import Mapping
 from pathlib import Path
 
+import yaml
+
 from spectr_repro.data.alpaca import Alpaca
 from spectr_repro.data.answers import answers_match, extract_number_answer, normalize_number
 from spectr_repro.data.base import (
@@ -125,8 +127,6 @@ def bucket_tokens(name: str) -> int | None:
 def _packaged_dataset_config(name: str) -> dict | None:
     """The packaged ``conf/dataset/<name>.yaml`` as a dict (read as a file: data sits below the configs' users), or
     None when there is none or it cannot be read."""
-    import yaml
-
     path = Path(__file__).resolve().parent.parent / "conf" / "dataset" / f"{name}.yaml"
     try:
         config = yaml.safe_load(path.read_text(encoding="utf-8"))

@@ -16,6 +16,7 @@ reader names the file and the line of anything it cannot parse (``read_jsonl``, 
 from __future__ import annotations
 
 import csv
+import difflib
 import gzip
 import json
 import os
@@ -267,8 +268,8 @@ def fetch_hub_files(repo: str, revision: str, patterns: list[str]) -> list[Path]
     The one function that reaches the hub: ``huggingface_hub.snapshot_download`` (which answers from the
     local HF cache when the hub is offline, HF_HUB_OFFLINE=1 or no network).
     """
-    from huggingface_hub import constants, snapshot_download
-    from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
+    from huggingface_hub import constants, snapshot_download  # hub/datasets: only a download pays
+    from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError  # hub/datasets: only a download pays
 
     where = f"{repo}@{revision}"
     try:
@@ -288,7 +289,7 @@ def fetch_hub_files(repo: str, revision: str, patterns: list[str]) -> list[Path]
 def _load_hub(source: HubSource, config: str | None = None) -> list[dict]:
     """The rows of ``source``'s split (``config`` overrides its config), read from its parquet files with the
     installed ``datasets`` (its parquet builder: no loading script is ever run)."""
-    import datasets
+    import datasets  # hub/datasets: only a download pays
 
     files = fetch_hub_files(source.path, source.revision, source.patterns(config))
     table = datasets.load_dataset("parquet", data_files={"rows": [str(f) for f in files]}, split="rows")
@@ -333,8 +334,6 @@ def select_indices(num_records: int, num_prompts: int | None, seed: int) -> list
 
 def parse_choice(value: str | Sequence[str], allowed: Sequence[str], what: str) -> list[str]:
     """``"all"``, one value, a comma list or a list, each checked against ``allowed``."""
-    import difflib
-
     if isinstance(value, str):
         values = list(allowed) if value == "all" else [v.strip() for v in value.split(",") if v.strip()]
     else:

@@ -4,6 +4,7 @@ the one message that refuses to time a pair that does not fit (``spectr_repro.mo
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 import torch
@@ -62,8 +63,6 @@ def accelerator_memory() -> list[tuple[int, int]] | None:
 
 
 def with_placement(pair: ModelPair, free: list[tuple[int, int]] | None) -> ModelPair:
-    from dataclasses import replace
-
     offloaded = {role: found for role, model in (("target", pair.target), ("draft", pair.draft))
                  if (found := offloaded_modules(model))}
     return replace(pair, offloaded=offloaded, memory_bytes=model_bytes(pair.target) + model_bytes(pair.draft),

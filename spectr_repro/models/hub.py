@@ -11,12 +11,12 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+from huggingface_hub import constants
+
 DISK_MARGIN_BYTES = 2 * 1024**3  # keep this much free after a download (HF writes temporary files too)
 
 
 def hub_cache_dir() -> Path:
-    from huggingface_hub import constants
-
     return Path(constants.HF_HUB_CACHE)
 
 
@@ -29,7 +29,7 @@ def checkpoint_bytes(cfg: dict, role: str) -> int | None:
 
 def cached_bytes(hub_id: str, revision: str) -> int:
     """Bytes of weight files of ``hub_id`` at ``revision`` already in the local HF cache (0 if none)."""
-    from huggingface_hub import try_to_load_from_cache
+    from huggingface_hub import try_to_load_from_cache  # hub/datasets: only a download pays
 
     found = try_to_load_from_cache(hub_id, "config.json", revision=revision, cache_dir=str(hub_cache_dir()))
     if not isinstance(found, str):
@@ -83,7 +83,7 @@ def check_disk_for_pair(cfg: dict) -> None:
 
 def resolved_revisions(cfg: dict) -> dict[str, dict[str, str | None]]:
     """role -> hub_id, the configured revision and the commit it resolved to in the local cache."""
-    from huggingface_hub import try_to_load_from_cache
+    from huggingface_hub import try_to_load_from_cache  # hub/datasets: only a download pays
 
     out = {}
     for role in ("target", "draft"):

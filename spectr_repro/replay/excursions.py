@@ -32,6 +32,7 @@ from omegaconf import DictConfig
 from tqdm.auto import tqdm
 
 from spectr_repro import tracking
+from spectr_repro.data import encode_prompt
 from spectr_repro.replay.driver import ReplaySettings, group_meta
 from spectr_repro.replay.driver import parse as replay_groups
 from spectr_repro.runner.config import (
@@ -41,6 +42,7 @@ from spectr_repro.runner.config import (
     check_writable,
     print_help_if_asked,
 )
+from spectr_repro.runner.pairs import PairCache
 from spectr_repro.verify import Verifier, get_verifier
 from spectr_repro.verify.spectr_gbv import ARITHMETICS, SpecTrGBV
 
@@ -170,9 +172,7 @@ def parse(argv: Sequence[str]) -> tuple[argparse.Namespace, list[tuple[DictConfi
 def count_trajectories(groups: Sequence[tuple[DictConfig, ReplaySettings]], arithmetic: str,
                        seconds: float | None = None, out: str | None = None) -> pd.DataFrame:
     """Drive every (prompt, temperature) trajectory and count its blocks' excursions (``count_rows``)."""
-    from spectr_repro.data import encode_prompt
-    from spectr_repro.engine.loop import generate
-    from spectr_repro.runner.pairs import PairCache
+    from spectr_repro.engine.loop import generate  # pulls transformers (~1 s): refusals exit first
 
     start, recorders, pairs = time.perf_counter(), [], PairCache()
     planned = sum(settings.num_prompts for _, settings in groups)

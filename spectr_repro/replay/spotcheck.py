@@ -31,11 +31,13 @@ from omegaconf import OmegaConf
 from spectr_repro import tracking
 from spectr_repro.committed import BLOCKS_FILE, ENVIRONMENT_KEYS, MANIFEST_FILE, SETTINGS_FILE, groups_under
 from spectr_repro.conf import conf_dir
+from spectr_repro.data import encode_prompt
 from spectr_repro.environment import environment
 from spectr_repro.errors import ResourceError, UsageError
 from spectr_repro.records import read_record_text
 from spectr_repro.replay.driver import group_meta, parse, prompt_directory, replay_prompt, replay_prompts
 from spectr_repro.replay.fingerprint import rules_fingerprint
+from spectr_repro.runner.pairs import PairCache
 
 UNTIMED = "rule_seconds"  # a block's wall-clock seconds: never compared
 
@@ -153,8 +155,7 @@ def recorded_methods(blocks: Sequence[dict]) -> list[str]:
 def rerun(pairs, folder: Path, batch: list[int], methods: Sequence[str], support_mass: Any, logger: str
           ) -> dict[int, list[dict]]:
     """The blocks of each prompt of ``batch``, replayed again as the replay did (one call, the recorded seeds)."""
-    from spectr_repro.data import encode_prompt
-    from spectr_repro.runner.stops import stop_checker
+    from spectr_repro.runner.stops import stop_checker  # pulls transformers (~1 s): refusals exit first
 
     cfg, settings = _config_of(folder, max(batch), methods, support_mass, logger)
     pair = pairs.pair(cfg)
@@ -181,8 +182,6 @@ def _differences(folder: Path, index: str, here: dict[str, Any], current: dict[s
 
 
 def spot_check(folders: Sequence[Path], k: int, seed: int, logger: str = "disabled") -> list[Comparison]:
-    from spectr_repro.runner.pairs import PairCache
-
     pairs, here, comparisons = PairCache(), environment(), []
     for folder, index in choose(folders, k, seed):
         directory = prompt_directory(folder, int(index))

@@ -24,6 +24,9 @@ from typing import Any
 from omegaconf import DictConfig
 from tqdm.auto import tqdm
 
+from spectr_repro.engine import generate_batch
+from spectr_repro.engine.timing import SectionTimer
+
 
 @dataclass(frozen=True)
 class PromptSplit:
@@ -63,9 +66,6 @@ def decode_batches(
     progress: bool = True,
 ) -> tuple[dict[int, Any], float]:
     """Decode ``split.batches``: {prompt index: GenerationOutput} and the batches' total wall time (s)."""
-    from spectr_repro.engine import generate_batch
-    from spectr_repro.engine.timing import SectionTimer
-
     outputs: dict[int, Any] = {}
     if not split.batches:
         return outputs, 0.0

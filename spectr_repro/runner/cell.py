@@ -17,6 +17,9 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 from tqdm.auto import tqdm
 
+from spectr_repro.data import encode_prompt
+from spectr_repro.engine.loop import acceptance_by_position, generate
+from spectr_repro.engine.timing import SectionTimer
 from spectr_repro.environment import environment
 from spectr_repro.records import CellSummary, PromptRecord, as_json, pooled_metrics, records_digest
 from spectr_repro.runner import batched, claims, store
@@ -84,10 +87,6 @@ def method_options(cfg: DictConfig) -> dict[str, Any]:
 def decode_prompts(plan: CellPlan, pair, examples: Sequence[Any], options: dict[str, Any],
                    watch: claims.ContentionWatch, progress: bool = True) -> Decoded:
     """A warm-up, the batched prompts (block efficiency only), then every other prompt alone, timed."""
-    from spectr_repro.data import encode_prompt
-    from spectr_repro.engine.loop import generate
-    from spectr_repro.engine.timing import SectionTimer
-
     cfg = plan.cfg
     method = plan.method
 
@@ -178,8 +177,6 @@ def cell_summary(plan: CellPlan, pair, options: dict[str, Any], decoded: Decoded
                  ar_same_process: bool, caveats: list[str]) -> CellSummary:
     """The cell's summary: its settings, the metrics pooled over ``rows``, acceptance by position, the time
     split, the environment and what makes its wall times incomparable (``caveats``)."""
-    from spectr_repro.engine.loop import acceptance_by_position
-
     cfg, method = plan.cfg, plan.method
     pooled_accepted = [a for out in decoded.outputs for a in out.stats.get("accepted_lengths", [])]
     pooled_blocks = [b for out in decoded.outputs for b in out.stats.get("block_lengths", [])]

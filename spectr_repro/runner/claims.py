@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from spectr_repro.models.offline import cache_root
 from spectr_repro.units import CLAIM_FILE, TAKEOVER_FILE  # the files of a unit folder that are not its records
 
 REGISTRY_ENV_VAR = "SPECTR_REPRO_RUNNERS"
@@ -46,7 +47,6 @@ def registry_dir() -> Path:
     explicit = os.environ.get(REGISTRY_ENV_VAR)
     if explicit:
         return Path(explicit).expanduser()
-    from spectr_repro.models.offline import cache_root
 
     return cache_root() / "runners"
 

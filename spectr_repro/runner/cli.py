@@ -17,12 +17,22 @@ resource: exit 1; SIGINT 130 and SIGTERM 143, each saying what was kept.
 
 from __future__ import annotations
 
+import functools
 import math
 import sys
 from collections.abc import Sequence
 
+import hydra
+import pandas as pd
+from hydra.core.global_hydra import GlobalHydra
+from hydra.core.hydra_config import HydraConfig
+from hydra.initialize import get_gh_backup, restore_gh_from_backup
+from omegaconf import OmegaConf, open_dict
+
+from spectr_repro import tracking
 from spectr_repro.runner.claims import Runner
 from spectr_repro.runner.config import (
+    GROUPS,
     Composer,
     ParsedArgs,
     UsageError,
@@ -42,6 +52,7 @@ from spectr_repro.runner.config import (
 )
 from spectr_repro.runner.execute import CellOutcome, CellPlan, ResourceError, Session, plan_cells
 from spectr_repro.runner.signals import Terminated, stop_name, stop_on_signals, stop_status
+from spectr_repro.runner.store import cell_id
 
 USAGE = """\
 usage: python -m spectr_repro {command} [key=value ...]
@@ -202,10 +213,6 @@ def _take_cfg_flag(argv: list[str]) -> tuple[list[str], bool]:
 
 def print_configs(cfgs) -> None:
     """The resolved config of each cell, as YAML (what config.yaml beside each summary will hold)."""
-    from omegaconf import OmegaConf
-
-    from spectr_repro.runner.store import cell_id
-
     for number, cfg in enumerate(cfgs, 1):
         if len(cfgs) > 1:
             print(f"# cell {number}/{len(cfgs)}: {cell_id(cfg)}")
@@ -213,16 +220,12 @@ def print_configs(cfgs) -> None:
 
 
 def _prepare_logging(cfgs) -> None:
-    from spectr_repro import tracking
-
     for cfg in cfgs:
         tracking.prepare(cfg.logger)
 
 
 def summary_table(outcomes: Sequence[CellOutcome]) -> str:
     """Markdown table of the cells: method, K, L, T, block efficiency, speed-up, tokens/s."""
-    import pandas as pd
-
     rows = []
     for outcome in outcomes:
         cfg, summary = outcome.plan.cfg, outcome.summary or {}
@@ -285,11 +288,6 @@ def _hydra_multirun(args: ParsedArgs) -> int:
     Whatever the layout, cells are claimed before they are computed, so jobs over overlapping grids (or a
     rerun while jobs are still running) never compute a cell twice.
     """
-    import functools
-
-    import hydra
-    from hydra.core.global_hydra import GlobalHydra
-
     with Composer() as composer:
         base = composer.compose(args.fixed)
         cfgs = expand(composer, args, use_grid=True)
@@ -330,10 +328,6 @@ def _argv_without_launcher(args: ParsedArgs) -> list[str]:
 
 def sweep_task(argv: tuple[str, ...], pinned: str | None, cfg) -> int:
     """One Hydra job running ``sweep argv`` in-process (the pair of the job pinned when ``pinned``)."""
-    from hydra.core.global_hydra import GlobalHydra
-    from hydra.core.hydra_config import HydraConfig
-    from hydra.initialize import get_gh_backup, restore_gh_from_backup
-
     extra = []
     if pinned == "model_pair":
         extra = [f"model_pair={HydraConfig.get().runtime.choices.get('model_pair')}"]
@@ -350,11 +344,6 @@ def sweep_task(argv: tuple[str, ...], pinned: str | None, cfg) -> int:
 
 def hydra_task(cfg) -> float | None:
     """One Hydra job = one cell (and its AR baseline if not finished). Returns the speed-up."""
-    from hydra.core.hydra_config import HydraConfig
-    from omegaconf import open_dict
-
-    from spectr_repro.runner.config import GROUPS
-
     choices = HydraConfig.get().runtime.choices
     with open_dict(cfg):
         cfg["choices"] = {group: choices.get(group) for group in GROUPS}

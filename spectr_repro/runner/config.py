@@ -16,15 +16,19 @@ from __future__ import annotations
 import copy
 import difflib
 import itertools
+import json
 import os
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import torch
 from omegaconf import DictConfig, ListConfig, OmegaConf, open_dict
 
 from spectr_repro import conf as _conf
+from spectr_repro.data import get_dataset
 from spectr_repro.errors import UsageError
+from spectr_repro.models.offline import models_dir
 from spectr_repro.verify import VERIFIERS, multi_draft_methods
 
 # Groups that hold a choice; their options are the yaml files in conf/<group>/.
@@ -118,8 +122,8 @@ def print_help_if_asked(argv: Sequence[str], doc: str | None) -> bool:
 
 def parse_arguments(arguments: Sequence[str]) -> ParsedArgs:
     """Parse Hydra overrides; check group options before composing (clear 'did you mean')."""
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-    from hydra.errors import HydraException
+    from hydra.core.override_parser.overrides_parser import OverridesParser  # hydra (~0.2 s): cheap checks come first
+    from hydra.errors import HydraException  # hydra (~0.2 s): cheap checks come first
 
     lines = [_normalise(a) for a in arguments]
     for line in lines:
@@ -187,7 +191,7 @@ class Composer:
     """A Hydra compose session over conf/ (use as a context manager)."""
 
     def __enter__(self) -> Composer:
-        from hydra import initialize_config_dir
+        from hydra import initialize_config_dir  # hydra (~0.2 s): cheap checks come first
 
         self._context = initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3",
                                               job_name="spectr_repro")
@@ -199,9 +203,9 @@ class Composer:
 
     def compose(self, overrides: Sequence[str], with_hydra: bool = False) -> DictConfig:
         """Compose the config; ``choices`` (group -> option) is stored under the key ``choices``."""
-        from hydra import compose
-        from hydra.errors import HydraException
-        from omegaconf.errors import OmegaConfBaseException
+        from hydra import compose  # hydra (~0.2 s): replay/bias/check compose configs only after their cheap checks
+        from hydra.errors import HydraException  # hydra (~0.2 s): cheap checks come first
+        from omegaconf.errors import OmegaConfBaseException  # omegaconf/runner: check starts without
 
         try:
             cfg = compose(config_name="config", overrides=list(overrides), return_hydra_config=True)
@@ -249,7 +253,7 @@ def expand(composer: Composer, args: ParsedArgs, use_grid: bool) -> list[DictCon
     are then set on a copy, exactly as a command-line override would set them (composing every
     cell from scratch costs ~0.3 s each, too slow for grids of hundreds of cells).
     """
-    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.core.override_parser.overrides_parser import OverridesParser  # hydra (~0.2 s): cheap checks come first
 
     parser = OverridesParser.create()
     # Dotted keys are checked against the config composed without them (a `+group.key` would add itself).
@@ -373,8 +377,6 @@ def check_device(device, instead: str = "hardware=cpu") -> None:
     """hardware=cuda on a machine without a visible GPU: say so before loading anything (``instead``: the option
     that picks the CPU in the command's own syntax)."""
     if device and str(device).startswith("cuda"):
-        import torch
-
         if not torch.cuda.is_available():
             raise UsageError(f"hardware device {device!r} but no CUDA device is visible to torch "
                              f"({torch.__version__}); use {instead}")
@@ -385,7 +387,7 @@ def context_window(pair_cfg: DictConfig | dict) -> tuple[int, str] | None:
     its config files without loading a weight; None when no config is here yet (a hub pair not downloaded)."""
     pair = OmegaConf.to_container(pair_cfg, resolve=True) if isinstance(pair_cfg, DictConfig) else dict(pair_cfg)
     if pair.get("source") == "tiny":
-        from spectr_repro.models.tiny import tiny_config
+        from spectr_repro.models.tiny import tiny_config  # transformers (~1 s): refusals exit first
 
         return int(tiny_config(1).max_position_embeddings), "the tiny pair's models"
     windows = []
@@ -398,16 +400,12 @@ def context_window(pair_cfg: DictConfig | dict) -> tuple[int, str] | None:
 
 
 def _max_positions(pair: dict, role: str) -> int | None:
-    import json
-
     spec = pair.get(role) or {}
     path = None
     if pair.get("source") == "offline" and spec.get("offline"):
-        from spectr_repro.models.offline import models_dir
-
         path = models_dir() / str(spec["offline"]) / "config.json"
     elif spec.get("hub_id"):
-        from huggingface_hub import try_to_load_from_cache
+        from huggingface_hub import try_to_load_from_cache  # hub/datasets: only a download pays
 
         cached = try_to_load_from_cache(str(spec["hub_id"]), "config.json", revision=spec.get("revision"))
         path = Path(cached) if isinstance(cached, str) else None
@@ -436,8 +434,6 @@ def check_dataset_sizes(wanted: Iterable[tuple[DictConfig, int]]) -> None:
 
     Reading a dataset's records needs no tokenizer (prompts are formatted later); a dataset that cannot be
     read at all is left to the run, which reports the missing resource (exit 1)."""
-    from spectr_repro.data import get_dataset
-
     largest: dict[str, tuple[dict, int]] = {}
     for cfg, num_prompts in wanted:
         dataset = OmegaConf.to_container(cfg.dataset, resolve=True)
@@ -468,7 +464,7 @@ def check_before_loading(cfgs: Sequence[DictConfig], num_prompts: Sequence[int] 
     window and the device's memory (:func:`spectr_repro.runner.fit.check_context_fits`), and prompts decoded
     ``batches[i]`` = (B, its setting's name) at a time (default ``hardware.batch_prompts``) the device's memory
     (:func:`spectr_repro.runner.fit.check_batch_fits`)."""
-    from spectr_repro.runner.fit import check_batch_fits, check_context_fits
+    from spectr_repro.runner.fit import check_batch_fits, check_context_fits  # omegaconf/runner: check starts without
 
     for cfg in cfgs:
         validate(cfg)

@@ -18,9 +18,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import psutil
+import torch
 from omegaconf import DictConfig, OmegaConf
 
+from spectr_repro.conf import conf_dir
+from spectr_repro.cost.shapes import batch_memory_bytes, largest_batch, model_shape, width_of
+from spectr_repro.data import declared_prompt_tokens, get_dataset, typical_prompt_tokens
 from spectr_repro.errors import UsageError
+from spectr_repro.models import pair_config
 
 HEADROOM = 0.15  # of the free memory, kept for activations, the allocator and the rest of the process
 
@@ -42,8 +48,6 @@ def context_need(pair: dict, prompt_tokens: int, max_new_tokens: int, block_L: i
                  ) -> ContextNeed | None:
     """The positions and bytes a run of ``rows`` drafts of ``block_L`` tokens after a ``prompt_tokens`` prompt needs
     (``width``: bytes per weight and cache entry); None when the pair's architecture is not known here."""
-    from spectr_repro.cost.roofline import model_shape
-
     positions = int(prompt_tokens) + int(max_new_tokens) + int(block_L) + 1
     try:
         target, draft = model_shape(pair, "target"), model_shape(pair, "draft")
@@ -58,19 +62,13 @@ def context_need(pair: dict, prompt_tokens: int, max_new_tokens: int, block_L: i
 def free_bytes(device) -> int:
     """Free memory of ``device`` (bytes): the GPU's for cuda, the machine's available memory otherwise."""
     if device is not None and str(device).startswith("cuda"):
-        import torch
-
         return int(torch.cuda.mem_get_info(torch.device(str(device)))[0])
-    import psutil
 
     return int(psutil.virtual_memory().available)
 
 
 def packaged_buckets() -> list[tuple[str, int]]:
     """(dataset config, input tokens) of every packaged config that fixes its prompt length, shortest first."""
-    from spectr_repro.conf import conf_dir
-    from spectr_repro.data import declared_prompt_tokens, get_dataset
-
     buckets = []
     for path in sorted((conf_dir() / "dataset").glob("*.yaml")):
         config = OmegaConf.to_container(OmegaConf.load(path), resolve=True)
@@ -90,10 +88,6 @@ def check_context_fits(cfg: DictConfig, rows: int, block_L: int, window: tuple[i
     length that the pair's context ``window`` ((positions, which model): ``runner.config.context_window``; None:
     unknown) or the device's free memory (``free``: bytes; None: measured) cannot hold at ``rows`` drafts of
     ``block_L`` tokens and ``cfg.max_new_tokens``; nothing for other datasets."""
-    from spectr_repro.cost.roofline import width_of
-    from spectr_repro.data import declared_prompt_tokens
-    from spectr_repro.models import pair_config
-
     dataset = OmegaConf.to_container(cfg.dataset, resolve=True)
     dataset.setdefault("name", cfg.choices.dataset)
     try:
@@ -146,9 +140,6 @@ def check_batch_fits(cfg: DictConfig, batch: int, K: int, L: int, key: str, free
     check covers it) or a pair whose architecture is not known here."""
     if int(batch) <= 1:
         return
-    from spectr_repro.cost.shapes import batch_memory_bytes, largest_batch, model_shape, width_of
-    from spectr_repro.data import typical_prompt_tokens
-    from spectr_repro.models import pair_config
 
     pair = pair_config(OmegaConf.to_container(cfg.model_pair, resolve=True)
                        | {"name": cfg.model_pair.get("name") or cfg.choices.model_pair})

@@ -23,6 +23,8 @@ from dataclasses import dataclass, field
 from omegaconf import DictConfig, OmegaConf
 from tqdm.auto import tqdm
 
+from spectr_repro import models
+from spectr_repro.data import load_examples
 from spectr_repro.errors import ResourceError
 
 
@@ -47,8 +49,6 @@ class PairCache:
     def pair(self, cfg: DictConfig):
         """The config's pair (a ``models.ModelPair``): released and reloaded only when the pair changes;
         refused when offloaded."""
-        from spectr_repro import models
-
         wanted = cfg.choices.model_pair
         key = pair_key(cfg)
         if self._key is not None and self._key != key:
@@ -67,8 +67,6 @@ class PairCache:
 
     def release(self) -> None:
         """Drop the pair in memory (and empty the CUDA cache); says so when one was loaded."""
-        from spectr_repro import models
-
         self._key = None
         name = models.release_pair()
         if name is not None:
@@ -76,8 +74,6 @@ class PairCache:
 
     def examples(self, cfg: DictConfig, tokenizer) -> list:
         """The config's prompts (dataset, num_prompts, seed), read once per pair and prompt set."""
-        from spectr_repro.data import load_examples
-
         dataset = OmegaConf.to_container(cfg.dataset, resolve=True)
         dataset.setdefault("name", cfg.choices.dataset)
         key = (cfg.choices.model_pair, repr(dataset), cfg.num_prompts, cfg.seed)

@@ -26,10 +26,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import pandas as pd
 from omegaconf import DictConfig, OmegaConf
 
+from spectr_repro import models
 from spectr_repro.cost import calibration_for, cell_seconds, expected_block_efficiency
 from spectr_repro.cost.model import GB
+from spectr_repro.models import DISK_MARGIN_BYTES
+from spectr_repro.models.offline import OFFLINE_MODELS, models_dir
 from spectr_repro.runner import claims, store
 from spectr_repro.runner.batched import split_prompts
 from spectr_repro.runner.cell import CellPlan
@@ -75,8 +79,6 @@ class Plan:
 
     @property
     def disk_ok(self) -> bool:
-        from spectr_repro.models import DISK_MARGIN_BYTES
-
         return self.download_bytes == 0 or self.download_bytes + DISK_MARGIN_BYTES <= self.free_bytes
 
 
@@ -86,8 +88,6 @@ class Plan:
 
 def build_plan(plans: Sequence[CellPlan]) -> Plan:
     """The plan of ``plans`` (as from ``plan_cells``): counts, downloads, disk, time; loads no model."""
-    from spectr_repro import models
-
     pairs: dict[tuple, PairPlan] = {}
     observer = claims.Runner()  # only reads claims (never enters: registers nothing)
     measured_be, ar_speed = _measured(plans)
@@ -149,8 +149,6 @@ def build_plan(plans: Sequence[CellPlan]) -> Plan:
 
 def pair_config_of(cfg: DictConfig) -> dict:
     """The cell's resolved model pair config (``models.pair_config``), named."""
-    from spectr_repro import models
-
     return models.pair_config(OmegaConf.to_container(cfg.model_pair, resolve=True)
                               | {"name": cfg.model_pair.get("name") or cfg.choices.model_pair})
 
@@ -161,9 +159,6 @@ def _batches(cfg: DictConfig) -> list[int]:
 
 
 def _weights(pair_cfg: dict) -> tuple[list[tuple[str, str, int]], str]:
-    from spectr_repro import models
-    from spectr_repro.models.offline import OFFLINE_MODELS, models_dir
-
     if pair_cfg["source"] == "hub":
         needed = models.downloads_needed(pair_cfg)
         unknown = [r for r in ("target", "draft") if models.checkpoint_bytes(pair_cfg, r) is None]
@@ -234,8 +229,6 @@ def format_duration(seconds: float) -> str:
 
 
 def format_plan(plan: Plan) -> str:
-    import pandas as pd
-
     rows = [{
         "model pair": p.name,
         "hardware": p.hardware,

@@ -26,6 +26,7 @@ import pandas as pd
 
 from spectr_repro import tracking
 from spectr_repro.theory import audit as audit_mod
+from spectr_repro.theory import decomposition, peers
 from spectr_repro.theory.claims import (
     FULL_THEORY_TOYS,
     QUICK_THEORY_TOYS,
@@ -110,8 +111,6 @@ def _main_gap(args) -> int:
 
 
 def _main_decomposition(args) -> int:
-    from spectr_repro.theory import decomposition
-
     start = time.perf_counter()
     toys = decomposition.QUICK_DECOMPOSITION_TOYS if args.quick else decomposition.DECOMPOSITION_TOYS
     max_k = args.max_k if args.max_k is not None else 3
@@ -192,8 +191,6 @@ def _audit_progress(row) -> None:
 
 
 def _audit_peers(quick: bool) -> list:
-    from spectr_repro.theory import peers
-
     def peer_progress(row):
         print(f"audit: peer {row.setting}: MC p {row.p_value:.2g} -> {row.verdict} "
               f"{'; '.join(row.flags)} ({row.seconds:.1f} s)", flush=True)

@@ -10,10 +10,10 @@ from spectr_repro.theory.claims import THEORY_RULES
 
 
 def write_figure(df: pd.DataFrame, path: Path) -> None:
-    import matplotlib
+    import matplotlib  # matplotlib: heavy; only drawing a figure pays for it (theory/audit/replay start without it)
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # matplotlib: only a figure pays
 
     toys = list(dict.fromkeys(df.toy))
     fig, axes = plt.subplots(1, len(toys), figsize=(5.2 * len(toys), 4.2), squeeze=False)

@@ -7,6 +7,7 @@ import platform
 import pandas as pd
 
 from spectr_repro.theory import audit as audit_mod
+from spectr_repro.theory import peers as peers_mod
 from spectr_repro.theory.claims import LP_MAX_DRAFT_SETS, THEORY_RULES
 from spectr_repro.theory.gap import GAP_RULES
 from spectr_repro.verify.thresholds import EXACT_TV
@@ -168,7 +169,6 @@ def peers_markdown(peer_rows) -> list[str]:
     """The peer rows: transformers' assisted generation, its power, its negative control, its first iteration."""
     if not peer_rows:
         return []
-    from spectr_repro.theory import peers as peers_mod
 
     table = pd.DataFrame(
         [

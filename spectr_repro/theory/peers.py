@@ -87,7 +87,7 @@ class PeerPair:
     prompt: tuple[int, ...] = (3,)
 
     def models(self):
-        from spectr_repro.models.tiny import make_tiny_models
+        from spectr_repro.models.tiny import make_tiny_models  # transformers (~1 s): refusals exit first
 
         return make_tiny_models(self.vocab_size, seed=self.seed, draft_noise=self.draft_noise,
                                 logit_scale=self.logit_scale, hidden_size=self.hidden_size,
@@ -260,7 +260,7 @@ class IterationRecorder:
 @contextlib.contextmanager
 def _quiet_single_thread(seed: int):
     """One CPU thread, transformers' warnings off and the global RNG seeded; all restored on exit."""
-    import transformers
+    import transformers  # transformers (~1 s): refusals and light commands exit before any model loads
 
     threads = torch.get_num_threads()
     verbosity = transformers.logging.get_verbosity()
@@ -285,6 +285,7 @@ class PeerSamples:
 def run_assisted_generation(target, draft, prompt: Sequence[int], setting: PeerSetting,
                             temperature: float) -> PeerSamples:
     """``setting.num_samples`` independent calls of ``target.generate(assistant_model=draft, do_sample=True)``."""
+    # transformers (~1 s): refusals and light commands exit before any model loads
     from transformers import GenerationConfig, LogitsProcessorList, TemperatureLogitsWarper
 
     processors = None

@@ -25,8 +25,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
+from spectr_repro.conf import conf_dir
 from spectr_repro.records import flatten_numbers, table_columns
 from spectr_repro.tracking.offline import wait_until_written
 
@@ -75,10 +76,6 @@ def run_tags(summary: dict[str, Any]) -> list[str]:
 def logger_config(name: str = DEFAULT_LOGGER) -> DictConfig:
     """The logger group's config ``conf/logger/<name>.yaml`` (for the commands without Hydra: report, theory,
     audit, bench, dashboard). ValueError naming the choices for an unknown name."""
-    from omegaconf import OmegaConf
-
-    from spectr_repro.conf import conf_dir
-
     if name not in LOGGERS:
         raise ValueError(f"unknown logger {name!r}: one of {', '.join(LOGGERS)}")
     return OmegaConf.load(conf_dir() / "logger" / f"{name}.yaml")
@@ -102,7 +99,7 @@ def log_cell(logger_cfg: DictConfig, run_root: Path, experiment: str, cell_id: s
     """Log one finished cell as a W&B run; returns the run folder (None when logging is off)."""
     if not enabled(logger_cfg):
         return None
-    import wandb
+    import wandb  # wandb: heavy optional (~0.5 s); only a run that logs to W&B pays for it
 
     prepare(logger_cfg)
     run_root.mkdir(parents=True, exist_ok=True)

@@ -221,9 +221,9 @@ def run_folders(folder: Path) -> list[Path]:
 
 def workspace(built: Sequence[Section], project: str, entity: str, title: str, groups: Sequence[str]):
     """The ``wandb_workspaces`` Workspace of the sections (built offline; ``.save()`` publishes it)."""
-    import wandb_workspaces.reports.v2 as wr
-    import wandb_workspaces.workspaces as ws
-    from wandb_workspaces import expr
+    import wandb_workspaces.reports.v2 as wr  # wandb: heavy optional (~0.5 s); only a run that logs to W&B pays for it
+    import wandb_workspaces.workspaces as ws  # wandb: heavy optional (~0.5 s); only a run that logs to W&B pays for it
+    from wandb_workspaces import expr  # wandb: heavy optional (~0.5 s); only a run that logs to W&B pays for it
 
     def panel(p: Panel):
         if p.kind == "line":
@@ -279,7 +279,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     project, entity = destination(logger)
     online = mode(logger) == "online"
     if online and entity is None:
-        import wandb
+        import wandb  # wandb: heavy optional (~0.5 s); only a run that logs to W&B pays for it
 
         entity = wandb.Api().default_entity
     groups = sorted({run.group for run in runs})

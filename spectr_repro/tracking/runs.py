@@ -75,7 +75,7 @@ def _cell(value: Any) -> Any:
 
 
 def wandb_table(frame: pd.DataFrame):
-    import wandb
+    import wandb  # wandb: heavy optional (~0.5 s); only a run that logs to W&B pays for it
 
     # mixed types allowed: a CSV column may hold numbers and text (an interval, "-"), which W&B would refuse
     return wandb.Table(columns=[str(c) for c in frame.columns], allow_mixed_types=True,
@@ -100,7 +100,7 @@ def log_command(command: str, logger_cfg: DictConfig, folder: str | Path,
 
 def _log(command: str, logger_cfg: DictConfig, folder: Path, frames: dict[str, pd.DataFrame],
          results: dict[str, Any], config: dict[str, Any], images: list[Path], group: str) -> Path:
-    import wandb
+    import wandb  # wandb: heavy optional (~0.5 s); only a run that logs to W&B pays for it
 
     prepare(logger_cfg)
     folder.mkdir(parents=True, exist_ok=True)

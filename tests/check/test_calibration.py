@@ -197,13 +197,13 @@ def test_the_calibration_prompts_tokenize_each_dataset_prompt_once_for_every_con
 
     import torch
 
-    from spectr_repro import data
+    from spectr_repro.check import costs
     from spectr_repro.check.costs import CALIBRATION_PROMPTS, calibration_prompts
     from spectr_repro.check.run import compose
 
     encoded = []
-    original = data.encode_prompt
-    monkeypatch.setattr(data, "encode_prompt", lambda tokenizer, example, **kw: encoded.append(example.id)
+    original = costs.encode_prompt
+    monkeypatch.setattr(costs, "encode_prompt", lambda tokenizer, example, **kw: encoded.append(example.id)
                         or original(tokenizer, example, **kw))
     base, _ = compose(["hardware=cpu", "dataset=humaneval"])
     loaded = SimpleNamespace(tokenizer=_WordTokenizer(), vocab_size=50)

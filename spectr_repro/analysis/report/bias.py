@@ -6,7 +6,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import matplotlib
+import matplotlib.pyplot as plt
 import pandas as pd
+from statsmodels.stats.multitest import multipletests
 
 from spectr_repro.analysis.format import markdown, relative
 from spectr_repro.analysis.load import METHOD_LABELS
@@ -75,8 +78,6 @@ def worst_context(table: pd.DataFrame) -> pd.Series | None:
 def holm_rejected(contexts: pd.DataFrame, alpha: float = 0.05) -> pd.Series:
     """Per-context rows (no pooled rows) -> bool Series: rejected by Holm's step-down over the contexts of the same
     method and setting (statsmodels' multipletests), at family-wise level ``alpha``."""
-    from statsmodels.stats.multitest import multipletests
-
     rejected = pd.Series(False, index=contexts.index)
     for _, family in contexts.groupby(list(FAMILY), dropna=False):
         rejected.loc[family.index] = multipletests(family.p_value.astype(float).to_numpy(), alpha=alpha,
@@ -98,10 +99,7 @@ def _context_record(bias: BiasData, row: pd.Series) -> dict | None:
 
 def bias_figure(bias: BiasData, out_dir: Path) -> Path | None:
     """Bars of p and of the rule's estimated first-token law at :func:`worst_context`; legend below the axes."""
-    import matplotlib
-
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
 
     worst = worst_context(bias.table)
     record = None if worst is None else _context_record(bias, worst)
