@@ -71,7 +71,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     atomic_write_text(output, json.dumps(result, indent=2, default=str) + "\n")
     verdict = "every correctness item passed" if code == 0 else "SOME CORRECTNESS ITEM FAILED (see the table)"
     print(f"\n{verdict}; {result['wall_time_s']:.0f} s; wrote {output}")
-    from spectr_repro import tracking  # torch/models: light start-up
+    from spectr_repro import tracking  # omegaconf, pandas: check starts without them
 
     tracking.log_command("check", tracking.logger_from_argv(argv), output.parent, results=result,
                          config={k: result.get(k) for k in ("model_pair", "hardware", "random_weights", "quick",

@@ -75,7 +75,7 @@ def _compile_works(device):
 
 
 def _sandbox_mode():
-    from spectr_repro.quality.sandbox import SandboxUnavailable, find_sandbox  # torch/models: light start-up
+    from spectr_repro.quality.sandbox import SandboxUnavailable, find_sandbox  # the quality package (~1.9 s)
 
     try:
         return None, find_sandbox("auto").describe(), None
@@ -111,7 +111,7 @@ def memory_item(checker: Checker, base, pair_cfg: dict, shapes: dict[str, Any], 
 
 def pair_dtype(base, pair_cfg: dict) -> torch.dtype:
     """The dtype the pair runs in here: ``hardware.dtype``, else the pair's own (float32 by default)."""
-    from spectr_repro.models import as_dtype  # torch/models: light start-up
+    from spectr_repro.models import as_dtype  # models (safetensors): not at start-up
 
     return as_dtype(base.hardware.get("dtype") or pair_cfg.get("dtype") or "float32")
 

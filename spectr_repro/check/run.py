@@ -87,7 +87,7 @@ def run_shapes(base, cells, quick: bool = False) -> dict[str, Any]:
 def run_check(argv: Sequence[str]) -> tuple[int, dict[str, Any]]:
     from omegaconf import OmegaConf  # runner config (omegaconf, the cost model): check's start-up does not pay for it
 
-    from spectr_repro import models  # torch/models: light start-up
+    from spectr_repro import models  # safetensors: not at start-up
     from spectr_repro.cost import write_calibration  # cost model/pandas (~0.7 s): start-up without
 
     started = time.perf_counter()

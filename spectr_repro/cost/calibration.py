@@ -40,7 +40,7 @@ def calibration_path() -> Path:
     configured = os.environ.get(CALIBRATION_ENV_VAR)
     if configured:
         return Path(configured).expanduser()
-    from spectr_repro.models.offline import cache_root  # torch/models: light start-up
+    from spectr_repro.models.offline import cache_root  # models: report imports cost without them
 
     return cache_root() / "calibration" / f"{platform.node() or 'this-machine'}.json"
 

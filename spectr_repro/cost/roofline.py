@@ -234,7 +234,7 @@ def _priced_rows(numbers: pd.DataFrame, index: Sequence[str], metrics: tuple[str
     """(row, target shape, draft shape, K, bytes per weight) for each (``index``..., method) of reported numbers
     (``paper.load_paper_numbers``'s long form) that has both ``metrics`` and a method of ``method_K``: the row's
     fields are ``index``, ``method`` and the metrics. The pair's dtype, else ``default_dtype``, sets the width."""
-    from spectr_repro.models import pair_config  # torch/models: light start-up
+    from spectr_repro.models import pair_config  # models: report imports cost without them
 
     wide = numbers.pivot_table(index=[*index, "method"], columns="metric", values="value", aggfunc="first")
     if not set(metrics) <= set(wide.columns):
@@ -308,7 +308,7 @@ def roofline_against_calibration(calibration: Calibration, device: Accelerator, 
     """Every shape a calibration measured, beside the roofline of ``device`` (this machine's measured bandwidth and
     matmul rate) at the same shape: calibrated / roofline is how far the roofline is from a real forward here.
     ``context``: the cached tokens under the calibration's forwards (``cost.measure.CONTEXT_TOKENS``)."""
-    from spectr_repro.models import pair_config  # torch/models: light start-up
+    from spectr_repro.models import pair_config  # models: report imports cost without them
 
     pair = pair_config(pair_name or calibration.model_pair)
     width = width_of(calibration.dtype)

@@ -122,7 +122,7 @@ def model_shape(pair: dict, role: str) -> ModelShape:
         return shape_from_config(f"tiny_random {role}", tiny_config(vocab).to_dict())
     spec = pair.get(role) or {}
     if pair["source"] == "offline":  # what `make models` converted is what runs here (its head may be untied)
-        from spectr_repro.models.offline import models_dir  # torch/models: light start-up
+        from spectr_repro.models.offline import models_dir  # models: report imports cost without them
 
         converted = models_dir() / str(spec.get("offline")) / "config.json"
         if converted.is_file():
@@ -137,7 +137,7 @@ def model_shape(pair: dict, role: str) -> ModelShape:
 
 def pair_shapes(pair_name: str) -> tuple[ModelShape, ModelShape]:
     """(target, draft) shapes of a packaged pair."""
-    from spectr_repro.models import pair_config  # torch/models: light start-up
+    from spectr_repro.models import pair_config  # models: report imports cost without them
 
     pair = pair_config(pair_name)
     return model_shape(pair, "target"), model_shape(pair, "draft")

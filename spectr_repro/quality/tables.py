@@ -31,7 +31,7 @@ PROMPT_COLUMNS = [*PROMPT_SETTING, "prompt_id", "correct"]
 
 
 def _is_lossless(method: str) -> bool | None:
-    from spectr_repro.verify import VERIFIERS  # torch/models: light start-up
+    from spectr_repro.verify import VERIFIERS  # verify pulls torch (~2 s): quality starts without
 
     return True if method == "ar" else (VERIFIERS[method].lossless if method in VERIFIERS else None)
 

@@ -205,7 +205,7 @@ class Composer:
         """Compose the config; ``choices`` (group -> option) is stored under the key ``choices``."""
         from hydra import compose  # hydra (~0.2 s): replay/bias/check compose configs only after their cheap checks
         from hydra.errors import HydraException  # hydra (~0.2 s): cheap checks come first
-        from omegaconf.errors import OmegaConfBaseException  # omegaconf/runner: check starts without
+        from omegaconf.errors import OmegaConfBaseException  # beside hydra's compose, as above
 
         try:
             cfg = compose(config_name="config", overrides=list(overrides), return_hydra_config=True)
@@ -464,7 +464,8 @@ def check_before_loading(cfgs: Sequence[DictConfig], num_prompts: Sequence[int] 
     window and the device's memory (:func:`spectr_repro.runner.fit.check_context_fits`), and prompts decoded
     ``batches[i]`` = (B, its setting's name) at a time (default ``hardware.batch_prompts``) the device's memory
     (:func:`spectr_repro.runner.fit.check_batch_fits`)."""
-    from spectr_repro.runner.fit import check_batch_fits, check_context_fits  # omegaconf/runner: check starts without
+    # runner.fit pulls the cost model (pandas): check, replay and bias start without it
+    from spectr_repro.runner.fit import check_batch_fits, check_context_fits
 
     for cfg in cfgs:
         validate(cfg)
