@@ -83,6 +83,10 @@ def section(path: str | Path, results: dict, tables: str) -> str:
 
 def render(paths: list[str | Path], block: str = BLOCK) -> str:
     """The block: every file's section, or how to produce one when there is none."""
+    if not paths and block != BLOCK:
+        return (f"No batch bench result ({BATCH_FILE}) when this section was generated. Measure on a quiet machine "
+                f"with `python -m spectr_repro bench --preset batch_qwen --out {BATCH_FILE}`, then regenerate this "
+                f"section with `{COMMAND} --block {block}`.")
     if not paths:
         return "\n".join([
             f"No bench result was found (`{DEFAULT_GLOB}`) when this section was generated. Measure on a quiet "
