@@ -244,5 +244,5 @@ def test_the_recursion_room_lets_sbv_walk_a_block_longer_than_the_default_limit(
     with driver.recursion_room(L):
         (estimate,) = block_estimates(draft_tokens, draft_probs, target_probs, ["sbv"], [2], [L], 1,
                                       torch.Generator())
-    assert 1 - 1e-9 <= estimate.tokens <= L + 1  # E[tau + 1]: at least the one token every block emits
+    assert 1 - 1e-9 <= estimate.tokens <= L + 1 + 1e-9  # E[tau + 1]: at least the one token every block emits
 
