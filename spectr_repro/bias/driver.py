@@ -181,6 +181,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UsageError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
+    except ResourceError as error:  # a dataset that cannot be read, found before any model loads
+        print(f"error: {error}\n(nothing was loaded or written)", file=sys.stderr)
+        return 1
     started = time.perf_counter()
     pairs = PairCache()  # settings of one pair share it: loaded once
     progress = Progress(budget=Budget(cfgs[0].bias.get("budget_minutes")))

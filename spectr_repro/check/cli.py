@@ -35,7 +35,7 @@ from pathlib import Path
 
 from spectr_repro.check.checker import Item
 from spectr_repro.check.run import run_check
-from spectr_repro.errors import UsageError
+from spectr_repro.errors import ResourceError, UsageError
 from spectr_repro.files import atomic_write_text
 
 
@@ -58,7 +58,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UsageError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-    except ValueError as error:  # a pair config that names no usable architecture
+    except (ValueError, ResourceError) as error:  # a pair config that names no usable architecture, no dataset
         print(f"error: {error}", file=sys.stderr)
         return 1
     items = [Item(**item) for item in result["items"]]

@@ -443,6 +443,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UsageError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
+    except ResourceError as error:  # a dataset that cannot be read, found before any model loads
+        print(f"error: {error}\n(nothing was loaded or written)", file=sys.stderr)
+        return 1
 
     roots = list(dict.fromkeys(replay_root(cfg) for cfg, _ in groups))
     progress = Progress(planned=sum(settings.num_prompts for _, settings in groups),

@@ -33,6 +33,7 @@ from tqdm.auto import tqdm
 
 from spectr_repro import tracking
 from spectr_repro.data import encode_prompt
+from spectr_repro.errors import ResourceError
 from spectr_repro.replay.driver import ReplaySettings, group_meta
 from spectr_repro.replay.driver import parse as replay_groups
 from spectr_repro.runner.config import (
@@ -211,6 +212,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UsageError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
+    except ResourceError as error:  # a dataset that cannot be read, found before any model loads
+        print(f"error: {error}\n(nothing was loaded or written)", file=sys.stderr)
+        return 1
     counts = count_trajectories(groups, args.arithmetic, args.seconds, args.out)
     print(counts.to_string(index=False))
     cfg = groups[0][0]

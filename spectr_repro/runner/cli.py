@@ -87,6 +87,9 @@ def _main(command: str, argv: list[str]) -> int:
     except UsageError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
+    except ResourceError as error:  # a dataset that cannot be read, found before any model loads
+        print(f"error: {error}\n(nothing was loaded or written)", file=sys.stderr)
+        return 1
     if show_config:  # Hydra's `--cfg job`: print the composed config of every cell, run nothing
         print_configs(cfgs)
         return 0

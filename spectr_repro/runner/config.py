@@ -27,7 +27,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf, open_dict
 
 from spectr_repro import conf as _conf
 from spectr_repro.data import get_dataset
-from spectr_repro.errors import UsageError
+from spectr_repro.errors import ResourceError, UsageError
 from spectr_repro.models.offline import models_dir
 from spectr_repro.verify import VERIFIERS, multi_draft_methods
 
@@ -430,10 +430,11 @@ def check_block_fits(cfg: DictConfig, block_L: int, key: str = "L") -> None:
 
 
 def check_dataset_sizes(wanted: Iterable[tuple[DictConfig, int]]) -> None:
-    """UsageError when a config asks for more prompts than its dataset has (``wanted``: (cfg, num_prompts)).
+    """UsageError when a config asks for more prompts than its dataset has (``wanted``: (cfg, num_prompts));
+    ResourceError (exit 1) when a dataset cannot be read at all (no data folder, damaged file, hub offline).
 
-    Reading a dataset's records needs no tokenizer (prompts are formatted later); a dataset that cannot be
-    read at all is left to the run, which reports the missing resource (exit 1)."""
+    Reading a dataset's records needs no tokenizer (prompts are formatted later), so both are found before any
+    model loads (a missing dataset once surfaced only after the Qwen pair's 4 GB had loaded)."""
     largest: dict[str, tuple[dict, int]] = {}
     for cfg, num_prompts in wanted:
         dataset = OmegaConf.to_container(cfg.dataset, resolve=True)
@@ -443,8 +444,8 @@ def check_dataset_sizes(wanted: Iterable[tuple[DictConfig, int]]) -> None:
     for dataset, num_prompts in largest.values():
         try:
             records = get_dataset(dataset["name"]).load_records(**dict(dataset.get("options") or {}))
-        except (ValueError, OSError, ImportError):
-            continue
+        except (ValueError, OSError, ImportError) as error:  # the message the run would give, before loading
+            raise ResourceError(f"cannot load dataset {dataset['name']}: {error}") from error
         if num_prompts > len(records):
             raise UsageError(f"num_prompts={num_prompts} but dataset {dataset['name']} has only {len(records)} "
                              f"records; use num_prompts <= {len(records)}")

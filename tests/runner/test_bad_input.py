@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import os
 import subprocess
 import sys
@@ -96,10 +97,27 @@ def test_missing_data_is_one_message_without_traceback(tmp_path, monkeypatch, ca
     out = tmp_path / "results"
     code = main_run(["model_pair=tiny_random", "dataset=lm1b", "logger=disabled", "num_prompts=1",
                      "max_new_tokens=4", f"output_dir={out}"])
-    err = capsys.readouterr().err
+    captured = capsys.readouterr()
     assert code == 1
-    assert "error: cannot load dataset lm1b" in err and "Traceback" not in err
-    assert not (out / "default" / "cells").exists() or not list((out / "default" / "cells").iterdir())
+    assert "error: cannot load dataset lm1b" in captured.err and "Traceback" not in captured.err
+    assert "loading model pair" not in captured.out + captured.err  # found before any model loads
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("command", ["replay", "bias"])
+def test_missing_data_stops_replay_and_bias_before_any_model_loads(command, tmp_path, monkeypatch, capsys):
+    """The Qwen grid once loaded its 4 GB pair before saying lm1b's data folder was not set: the data is read
+    first, so the message comes before any model loads, and nothing is written."""
+    monkeypatch.setenv("SPECTR_REPRO_DATA", str(tmp_path / "no_data_here"))
+    out = tmp_path / "results"
+    main = importlib.import_module(f"spectr_repro.{command}.driver").main
+    code = main(["model_pair=tiny_random", "dataset=lm1b", "logger=disabled", "max_new_tokens=4",
+                 f"output_dir={out}"])
+    captured = capsys.readouterr()
+    assert code == 1, captured.err
+    assert "error: cannot load dataset lm1b" in captured.err and "Traceback" not in captured.err
+    assert "loading model pair" not in captured.out + captured.err
+    assert not out.exists()
 
 
 def test_a_sweep_with_nothing_valid_left_exits_2_with_the_reason(tmp_path, capsys):
