@@ -240,19 +240,36 @@ def measure_memory_bandwidth(size_bytes: int = 1 << 30, repeats: int = 5, device
     return data.numel() * 4 / statistics.median(seconds)
 
 
-def measure_matmul_flops(size: int = 2048, dtype: torch.dtype = torch.bfloat16, repeats: int = 3,
-                         device: str | torch.device = "cpu") -> float:
+def measure_matmul_flops(size: int | None = None, dtype: torch.dtype = torch.bfloat16, repeats: int = 3,
+                         device: str | torch.device = "cpu", min_seconds: float = 0.1, max_size: int = 8192) -> float:
     """This machine's matmul rate in FLOP/s in ``dtype``: a ``size`` x ``size`` product (2 size^3 FLOPs), the median
-    of ``repeats`` after one untimed (kernel selection). The compute roof of this machine's roofline."""
+    of ``repeats`` after one untimed (kernel selection). The compute roof of this machine's roofline.
+
+    ``size=None`` sizes the product to the machine: from 256, doubled until one product takes ``min_seconds``
+    (its fixed overheads then negligible) or reaches ``max_size``. A fixed 2048 took ~25 s a product in bfloat16
+    on this project's 2-core CPU (no native bf16: ~0.7 GFLOP/s), which made every `check` pay ~100 s for it; a
+    GPU reaches 8192 in milliseconds."""
     generator = torch.Generator().manual_seed(0)
-    a, b = (torch.randn(size, size, generator=generator).to(device=device, dtype=dtype) for _ in range(2))
-    seconds = []
-    for attempt in range(repeats + 1):
+
+    def operands(n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return tuple(torch.randn(n, n, generator=generator).to(device=device, dtype=dtype) for _ in range(2))
+
+    def product_seconds(a: torch.Tensor, b: torch.Tensor) -> float:
         timer = SectionTimer(a.device)
         with timer("matmul"):
             a @ b
-        if attempt:
-            seconds.append(timer.seconds["matmul"])
+        return timer.seconds["matmul"]
+
+    if size is None:
+        size = 256
+        a, b = operands(size)
+        product_seconds(a, b)  # kernel selection, threads
+        while size < max_size and product_seconds(a, b) < min_seconds:
+            size *= 2
+            a, b = operands(size)
+    else:
+        a, b = operands(size)
+    seconds = [product_seconds(a, b) for _ in range(repeats + 1)][1:]
     return 2.0 * size**3 / statistics.median(seconds)
 
 

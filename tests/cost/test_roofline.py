@@ -285,6 +285,24 @@ def test_the_machine_measurements_are_in_bytes_and_flops_per_second():
     assert 1e8 < measure_matmul_flops(size=128, repeats=1) < 1e16
 
 
+def test_the_matmul_rate_sizes_its_product_to_the_machine(monkeypatch):
+    """size=None doubles the product from 256 until one takes min_seconds, and never past max_size: the sizes
+    it multiplies are read off the operands it builds."""
+    import torch
+
+    import spectr_repro.cost.measure as measure
+
+    sizes = []
+    real_randn = torch.randn
+    monkeypatch.setattr(torch, "randn", lambda *shape, **kw: sizes.append(shape[0]) or real_randn(*shape, **kw))
+    assert 1e8 < measure.measure_matmul_flops(dtype=torch.float32, repeats=1, min_seconds=float("inf"),
+                                              max_size=1024) < 1e16
+    assert sorted(set(sizes)) == [256, 512, 1024]  # doubled up to the cap: every product was under infinity
+    sizes.clear()
+    measure.measure_matmul_flops(dtype=torch.float32, repeats=1, min_seconds=0.0, max_size=1024)
+    assert set(sizes) == {256}  # the first product already took >= 0 s
+
+
 @pytest.mark.slow
 def test_the_cpu_roofline_is_within_a_factor_of_a_measured_decode_forward():
     """SmolLM2-135M's float32 decode forward (1 x 1 on 64 cached tokens), timed by ``measure_forward_costs``,
