@@ -51,9 +51,9 @@ from spectr_repro import tracking
 from spectr_repro.data import encode_prompt
 from spectr_repro.errors import ResourceError
 from spectr_repro.files import atomic_write_text
-from spectr_repro.replay.core import ROW_GROUPS, block_estimates, check_grid, recursion_room
+from spectr_repro.replay.core import block_estimates, recursion_room
 from spectr_repro.replay.fingerprint import provenance
-from spectr_repro.replay.support import SUPPORT_TAIL_MASS
+from spectr_repro.replay.settings import ReplaySettings, settings_of
 from spectr_repro.runner.claims import Runner
 from spectr_repro.runner.config import (
     Composer,
@@ -66,46 +66,11 @@ from spectr_repro.runner.config import (
     validate,
 )
 from spectr_repro.runner.pairs import PairCache
-from spectr_repro.runner.signals import Budget, Terminated, budget_minutes, stop_name, stop_on_signals, stop_status
+from spectr_repro.runner.signals import Budget, Terminated, stop_name, stop_on_signals, stop_status
 from spectr_repro.units import SET_ASIDE, UnitState, claim_unit, unit_state, write_unit
-from spectr_repro.verify import VERIFIERS, Verifier, get_verifier
+from spectr_repro.verify import Verifier, get_verifier
 
 GRID_KEYS = ("method", "K", "L")  # command-line keys that set the replay's grid, not one cell's value
-
-
-@dataclass(frozen=True)
-class ReplaySettings:
-    methods: tuple[str, ...]
-    K_values: tuple[int, ...]
-    L_values: tuple[int, ...]
-    reference: str
-    reference_K: int
-    reference_L: int
-    draws: int
-    num_prompts: int
-    row_groups: str = "disjoint"
-    sampled: tuple[str, ...] = ()  # rules taken by their sampler's draws (replay.sampled), not their closed form
-    # Prompts replayed together (replay.batch_prompts): how the blocks are computed, not which blocks, so it is
-    # not a setting of the group's folder (as_dict): a folder started at one batch size resumes at another.
-    batch_prompts: int = 1
-    # Rules judged on each block's support (replay.support_mass; replay/support.py): also how, not which blocks (the
-    # values move within the rules' float rounding), so not a setting of the folder either. None: every token.
-    support_mass: float | None = SUPPORT_TAIL_MASS
-    budget_minutes: float | None = None  # replay.budget_minutes: the command's, not the folder's (None: no budget)
-
-    @property
-    def K_max(self) -> int:
-        return max(*self.K_values, self.reference_K)
-
-    @property
-    def L_max(self) -> int:
-        return max(*self.L_values, self.reference_L)
-
-    def as_dict(self) -> dict[str, Any]:
-        return {"methods": list(self.methods), "K": list(self.K_values), "L": list(self.L_values),
-                "reference": self.reference, "reference_K": self.reference_K, "reference_L": self.reference_L,
-                "draws": self.draws, "row_groups": self.row_groups,
-                **({"sampled": list(self.sampled)} if self.sampled else {})}
 
 
 # --------------------------------------------------------------------------------------------------
@@ -124,62 +89,6 @@ def _split_grid_arguments(argv: Sequence[str]) -> tuple[dict[str, list[str]], li
         else:
             rest.append(argument)
     return grid, rest
-
-
-def _integers(key: str, values) -> tuple[int, ...]:
-    try:
-        numbers = [int(str(v)) for v in values]
-    except ValueError:
-        raise UsageError(f"{key} must be integers >= 1, got {','.join(map(str, values))}") from None
-    return tuple(dict.fromkeys(numbers))
-
-
-def settings_of(cfg: DictConfig, grid: dict[str, list[str]]) -> ReplaySettings:
-    """The replay's grid and reference, checked (UsageError with one message)."""
-    replay = cfg.get("replay") or {}
-    methods = grid.get("method") or replay.get("methods") or list(VERIFIERS)
-    K_values = _integers("K", grid.get("K") or replay.get("K") or [1])
-    L_values = _integers("L", grid.get("L") or replay.get("L") or [cfg.L])
-    draws = replay.get("draws", 8)
-    try:
-        check_grid(list(methods), list(K_values), list(L_values), draws)
-    except ValueError as error:
-        raise UsageError(str(error)) from None
-    reference = str(replay.get("reference", "sbv"))
-    reference_K, reference_L = replay.get("reference_K", 3), replay.get("reference_L", 6)
-    if reference not in VERIFIERS or not VERIFIERS[reference].lossless:
-        lossless = ", ".join(n for n, s in VERIFIERS.items() if s.lossless)
-        raise UsageError(f"replay.reference must be a lossless rule ({lossless}), got {reference!r}: its text "
-                         f"must have the target's law")
-    for key, value in (("replay.reference_K", reference_K), ("replay.reference_L", reference_L)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise UsageError(f"{key} must be an integer >= 1, got {value!r}")
-    if VERIFIERS[reference].single_draft and reference_K != 1:
-        raise UsageError(f"replay.reference {reference} verifies a single draft: set replay.reference_K=1")
-    num_prompts = replay.get("num_prompts") or cfg.num_prompts
-    if isinstance(num_prompts, bool) or not isinstance(num_prompts, int) or num_prompts < 1:
-        raise UsageError(f"replay.num_prompts must be an integer >= 1, got {num_prompts!r}")
-    row_groups = replay.get("row_groups", "disjoint")
-    if row_groups not in ROW_GROUPS:
-        raise UsageError(f"replay.row_groups must be one of {', '.join(ROW_GROUPS)}, got {row_groups!r}")
-    batch_prompts = replay.get("batch_prompts", 1)
-    if isinstance(batch_prompts, bool) or not isinstance(batch_prompts, int) or batch_prompts < 1:
-        raise UsageError(f"replay.batch_prompts must be an integer >= 1 (prompts replayed together), got "
-                         f"{batch_prompts!r}")
-    support_mass = replay.get("support_mass", SUPPORT_TAIL_MASS)
-    if support_mass is not None and (isinstance(support_mass, bool) or not isinstance(support_mass, (int, float))
-                                     or not 0 < support_mass < 1):
-        raise UsageError(f"replay.support_mass must be a number in (0, 1) (the most mass of a row pooled into the "
-                         f"block's tail token) or null (every token), got {support_mass!r}")
-    budget = budget_minutes(replay.get("budget_minutes"), "replay.budget_minutes")
-    sampled = tuple(str(m) for m in replay.get("sampled") or ())
-    unknown = [m for m in sampled if m not in methods]
-    if unknown:
-        raise UsageError(f"replay.sampled names rules the replay does not run: {', '.join(unknown)} "
-                         f"(it runs {', '.join(methods)})")
-    return ReplaySettings(tuple(dict.fromkeys(methods)), K_values, L_values, reference, int(reference_K),
-                          int(reference_L), int(draws), int(num_prompts), str(row_groups), sampled,
-                          int(batch_prompts), None if support_mass is None else float(support_mass), budget)
 
 
 def parse(argv: Sequence[str]) -> list[tuple[DictConfig, ReplaySettings]]:
@@ -597,7 +506,7 @@ def _finished(directory: Path, folder: Path, progress: Progress) -> bool:
     return state.finished
 
 
-__all__ = ["BLOCKS_FILE", "Progress", "PromptReplay", "ReplaySettings", "ReplayingReference",
+__all__ = ["BLOCKS_FILE", "Progress", "PromptReplay", "ReplayingReference",
            "changed_settings", "check_groups", "group_folder", "group_meta", "group_name", "main", "parse",
            "prompt_directory", "prompt_finished", "prompt_state", "recursion_room", "replay_generator",
-           "replay_prompt", "replay_prompts", "replay_root", "settings_of", "write_prompt"]
+           "replay_prompt", "replay_prompts", "replay_root", "write_prompt"]

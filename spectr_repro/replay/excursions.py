@@ -34,8 +34,9 @@ from tqdm.auto import tqdm
 from spectr_repro import tracking
 from spectr_repro.data import encode_prompt
 from spectr_repro.errors import ResourceError
-from spectr_repro.replay.driver import ReplaySettings, group_meta
+from spectr_repro.replay.driver import group_meta
 from spectr_repro.replay.driver import parse as replay_groups
+from spectr_repro.replay.settings import ReplaySettings
 from spectr_repro.runner.config import (
     UsageError,
     check_before_loading,
