@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, TypeVar
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from spectr_repro.errors import UsageError
 
@@ -21,6 +21,14 @@ Model = TypeVar("Model", bound=BaseModel)
 # What a command's settings model starts from: strict types, frozen, and keys the model does not declare left to
 # the config's own key check (runner.config.check_nested_keys names a typo with its closest key).
 SETTINGS = ConfigDict(strict=True, frozen=True, extra="ignore", arbitrary_types_allowed=True)
+
+
+def budget_field(unit: str) -> Any:
+    """``<command>.budget_minutes``: None (no budget) or a finite number of minutes > 0; the run stops at a ``unit``
+    boundary (runner.signals.Budget)."""
+    return Field(None, gt=0, allow_inf_nan=False,
+                 description=f"a number of minutes > 0 (the run stops at a {unit} boundary once the next would not "
+                             f"fit) or null (no budget)")
 
 
 def read_settings(model: type[Model], values: Mapping[str, Any], prefix: str) -> Model:
@@ -45,4 +53,4 @@ def refusal(model: type[BaseModel], error: ValidationError, prefix: str) -> str:
     return f"{prefix}.{location[0]}: {first['msg'].lower()}, got {first['input']!r}"  # pydantic's own words
 
 
-__all__ = ["SETTINGS", "read_settings", "refusal"]
+__all__ = ["SETTINGS", "budget_field", "read_settings", "refusal"]

@@ -6,7 +6,7 @@ import pytest
 from pydantic import BaseModel, Field, model_validator
 
 from spectr_repro.errors import UsageError
-from spectr_repro.settings import SETTINGS, read_settings
+from spectr_repro.settings import SETTINGS, budget_field, read_settings
 
 
 class Example(BaseModel):
@@ -45,3 +45,22 @@ def test_good_values_come_back_typed_and_frozen_and_unknown_keys_are_left_to_the
     assert (settings.count, settings.share, settings.low) == (3, None, 0)
     with pytest.raises(ValueError):
         settings.count = 4  # frozen: what the door checked cannot change below it
+
+
+class Budgeted(BaseModel):
+    model_config = SETTINGS
+
+    budget_minutes: float | None = budget_field("prompt")
+
+
+@pytest.mark.parametrize("value", [-1, 0, "ten", True, float("nan"), float("inf")])
+def test_a_bad_budget_is_one_usage_error(value):
+    with pytest.raises(UsageError, match=r"^replay.budget_minutes must be a number of minutes > 0 \(the run stops at "
+                                         r"a prompt boundary"):
+        read_settings(Budgeted, {"budget_minutes": value}, "replay")
+
+
+def test_a_good_budget_is_minutes():
+    assert [read_settings(Budgeted, values, "replay").budget_minutes
+            for values in ({}, {"budget_minutes": None}, {"budget_minutes": 2}, {"budget_minutes": 0.5})] == [
+        None, None, 2, 0.5]

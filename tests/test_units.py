@@ -11,9 +11,8 @@ from pathlib import Path
 import pytest
 
 import spectr_repro.units as units
-from spectr_repro.errors import UsageError
 from spectr_repro.runner.claims import Runner
-from spectr_repro.runner.signals import Budget, budget_minutes
+from spectr_repro.runner.signals import Budget
 from spectr_repro.units import claim_unit, set_aside, unit_state, write_last, write_unit
 
 LINES = "".join(json.dumps({"block": i, "tokens": i + 1}) + "\n" for i in range(4))
@@ -190,13 +189,3 @@ def test_the_budget_stops_before_a_unit_that_would_not_fit():
     message = budget.message(2, 1, 3, "prompt", "replay", ["model_pair=tiny_random", "K=1,2"])
     assert message == ("budget of 1 min reached: kept 2 prompt(s) this run, 1 finished before, 3 left; continue "
                        "with: python -m spectr_repro replay model_pair=tiny_random K=1,2")
-
-
-@pytest.mark.parametrize("value", [-1, 0, "ten", True, float("nan")])
-def test_a_bad_budget_is_one_usage_error(value):
-    with pytest.raises(UsageError, match="replay.budget_minutes must be a number of minutes > 0"):
-        budget_minutes(value, "replay.budget_minutes")
-
-
-def test_a_good_budget_is_minutes():
-    assert budget_minutes(None, "k") is None and budget_minutes(2, "k") == 2.0 and budget_minutes(0.5, "k") == 0.5

@@ -42,6 +42,7 @@ from tqdm import tqdm
 
 from spectr_repro import tracking
 from spectr_repro.bias import estimators
+from spectr_repro.bias.settings import bias_settings
 from spectr_repro.data import encode_prompt
 from spectr_repro.errors import ResourceError
 from spectr_repro.files import atomic_write_text
@@ -57,7 +58,7 @@ from spectr_repro.runner.config import (
     validate,
 )
 from spectr_repro.runner.pairs import PairCache
-from spectr_repro.runner.signals import Budget, RunProgress, Terminated, budget_minutes, stop_on_signals, stop_status
+from spectr_repro.runner.signals import Budget, RunProgress, Terminated, stop_on_signals, stop_status
 from spectr_repro.sampling import probs_from_logits
 from spectr_repro.units import DONE_FILE, SET_ASIDE, set_aside, unit_state, write_unit
 from spectr_repro.verify import VERIFIERS, get_verifier
@@ -76,31 +77,9 @@ def bias_folder(cfg: DictConfig) -> Path:
 
 def check_bias_config(cfg: DictConfig) -> None:
     """The bias-specific keys and the single-draft rule (UsageError, before any model loads)."""
-    settings = cfg.get("bias")
-    if not isinstance(settings, DictConfig):
-        raise UsageError("the config has no `bias` section (conf/config.yaml)")
-    for key in ("samples", "batch", "rule_calls", "continuation_tokens", "contexts_per_prompt"):
-        value = settings.get(key)
-        if not isinstance(value, int) or isinstance(value, bool):
-            raise UsageError(f"bias.{key} must be an integer, got {value!r}")
-    if settings.samples < 1:
-        raise UsageError(f"bias.samples must be >= 1 (draft sets per context), got {settings.samples}")
-    for key in ("batch", "rule_calls", "contexts_per_prompt"):
-        if settings[key] < 1:
-            raise UsageError(f"bias.{key} must be >= 1, got {settings[key]}")
-    if settings.continuation_tokens < 0:
-        raise UsageError(f"bias.continuation_tokens must be >= 0, got {settings.continuation_tokens}")
-    draft_temperature = settings.get("draft_temperature")
-    if draft_temperature is not None and (isinstance(draft_temperature, bool)
-                                          or not isinstance(draft_temperature, int | float) or draft_temperature <= 0):
-        raise UsageError(f"bias.draft_temperature must be null or a number > 0, got {draft_temperature!r}")
-    budget_minutes(settings.get("budget_minutes"), "bias.budget_minutes")
+    bias_settings(cfg)
     if float(cfg.temperature) <= 0:
         raise UsageError("bias needs temperature > 0 (at 0 every rule emits the target's argmax)")
-    caps = settings.get("sample_cap") or {}
-    for method, cap in caps.items():
-        if method not in VERIFIERS or not isinstance(cap, int) or cap < 1:
-            raise UsageError(f"bias.sample_cap maps known methods to integers >= 1, got {method}: {cap!r}")
     method = cfg.method.name
     if method == "ar":
         raise UsageError("method ar has no verification rule to measure; name rules (method=spectr_gbv,sbv,...)")

@@ -12,7 +12,7 @@ from pydantic import BaseModel, Field, field_validator, model_validator
 from spectr_repro.errors import UsageError
 from spectr_repro.replay.core import ROW_GROUPS, check_grid
 from spectr_repro.replay.support import SUPPORT_TAIL_MASS
-from spectr_repro.settings import SETTINGS, read_settings
+from spectr_repro.settings import SETTINGS, budget_field, read_settings
 from spectr_repro.verify import VERIFIERS
 
 _LOSSLESS = ", ".join(name for name, spec in VERIFIERS.items() if spec.lossless)
@@ -45,10 +45,7 @@ class ReplaySettings(BaseModel):
         description="a number in (0, 1) (the most mass of a row pooled into the block's tail token) or null "
                     "(every token)")
     # replay.budget_minutes: the command's, not the folder's (None: no budget)
-    budget_minutes: float | None = Field(
-        None, gt=0, allow_inf_nan=False,
-        description="a number of minutes > 0 (the run stops at a prompt boundary once the next would not fit) or "
-                    "null (no budget)")
+    budget_minutes: float | None = budget_field("prompt")
 
     @field_validator("reference")
     @classmethod

@@ -14,7 +14,6 @@ exits 0 with the command that continues it.
 from __future__ import annotations
 
 import contextlib
-import math
 import shlex
 import signal
 import threading
@@ -23,8 +22,6 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-
-from spectr_repro.errors import UsageError
 
 
 class Terminated(BaseException):
@@ -80,16 +77,6 @@ class RunProgress:
         return f"the {noun} being {doing} ({self.current}) was dropped and starts over"
 
 
-def budget_minutes(value: Any, key: str) -> float | None:
-    """``<command>.budget_minutes`` checked: None (no budget) or a number of minutes > 0 (UsageError otherwise)."""
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
-        raise UsageError(f"{key} must be a number of minutes > 0 (the run stops at a prompt boundary once the next "
-                         f"would not fit) or null (no budget), got {value!r}")
-    return float(value)
-
-
 @dataclass
 class Budget:
     """A run's time budget: before it starts the next unit (a prompt, a batch, a context), :meth:`spent` says whether
@@ -125,4 +112,4 @@ class Budget:
                 f"{left} left; continue with: python -m spectr_repro {command} {shlex.join(argv)}".rstrip())
 
 
-__all__ = ["Budget", "RunProgress", "budget_minutes", "Terminated", "stop_name", "stop_on_signals", "stop_status"]
+__all__ = ["Budget", "RunProgress", "Terminated", "stop_name", "stop_on_signals", "stop_status"]

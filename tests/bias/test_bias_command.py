@@ -18,7 +18,8 @@ def isolated_runner_registry(tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize("arguments,message", [
-    (["bias.samples=0"], "bias.samples must be >= 1"),
+    (["bias.samples=0"], "bias.samples must be an integer >= 1 (draft sets per context), got 0"),
+    (["bias.draft_temperature=0"], "bias.draft_temperature must be null (the target's temperature) or a number > 0"),
     (["method=sd", "K=3"], "method sd verifies a single draft"),
     (["method=nosuch"], "unknown method 'nosuch'"),
     (["method=spectr_gbv,sd"], "method sd verifies a single draft"),
@@ -78,3 +79,15 @@ def test_runs_end_to_end_and_resumes_after_an_interruption(tmp_path, monkeypatch
     # The tiny draft is far from the target: the control that emits the drafted token must be detected.
     control = table[(table.method == "control_draft") & table.context.str.startswith("pooled")]
     assert float(control.p_value.iloc[0]) <= 0.05
+
+
+@pytest.mark.parametrize("cap", [{"nope": 3}, {"sbvf": 0}, {"sbvf": True}])
+def test_a_sample_cap_maps_registered_rules_to_counts(cap):
+    from spectr_repro.bias.settings import BiasSettings
+    from spectr_repro.errors import UsageError
+    from spectr_repro.settings import read_settings
+
+    values = {"samples": 8, "batch": 4, "rule_calls": 1, "continuation_tokens": 0, "contexts_per_prompt": 1}
+    assert read_settings(BiasSettings, {**values, "sample_cap": {"sbvf": 2}}, "bias").sample_cap == {"sbvf": 2}
+    with pytest.raises(UsageError, match=r"^bias.sample_cap must be a map of registered rules to integers >= 1"):
+        read_settings(BiasSettings, {**values, "sample_cap": cap}, "bias")
