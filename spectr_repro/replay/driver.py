@@ -34,7 +34,6 @@ B = 1 (its ``done.json`` adds ``batch_prompts`` and ``batch_seconds``; its ``sec
 from __future__ import annotations
 
 import datetime
-import hashlib
 import json
 import sys
 import time
@@ -44,7 +43,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import OmegaConf
 from tqdm.auto import tqdm
 
 from spectr_repro import tracking
@@ -53,7 +52,7 @@ from spectr_repro.errors import ResourceError
 from spectr_repro.files import atomic_write_text
 from spectr_repro.replay.core import block_estimates, recursion_room
 from spectr_repro.replay.fingerprint import provenance
-from spectr_repro.replay.settings import ReplaySettings, settings_of
+from spectr_repro.replay.settings import GroupSettings, ReplaySettings, settings_of
 from spectr_repro.runner.claims import Runner
 from spectr_repro.runner.config import (
     Composer,
@@ -91,8 +90,8 @@ def _split_grid_arguments(argv: Sequence[str]) -> tuple[dict[str, list[str]], li
     return grid, rest
 
 
-def parse(argv: Sequence[str]) -> list[tuple[DictConfig, ReplaySettings]]:
-    """(cell config, replay settings) per group: one per dataset x temperature x ... of the command."""
+def parse(argv: Sequence[str]) -> list[GroupSettings]:
+    """The command's groups, typed: one per dataset x temperature x ... of the command."""
     grid, rest = _split_grid_arguments(argv)
     args = parse_arguments(rest)
     with Composer() as composer:
@@ -107,25 +106,24 @@ def parse(argv: Sequence[str]) -> list[tuple[DictConfig, ReplaySettings]]:
     groups = []
     for cfg in cfgs:
         validate(cfg)
-        groups.append((cfg, settings_of(cfg, grid)))
+        groups.append(GroupSettings.of(cfg, settings_of(cfg, grid)))
     return groups
 
 
-def check_groups(groups: Sequence[tuple[DictConfig, ReplaySettings]]) -> None:
+def check_groups(groups: Sequence[GroupSettings]) -> None:
     """Everything the replay can be refused for, before any model loads: the checks every command shares (dataset
     size at replay.num_prompts, hardware, the block L_max every prompt drafts), writable folders, and a group
     folder holding other settings."""
-    cfgs = [cfg for cfg, _ in groups]
-    lengths = [settings.L_max for _, settings in groups]
-    longest = max(range(len(groups)), key=lambda i: lengths[i])
-    settings = groups[longest][1]
-    key = "L" if max(settings.L_values) >= settings.reference_L else "replay.reference_L"
-    check_before_loading(cfgs, num_prompts=[s.num_prompts for _, s in groups], block_L=lengths, L_key=key,
-                         rows=[s.K_max for _, s in groups],
-                         batches=[(s.batch_prompts, "replay.batch_prompts") for _, s in groups])
-    for cfg, settings in groups:
-        check_writable(cfg.output_dir, [replay_root(cfg), group_folder(cfg, settings)])
-        _check_group_folder(group_folder(cfg, settings), group_meta(cfg, settings), bool(cfg.force))
+    settings = [group.settings for group in groups]
+    lengths = [s.L_max for s in settings]
+    longest = settings[max(range(len(groups)), key=lambda i: lengths[i])]
+    key = "L" if max(longest.L_values) >= longest.reference_L else "replay.reference_L"
+    check_before_loading([group.cfg for group in groups], num_prompts=[s.num_prompts for s in settings],
+                         block_L=lengths, L_key=key, rows=[s.K_max for s in settings],
+                         batches=[(s.batch_prompts, "replay.batch_prompts") for s in settings])
+    for group in groups:
+        check_writable(group.output_dir, [group.root, group.folder])
+        _check_group_folder(group.folder, group.meta(), group.force)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -178,35 +176,36 @@ def replay_generator(device, seed: int) -> torch.Generator:
 PromptReplay = tuple[list[dict[str, Any]], dict[str, Any]]  # (block rows, prompt summary) of one prompt
 
 
-def replay_prompt(pair, input_ids, settings: ReplaySettings, cfg: DictConfig, seed: int, should_stop=None
-                  ) -> PromptReplay:
+def replay_prompt(pair, input_ids, group: GroupSettings, seed: int, should_stop=None) -> PromptReplay:
     """(block rows, prompt summary) of one prompt's trajectory."""
     from spectr_repro.engine.loop import generate  # pulls transformers (~1 s): not paid before a refusal
 
+    settings = group.settings
     reference = ReplayingReference(settings, replay_generator(pair.device, seed))
     start = time.perf_counter()
     out = generate(pair.target, pair.draft, input_ids, method=reference, K=settings.K_max, L=settings.L_max,
-                   temperature=float(cfg.temperature), max_new_tokens=int(cfg.max_new_tokens), seed=seed,
+                   temperature=group.temperature, max_new_tokens=group.max_new_tokens, seed=seed,
                    eos_token_ids=pair.eos_token_ids, should_stop=should_stop, vocab_size=pair.vocab_size,
-                   prefill_chunk=cfg.hardware.get("prefill_chunk"))
+                   prefill_chunk=group.prefill_chunk)
     summary = {"new_tokens": len(out.new_tokens), "target_calls": out.target_calls, "blocks": len(reference.blocks),
                "trajectory_block_efficiency": out.block_efficiency, "seconds": time.perf_counter() - start}
     return reference.blocks, summary
 
 
-def replay_prompts(pair, prompts: Sequence[Sequence[int]], settings: ReplaySettings, cfg: DictConfig,
-                   seeds: Sequence[int], should_stops: Sequence[Any]) -> list[PromptReplay]:
+def replay_prompts(pair, prompts: Sequence[Sequence[int]], group: GroupSettings, seeds: Sequence[int],
+                   should_stops: Sequence[Any]) -> list[PromptReplay]:
     """(block rows, prompt summary) of each prompt's trajectory, the prompts replayed together by the engine's
     batched path (``engine.generate_batch``): prompt b with its own ReplayingReference and the seeds
     :func:`replay_prompt` gives it (engine ``seeds[b]``, replay draws ``seeds[b] * 7919 + 17``)."""
     from spectr_repro.engine.batched import generate_batch  # pulls transformers (~1 s): not paid before a refusal
 
+    settings = group.settings
     references = [ReplayingReference(settings, replay_generator(pair.device, seed)) for seed in seeds]
     start = time.perf_counter()
     out = generate_batch(pair.target, pair.draft, prompts, method=references, K=settings.K_max, L=settings.L_max,
-                         temperature=float(cfg.temperature), max_new_tokens=int(cfg.max_new_tokens), seeds=seeds,
+                         temperature=group.temperature, max_new_tokens=group.max_new_tokens, seeds=seeds,
                          eos_token_ids=pair.eos_token_ids, should_stop=list(should_stops),
-                         vocab_size=pair.vocab_size, prefill_chunk=cfg.hardware.get("prefill_chunk"))
+                         vocab_size=pair.vocab_size, prefill_chunk=group.prefill_chunk)
     batch_seconds = time.perf_counter() - start
     results = []
     for reference, prompt_out in zip(references, out.outputs):
@@ -224,32 +223,8 @@ def replay_prompts(pair, prompts: Sequence[Sequence[int]], settings: ReplaySetti
 # Folders
 
 
-def group_name(cfg: DictConfig, settings: ReplaySettings) -> str:
-    """One folder per (pair, dataset, temperature, length, seed, reference, dtype). Not the number of prompts:
-    a larger num_prompts extends a smaller one (the seeded selection keeps its first prompts), so a replay
-    grows in its folder, prompt by prompt."""
-    identity = {"model_pair": cfg.choices.model_pair, "dataset": cfg.choices.dataset,
-                "temperature": float(cfg.temperature),
-                "max_new_tokens": int(cfg.max_new_tokens), "seed": int(cfg.seed),
-                "reference": [settings.reference, settings.reference_K, settings.reference_L],
-                "dtype": str(cfg.hardware.get("dtype")), "device": str(cfg.hardware.get("device"))}
-    digest = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:8]
-    return f"{cfg.choices.model_pair}__{cfg.choices.dataset}__T{float(cfg.temperature):g}__{digest}"
-
-
-def replay_root(cfg: DictConfig) -> Path:
-    return Path(cfg.output_dir) / cfg.experiment / "replay"
-
-
-def group_meta(cfg: DictConfig, settings: ReplaySettings) -> dict[str, Any]:
-    return {"model_pair": cfg.choices.model_pair, "dataset": cfg.choices.dataset,
-            "temperature": float(cfg.temperature), "num_prompts": settings.num_prompts,
-            "max_new_tokens": int(cfg.max_new_tokens), "seed": int(cfg.seed),
-            "dtype": str(cfg.hardware.get("dtype")), **settings.as_dict()}
-
-
 def changed_settings(folder: Path, meta: dict[str, Any]) -> list[str]:
-    """The settings (keys of ``group_meta``) in which the replay held in ``folder`` differs from ``meta``,
+    """The settings (keys of ``GroupSettings.meta``) in which the replay held in ``folder`` differs from ``meta``,
     num_prompts aside (a larger one extends it); [] for a folder without a replay yet. UsageError naming the
     file when replay.json cannot be read."""
     path = folder / "replay.json"
@@ -275,10 +250,6 @@ def _check_group_folder(folder: Path, meta: dict[str, Any], force: bool) -> None
         if changed:
             raise UsageError(f"{folder} holds a replay with other settings ({', '.join(changed)}): rerun with "
                              f"the same ones to resume, force=true to start it over, or another experiment=")
-
-
-def group_folder(cfg: DictConfig, settings: ReplaySettings) -> Path:
-    return replay_root(cfg) / group_name(cfg, settings)
 
 
 def prompt_directory(folder: Path, index: int) -> Path:
@@ -334,10 +305,10 @@ class Progress:
                 f"{self.earlier} finished before, in {', '.join(map(str, roots))}; {dropped}; rerun the same "
                 f"command to replay the {left} prompt(s) left.")
 
-    def budget_message(self, groups: Sequence[tuple[DictConfig, ReplaySettings]], argv: Sequence[str]) -> str:
+    def budget_message(self, groups: Sequence[GroupSettings], argv: Sequence[str]) -> str:
         """What a run stopped by its budget kept, counted on disk (groups it did not reach included)."""
-        finished = sum(prompt_finished(prompt_directory(group_folder(cfg, settings), index))
-                       for cfg, settings in groups for index in range(settings.num_prompts))
+        finished = sum(prompt_finished(prompt_directory(group.folder, index))
+                       for group in groups for index in range(group.settings.num_prompts))
         return self.budget.message(self.computed, max(finished - self.computed, 0), max(self.planned - finished, 0),
                                    "prompt", "replay", argv)
 
@@ -356,14 +327,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {error}\n(nothing was loaded or written)", file=sys.stderr)
         return 1
 
-    roots = list(dict.fromkeys(replay_root(cfg) for cfg, _ in groups))
-    progress = Progress(planned=sum(settings.num_prompts for _, settings in groups),
-                        budget=Budget(groups[0][1].budget_minutes))
+    roots = list(dict.fromkeys(group.root for group in groups))
+    progress = Progress(planned=sum(group.settings.num_prompts for group in groups),
+                        budget=Budget(groups[0].settings.budget_minutes))
     try:
-        with stop_on_signals(), Runner() as runner, recursion_room(max(s.L_max for _, s in groups)):
+        with stop_on_signals(), Runner() as runner, recursion_room(max(g.settings.L_max for g in groups)):
             pairs = PairCache(on_load=lambda name: runner.set_state("loading", name))
-            for cfg, settings in groups:
-                _run_group(pairs, runner, cfg, settings, progress)
+            for group in groups:
+                _run_group(pairs, runner, group, progress)
                 if progress.budget.stopped:
                     break
             pairs.release()
@@ -384,9 +355,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                   f"above and rerun the same command)", file=sys.stderr)
             return 1
         print(table)
-        tracking.log_command("replay", groups[0][0].logger, root.parent, tables={
+        tracking.log_command("replay", groups[0].logger, root.parent, tables={
             "summary": root / "replay_summary.csv", "differences": root / "replay_differences.csv"},
-            config=tracking.top_level_config(group_meta(c, s) for c, s in groups if replay_root(c) == root))
+            config=tracking.top_level_config(group.meta() for group in groups if group.root == root))
     if progress.budget.stopped:
         print(progress.budget_message(groups, argv))
         return 0
@@ -395,39 +366,39 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
-def _run_group(pairs, runner, cfg: DictConfig, settings: ReplaySettings, progress: Progress) -> None:
+def _run_group(pairs, runner, group: GroupSettings, progress: Progress) -> None:
     """Replay every prompt of one group not finished yet (counted in ``progress``), up to
     ``settings.batch_prompts`` claimed prompts at a time; before claiming a batch, stop if the budget is spent."""
-    folder = group_folder(cfg, settings)
+    folder, settings = group.folder, group.settings
     try:
         folder.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(folder / "replay.json", json.dumps(group_meta(cfg, settings), indent=2) + "\n")
+        atomic_write_text(folder / "replay.json", json.dumps(group.meta(), indent=2) + "\n")
     except OSError as error:
         raise ResourceError(f"cannot write into {folder}: {error}") from error
-    pair = pairs.pair(cfg)
-    examples = pairs.examples(OmegaConf.merge(cfg, {"num_prompts": settings.num_prompts}), pair.tokenizer)
-    label = f"replay {cfg.choices.dataset} T={float(cfg.temperature):g}"
+    pair = pairs.pair(group.cfg)
+    examples = pairs.examples(OmegaConf.merge(group.cfg, {"num_prompts": settings.num_prompts}), pair.tokenizer)
+    label = f"replay {group.dataset} T={group.temperature:g}"
     claimed: list[tuple[int, Any, Path]] = []  # (index, example, folder) claimed and not replayed yet
     with tqdm(total=len(examples), desc=label, unit="prompt", file=sys.stderr, dynamic_ncols=True) as bar:
         try:
             for index, example in enumerate(examples):
                 directory = prompt_directory(folder, index)
-                if not cfg.force and _finished(directory, folder, progress):
+                if not group.force and _finished(directory, folder, progress):
                     progress.earlier += 1
                     bar.update()
                     continue
                 if not claimed and progress.budget.spent():
                     return  # before claiming the next batch: it would not fit
-                if not _claim(runner, directory, folder, index, bool(cfg.force), progress):
+                if not _claim(runner, directory, folder, index, group.force, progress):
                     bar.update()
                     continue  # another live runner replays it, or has just finished it
                 claimed.append((index, example, directory))
                 if len(claimed) == settings.batch_prompts:
                     batch, claimed = claimed, []  # _replay_claimed releases the batch's claims
-                    _replay_batch(pair, runner, cfg, settings, batch, progress, bar)
+                    _replay_batch(pair, runner, group, batch, progress, bar)
             if claimed:  # the prompts left over: a last, shorter batch
                 batch, claimed = claimed, []
-                _replay_batch(pair, runner, cfg, settings, batch, progress, bar)
+                _replay_batch(pair, runner, group, batch, progress, bar)
         finally:
             _release(runner, claimed)  # claimed but not replayed (a stop, an error): free for the next run
 
@@ -447,11 +418,11 @@ def _claim(runner, directory: Path, folder: Path, index: int, force: bool, progr
     return claimed.status == "claimed"
 
 
-def _replay_batch(pair, runner, cfg: DictConfig, settings: ReplaySettings, batch: Sequence[tuple[int, Any, Path]],
-                  progress: Progress, bar) -> None:
+def _replay_batch(pair, runner, group: GroupSettings, batch: Sequence[tuple[int, Any, Path]], progress: Progress,
+                  bar) -> None:
     """One batch of claimed prompts, timed for the budget."""
     with progress.budget.unit():
-        bar.set_postfix(blocks=_replay_claimed(pair, runner, cfg, settings, batch, progress))
+        bar.set_postfix(blocks=_replay_claimed(pair, runner, group, batch, progress))
     bar.update(len(batch))
 
 
@@ -460,8 +431,8 @@ def _release(runner, claimed: Sequence[tuple[int, Any, Path]]) -> None:
         runner.release(directory)
 
 
-def _replay_claimed(pair, runner, cfg: DictConfig, settings: ReplaySettings,
-                    claimed: Sequence[tuple[int, Any, Path]], progress: Progress) -> int:
+def _replay_claimed(pair, runner, group: GroupSettings, claimed: Sequence[tuple[int, Any, Path]],
+                    progress: Progress) -> int:
     """Replay and write the claimed prompts (one batch; a batch of one takes the one-prompt path) and release their
     claims, whatever happens. A prompt's files are written only once the whole batch is replayed: a stop before
     leaves none of its prompts written. Returns the blocks written."""
@@ -473,11 +444,12 @@ def _replay_claimed(pair, runner, cfg: DictConfig, settings: ReplaySettings,
         inputs = [encode_prompt(pair.tokenizer, example)[0].tolist() for _, example, _ in claimed]
         stops = [stop_checker(pair.tokenizer, tuple(getattr(example, "stop_strings", ()) or ()))
                  for _, example, _ in claimed]
-        seeds = [int(cfg.seed) * 100_003 + index for index, _, _ in claimed]
+        seeds = [group.prompt_seed(index) for index, _, _ in claimed]
         if len(claimed) == 1:
-            results = [replay_prompt(pair, inputs[0], settings, cfg, seed=seeds[0], should_stop=stops[0])]
+            results = [replay_prompt(pair, inputs[0], group, seed=seeds[0], should_stop=stops[0])]
         else:
-            results = replay_prompts(pair, inputs, settings, cfg, seeds, stops)
+            results = replay_prompts(pair, inputs, group, seeds, stops)
+        settings = group.settings
         recorded = {**provenance(settings.methods, settings.sampled, str(pair.device)),
                     "batch": [index for index, _, _ in claimed],
                     "finished_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
@@ -507,6 +479,6 @@ def _finished(directory: Path, folder: Path, progress: Progress) -> bool:
 
 
 __all__ = ["BLOCKS_FILE", "Progress", "PromptReplay", "ReplayingReference",
-           "changed_settings", "check_groups", "group_folder", "group_meta", "group_name", "main", "parse",
+           "changed_settings", "check_groups", "main", "parse",
            "prompt_directory", "prompt_finished", "prompt_state", "recursion_room", "replay_generator",
-           "replay_prompt", "replay_prompts", "replay_root", "write_prompt"]
+           "replay_prompt", "replay_prompts", "write_prompt"]

@@ -28,15 +28,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
-from omegaconf import DictConfig
 from tqdm.auto import tqdm
 
 from spectr_repro import tracking
 from spectr_repro.data import encode_prompt
 from spectr_repro.errors import ResourceError
-from spectr_repro.replay.driver import group_meta
 from spectr_repro.replay.driver import parse as replay_groups
-from spectr_repro.replay.settings import ReplaySettings
+from spectr_repro.replay.settings import GroupSettings
 from spectr_repro.runner.config import (
     UsageError,
     check_before_loading,
@@ -151,52 +149,54 @@ def _arguments(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
     return args, rest
 
 
-def tracking_folder(cfg: DictConfig) -> Path:
+def tracking_folder(group: GroupSettings) -> Path:
     """Where the W&B run goes (under ``wandb/``): the experiment's results folder, as for replay and bias."""
-    return Path(cfg.output_dir).expanduser() / cfg.experiment
+    return group.output_dir.expanduser() / group.experiment
 
 
-def parse(argv: Sequence[str]) -> tuple[argparse.Namespace, list[tuple[DictConfig, ReplaySettings]]]:
-    """(options, (cell config, replay settings) per temperature x dataset group), every check done before any model
-    loads: UsageError with one message."""
+def parse(argv: Sequence[str]) -> tuple[argparse.Namespace, list[GroupSettings]]:
+    """(options, one group per temperature x dataset), every check done before any model loads: UsageError with one
+    message."""
     args, rest = _arguments(argv)
     groups = replay_groups([*rest, "method=spectr_gbv"])
-    check_before_loading([cfg for cfg, _ in groups], num_prompts=[s.num_prompts for _, s in groups],
-                         block_L=[s.L_max for _, s in groups], rows=[s.K_max for _, s in groups])
+    settings = [group.settings for group in groups]
+    check_before_loading([group.cfg for group in groups], num_prompts=[s.num_prompts for s in settings],
+                         block_L=[s.L_max for s in settings], rows=[s.K_max for s in settings])
     if args.out is not None:
         check_file_writable(args.out, "--out")
-    for cfg, _ in groups:
-        if tracking.enabled(cfg.logger):
-            check_writable(cfg.output_dir, [tracking_folder(cfg)])
+    for group in groups:
+        if tracking.enabled(group.logger):
+            check_writable(group.output_dir, [tracking_folder(group)])
     return args, groups
 
 
-def count_trajectories(groups: Sequence[tuple[DictConfig, ReplaySettings]], arithmetic: str,
+def count_trajectories(groups: Sequence[GroupSettings], arithmetic: str,
                        seconds: float | None = None, out: str | None = None) -> pd.DataFrame:
     """Drive every (prompt, temperature) trajectory and count its blocks' excursions (``count_rows``)."""
     from spectr_repro.engine.loop import generate  # pulls transformers (~1 s): refusals exit first
 
     start, recorders, pairs = time.perf_counter(), [], PairCache()
-    planned = sum(settings.num_prompts for _, settings in groups)
+    planned = sum(group.settings.num_prompts for group in groups)
     with tqdm(total=planned, desc="excursions", unit="trajectory", file=sys.stderr, dynamic_ncols=True) as bar:
         # prompt by prompt, every temperature of a prompt before the next prompt: a cut-off (--seconds) keeps every T
-        for index in range(max(settings.num_prompts for _, settings in groups)):
-            for cfg, settings in groups:
+        for index in range(max(group.settings.num_prompts for group in groups)):
+            for group in groups:
+                settings = group.settings
                 if index >= settings.num_prompts:
                     continue
                 if seconds is not None and time.perf_counter() - start > seconds:
                     bar.update()  # skipped: out of time
                     continue
-                pair = pairs.pair(cfg)
-                example = pairs.examples(cfg, pair.tokenizer)[index]
+                pair = pairs.pair(group.cfg)
+                example = pairs.examples(group.cfg, pair.tokenizer)[index]
                 recorder = ExcursionRecorder(settings.K_values, settings.L_values, settings.reference,
                                              settings.reference_K, settings.reference_L, arithmetic)
                 generate(pair.target, pair.draft, encode_prompt(pair.tokenizer, example)[0].tolist(),
-                         method=recorder, K=settings.K_max, L=settings.L_max, temperature=float(cfg.temperature),
-                         max_new_tokens=int(cfg.max_new_tokens), seed=int(cfg.seed) * 100_003 + index,
+                         method=recorder, K=settings.K_max, L=settings.L_max, temperature=group.temperature,
+                         max_new_tokens=group.max_new_tokens, seed=group.prompt_seed(index),
                          eos_token_ids=pair.eos_token_ids, vocab_size=pair.vocab_size)
-                recorders.append((float(cfg.temperature), recorder))
-                bar.set_postfix(prompt=index, T=f"{float(cfg.temperature):g}",
+                recorders.append((group.temperature, recorder))
+                bar.set_postfix(prompt=index, T=f"{group.temperature:g}",
                                 blocks=next(iter(recorder.counts.values())).blocks)
                 bar.update()
                 if out:  # after every trajectory: an interrupted run keeps what it counted
@@ -218,9 +218,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     counts = count_trajectories(groups, args.arithmetic, args.seconds, args.out)
     print(counts.to_string(index=False))
-    cfg = groups[0][0]
-    tracking.log_command("excursions", cfg.logger, tracking_folder(cfg), tables={"counts": counts},
-                         config={**tracking.top_level_config(group_meta(c, s) for c, s in groups),
+    tracking.log_command("excursions", groups[0].logger, tracking_folder(groups[0]), tables={"counts": counts},
+                         config={**tracking.top_level_config(group.meta() for group in groups),
                                  "arithmetic": args.arithmetic, "seconds": args.seconds})
     return 0
 

@@ -3,7 +3,7 @@
 An experiment that declares a ``replay:`` block (cpu_quick, paper_main; ``make reproduce`` runs its replay
 after the sweep) gets its lines beside the timed cells (``plan`` adds the calibration its predictions need and
 the total, ``spectr_repro.plan``). The groups (pair, dataset,
-temperature, ...) and their folders are the replay driver's own (``replay.driver.parse``, ``group_folder``,
+temperature, ...) and their folders are the replay driver's own (``replay.driver.parse``, ``GroupSettings.folder``,
 ``prompt_finished``); prompts already finished there are counted and not planned again. Per prompt left:
 
     prefill of target and draft + iterations x (one target call over K_max x (L_max + 1) tokens
@@ -52,12 +52,9 @@ from spectr_repro.records import read_record_text
 from spectr_repro.replay.driver import (
     BLOCKS_FILE,
     changed_settings,
-    group_folder,
-    group_meta,
     parse,
     prompt_directory,
     prompt_finished,
-    replay_root,
 )
 from spectr_repro.runner.config import conf_dir
 from spectr_repro.runner.fit import check_batch_fits
@@ -149,8 +146,8 @@ def plan_replays(commands: Sequence[tuple[Sequence[str], str | None]], measured:
             plans.append(ReplayPlan(command, error=str(error)))
             continue
         by_pair: dict[tuple[str, str], list] = {}
-        for cfg, settings in groups:
-            by_pair.setdefault((cfg.choices.model_pair, cfg.choices.hardware), []).append((cfg, settings))
+        for group in groups:
+            by_pair.setdefault((group.model_pair, group.cfg.choices.hardware), []).append(group)
         plans.extend(_plan_pair(command, members, measured, tuple(argv)) for members in by_pair.values())
     return plans
 
@@ -158,15 +155,16 @@ def plan_replays(commands: Sequence[tuple[Sequence[str], str | None]], measured:
 def _plan_pair(command: str, groups: list, measured: dict[tuple, float], arguments: tuple[str, ...] = ()
                ) -> ReplayPlan:
     """The replay groups of one pair and hardware (one experiment's folder)."""
-    cfg, settings = groups[0]
+    first = groups[0]
+    cfg, settings = first.cfg, first.settings
     plan = ReplayPlan(command, pair=cfg.choices.model_pair, hardware=cfg.choices.hardware, K_max=settings.K_max,
                       L_max=settings.L_max, reference=f"{settings.reference} K={settings.reference_K} "
-                      f"L={settings.reference_L}", folder=replay_root(cfg), arguments=arguments,
+                      f"L={settings.reference_L}", folder=first.root, arguments=arguments,
                       K_values=tuple(sorted({*settings.K_values, settings.reference_K})),
                       L_values=tuple(sorted({*settings.L_values, settings.reference_L})),
-                      configs=[group_cfg for group_cfg, _ in groups])
-    for group_cfg, group_settings in groups:  # a batch that cannot fit is refused here too, before any pricing
-        check_batch_fits(group_cfg, group_settings.batch_prompts, group_settings.K_max, group_settings.L_max,
+                      configs=[group.cfg for group in groups])
+    for group in groups:  # a batch that cannot fit is refused here too, before any pricing
+        check_batch_fits(group.cfg, group.settings.batch_prompts, group.settings.K_max, group.settings.L_max,
                          "replay.batch_prompts")
     calibration = calibration_for(cfg)
     plan.model_note = model_calls_source(cfg, calibration)
@@ -174,14 +172,15 @@ def _plan_pair(command: str, groups: list, measured: dict[tuple, float], argumen
         plan.model_note += (f"; {settings.batch_prompts} prompts a batch ({settings.batch_prompts} x "
                             f"{settings.K_max} rows a call)")
     folders, blocks = [], []
-    for cfg, settings in groups:
-        folder = group_folder(cfg, settings)
-        changed = [] if cfg.force else changed_settings(folder, group_meta(cfg, settings))
+    for group in groups:
+        folder = group.folder
+        changed = [] if group.force else changed_settings(folder, group.meta())
         folders.append((folder, changed))
         blocks.append([] if changed else _finished_blocks(folder))
     plan.rule_seconds_per_block, plan.rules_note = rule_seconds_per_block(b for group in blocks for b in group)
     pooled = [b["reference_tokens"] for group in blocks for b in group if "reference_tokens" in b]
-    for (cfg, settings), (folder, changed), own in zip(groups, folders, blocks):
+    for member, (folder, changed), own in zip(groups, folders, blocks):
+        cfg, settings = member.cfg, member.settings
         group = ReplayGroup(str(cfg.choices.dataset), float(cfg.temperature), settings.num_prompts)
         group.finished = _finished_prompts(folder, settings.num_prompts) if not (changed or cfg.force) else 0
         if changed:

@@ -3,7 +3,11 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
@@ -87,6 +91,70 @@ class ReplaySettings(BaseModel):
                 **({"sampled": list(self.sampled)} if self.sampled else {})}
 
 
+@dataclass(frozen=True)
+class GroupSettings:
+    """One group of a replay command (a pair, dataset and temperature: one folder): its trajectories' settings,
+    typed, and the replay's. ``cfg``, the composed config, is kept only for what takes one below the door: the
+    runner's pair cache and prompt loader, and the checks every command shares."""
+
+    model_pair: str
+    dataset: str
+    temperature: float
+    max_new_tokens: int
+    seed: int
+    dtype: str  # hardware.dtype as the folder's name has always spelled it ("None": the pair's own)
+    device: str
+    prefill_chunk: int | None
+    force: bool
+    output_dir: Path
+    experiment: str
+    logger: Any  # the logger group (tracking.log_command reads it)
+    settings: ReplaySettings
+    cfg: DictConfig = field(repr=False, compare=False)
+
+    @classmethod
+    def of(cls, cfg: DictConfig, settings: ReplaySettings) -> GroupSettings:
+        chunk = cfg.hardware.get("prefill_chunk")
+        return cls(model_pair=str(cfg.choices.model_pair), dataset=str(cfg.choices.dataset),
+                   temperature=float(cfg.temperature), max_new_tokens=int(cfg.max_new_tokens), seed=int(cfg.seed),
+                   dtype=str(cfg.hardware.get("dtype")), device=str(cfg.hardware.get("device")),
+                   prefill_chunk=None if chunk is None else int(chunk), force=bool(cfg.force),
+                   output_dir=Path(cfg.output_dir), experiment=str(cfg.experiment), logger=cfg.logger,
+                   settings=settings, cfg=cfg)
+
+    @property
+    def root(self) -> Path:
+        """``<output_dir>/<experiment>/replay``: the folder of every group of the experiment."""
+        return self.output_dir / self.experiment / "replay"
+
+    @property
+    def name(self) -> str:
+        """One folder per (pair, dataset, temperature, length, seed, reference, dtype). Not the number of prompts:
+        a larger num_prompts extends a smaller one (the seeded selection keeps its first prompts), so a replay
+        grows in its folder, prompt by prompt."""
+        s = self.settings
+        identity = {"model_pair": self.model_pair, "dataset": self.dataset, "temperature": self.temperature,
+                    "max_new_tokens": self.max_new_tokens, "seed": self.seed,
+                    "reference": [s.reference, s.reference_K, s.reference_L], "dtype": self.dtype,
+                    "device": self.device}
+        digest = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:8]
+        return f"{self.model_pair}__{self.dataset}__T{self.temperature:g}__{digest}"
+
+    @property
+    def folder(self) -> Path:
+        return self.root / self.name
+
+    def meta(self) -> dict[str, Any]:
+        """replay.json: the settings the group's folder is tied to (num_prompts aside, which a later run extends)."""
+        return {"model_pair": self.model_pair, "dataset": self.dataset, "temperature": self.temperature,
+                "num_prompts": self.settings.num_prompts, "max_new_tokens": self.max_new_tokens, "seed": self.seed,
+                "dtype": self.dtype, **self.settings.as_dict()}
+
+    def prompt_seed(self, index: int) -> int:
+        """The engine's seed of prompt ``index`` (the replay's own draws derive from it: driver.replay_generator)."""
+        return self.seed * 100_003 + index
+
+
 def _integers(key: str, values: Sequence[Any]) -> tuple[int, ...]:
     """The command line's K= / L= values (strings) or the config's, as distinct integers in their order."""
     try:
@@ -110,4 +178,4 @@ def settings_of(cfg: DictConfig, grid: dict[str, list[str]]) -> ReplaySettings:
     return read_settings(ReplaySettings, values, "replay")
 
 
-__all__ = ["ReplaySettings", "settings_of"]
+__all__ = ["GroupSettings", "ReplaySettings", "settings_of"]

@@ -35,8 +35,9 @@ from spectr_repro.data import encode_prompt
 from spectr_repro.environment import environment
 from spectr_repro.errors import ResourceError, UsageError
 from spectr_repro.records import read_record_text
-from spectr_repro.replay.driver import group_meta, parse, prompt_directory, replay_prompt, replay_prompts
+from spectr_repro.replay.driver import parse, prompt_directory, replay_prompt, replay_prompts
 from spectr_repro.replay.fingerprint import rules_fingerprint
+from spectr_repro.replay.settings import GroupSettings
 from spectr_repro.runner.pairs import PairCache
 
 UNTIMED = "rule_seconds"  # a block's wall-clock seconds: never compared
@@ -130,8 +131,8 @@ def rebuild_arguments(meta: dict[str, Any], experiment: str | None, index: int, 
     return argv
 
 
-def _config_of(folder: Path, index: int, methods: Sequence[str], support_mass: Any, logger: str):
-    """(cfg, settings) that replay the group in ``folder`` up to prompt ``index`` with the rules its record holds
+def _config_of(folder: Path, index: int, methods: Sequence[str], support_mass: Any, logger: str) -> GroupSettings:
+    """The group's settings that replay the group in ``folder`` up to prompt ``index`` with the rules its record holds
     (``methods``: a rule registered later is not re-run), refused when this code's config does not rebuild the
     recorded settings."""
     meta = json.loads((folder / SETTINGS_FILE).read_text(encoding="utf-8"))
@@ -139,12 +140,12 @@ def _config_of(folder: Path, index: int, methods: Sequence[str], support_mass: A
     known = (Path(conf_dir()) / "experiment" / f"{experiment}.yaml").exists()
     argv = [*rebuild_arguments(meta, experiment if known else None, index, methods, support_mass),
             f"logger={logger}"]
-    [(cfg, settings)] = parse(argv)
-    rebuilt = group_meta(cfg, settings)
+    [group] = parse(argv)
+    rebuilt = group.meta()
     differ = [key for key in meta if key not in ("num_prompts", "methods") and rebuilt.get(key) != meta[key]]
     if differ:
         raise UsageError(f"{folder}: `{' '.join(argv)}` does not rebuild the recorded settings ({', '.join(differ)})")
-    return cfg, settings
+    return group
 
 
 def recorded_methods(blocks: Sequence[dict]) -> list[str]:
@@ -157,16 +158,16 @@ def rerun(pairs, folder: Path, batch: list[int], methods: Sequence[str], support
     """The blocks of each prompt of ``batch``, replayed again as the replay did (one call, the recorded seeds)."""
     from spectr_repro.runner.stops import stop_checker  # pulls transformers (~1 s): refusals exit first
 
-    cfg, settings = _config_of(folder, max(batch), methods, support_mass, logger)
-    pair = pairs.pair(cfg)
-    examples = pairs.examples(OmegaConf.merge(cfg, {"num_prompts": settings.num_prompts}), pair.tokenizer)
+    group = _config_of(folder, max(batch), methods, support_mass, logger)
+    pair = pairs.pair(group.cfg)
+    examples = pairs.examples(OmegaConf.merge(group.cfg, {"num_prompts": group.settings.num_prompts}), pair.tokenizer)
     inputs = [encode_prompt(pair.tokenizer, examples[i])[0].tolist() for i in batch]
     stops = [stop_checker(pair.tokenizer, tuple(getattr(examples[i], "stop_strings", ()) or ())) for i in batch]
-    seeds = [int(cfg.seed) * 100_003 + i for i in batch]
+    seeds = [group.prompt_seed(i) for i in batch]
     if len(batch) == 1:
-        results = [replay_prompt(pair, inputs[0], settings, cfg, seed=seeds[0], should_stop=stops[0])]
+        results = [replay_prompt(pair, inputs[0], group, seed=seeds[0], should_stop=stops[0])]
     else:
-        results = replay_prompts(pair, inputs, settings, cfg, seeds, stops)
+        results = replay_prompts(pair, inputs, group, seeds, stops)
     return {i: [{k: v for k, v in b.items() if k != UNTIMED} for b in blocks] for i, (blocks, _) in zip(batch, results)}
 
 

@@ -173,7 +173,7 @@ def test_plan_prices_a_batch_of_prompts_at_b_times_the_rows(tmp_path, monkeypatc
     assert 0 < modelled[1].model_seconds < modelled[0].model_seconds
     assert "4 prompts a batch (4 x 7 rows a call)" in modelled[1].model_note and "batch" not in modelled[0].model_note
 
-    ((cfg, _),) = parse(argv)
+    cfg = parse(argv)[0].cfg
     shapes = plan_shapes([1, 3, 5, 7], [6, 12], [512, 2048], [1, 4])
     costs = {role: ForwardCosts(tuple((r, t, k, a + b * r * t) for r, t, k in shapes[role]))
              for role, a, b in (("target", 0.2, 0.007), ("draft", 0.1, 0.003))}

@@ -107,7 +107,8 @@ def test_the_calibration_is_priced_from_its_shapes_rounds_and_loading(offline):
     from spectr_repro.replay.driver import parse
 
     argv = ["experiment=paper_main", "dataset=humaneval", "temperature=0.4", f"output_dir={offline / 'results'}"]
-    ((cfg, settings),) = parse(argv)
+    (group,) = parse(argv)
+    cfg, settings = group.cfg, group.settings
     wide = plan_calibration("check", [cfg], settings.K_values, settings.L_values)
     narrow = plan_calibration("check", [cfg], [3], [12])
     assert wide.target_shapes > narrow.target_shapes and wide.forward_seconds > narrow.forward_seconds > 0

@@ -10,7 +10,7 @@ import pytest
 
 from spectr_repro.cost import speculative_prompt_seconds
 from spectr_repro.plan import main as main_plan
-from spectr_repro.replay.driver import group_folder, group_meta, parse, prompt_directory, write_prompt
+from spectr_repro.replay.driver import parse, prompt_directory, write_prompt
 from spectr_repro.runner.plan import format_duration, pair_config_of
 from spectr_repro.runner.store import atomic_write_text
 
@@ -75,16 +75,16 @@ def test_finished_replay_prompts_are_counted_and_measure_the_estimate(offline, c
     fresh = _plan(capsys, *argv)
 
     # humaneval: prompt 0 finished, 2 blocks (4 and 2 reference tokens; 30 s and 10 s of rules)
-    (cfg, settings), (other_cfg, other_settings) = groups[0], groups[1]
-    assert cfg.choices.dataset == "humaneval"
-    folder = group_folder(cfg, settings)
+    group, other_group = groups[0], groups[1]
+    assert group.dataset == "humaneval"
+    folder = group.folder
     folder.mkdir(parents=True)
-    atomic_write_text(folder / "replay.json", json.dumps(group_meta(cfg, settings), indent=2) + "\n")
+    atomic_write_text(folder / "replay.json", json.dumps(group.meta(), indent=2) + "\n")
     write_prompt(prompt_directory(folder, 0), _blocks((4, 30.0), (2, 10.0)),
                  {"prompt_id": "HumanEval/0", "index": 0, "new_tokens": 6, "target_calls": 2, "blocks": 2,
                   "trajectory_block_efficiency": 3.0, "seconds": 50.0})
     # another group's prompt being replayed (no done.json): neither finished nor measured
-    other = prompt_directory(group_folder(other_cfg, other_settings), 0)
+    other = prompt_directory(other_group.folder, 0)
     other.mkdir(parents=True)
     (other / "blocks.jsonl").write_text(json.dumps(_blocks((7, 500.0))[0]) + "\n")
 
@@ -97,12 +97,12 @@ def test_finished_replay_prompts_are_counted_and_measure_the_estimate(offline, c
             "other groups of this replay (4 groups)") in detail
     assert "rules 20 s per block, mean of 2 finished replay block(s) here" in line
     rules = 99 * 20.0
-    model = sum((settings.num_prompts - (c.choices.dataset == "humaneval")) * speculative_prompt_seconds(
-        c, pair_config_of(c), 7, 6, per_prompt) for c, _ in groups)
+    model = sum((g.settings.num_prompts - (g.dataset == "humaneval")) * speculative_prompt_seconds(
+        g.cfg, pair_config_of(g.cfg), 7, 6, per_prompt) for g in groups)
     assert (f"est. {format_duration(model + rules)} (model calls {format_duration(model)} + rules "
             f"{format_duration(rules)};") in line
     # the model calls shrink (9 prompts left, 99 blocks instead of 10 and 100); the rules are now counted
-    fresh_model = sum(2 * speculative_prompt_seconds(c, pair_config_of(c), 7, 6, 10) for c, _ in groups)
+    fresh_model = sum(2 * speculative_prompt_seconds(g.cfg, pair_config_of(g.cfg), 7, 6, 10) for g in groups)
     assert f"(model calls {format_duration(fresh_model)} + rules 0 s;" in _replay_line(fresh)
     assert model < fresh_model
 
@@ -114,10 +114,10 @@ def test_finished_replay_prompts_are_counted_and_measure_the_estimate(offline, c
 def test_a_folder_with_other_replay_settings_is_not_counted(offline, capsys):
     out = offline / "results"
     argv = ["experiment=cpu_quick", *PINNED, f"output_dir={out}", "dataset=gsm8k"]
-    ((cfg, settings),) = parse(argv)
-    folder = group_folder(cfg, settings)
+    (group,) = parse(argv)
+    folder = group.folder
     folder.mkdir(parents=True)
-    atomic_write_text(folder / "replay.json", json.dumps(group_meta(cfg, settings) | {"draws": 99}) + "\n")
+    atomic_write_text(folder / "replay.json", json.dumps(group.meta() | {"draws": 99}) + "\n")
     write_prompt(prompt_directory(folder, 0), _blocks((5, 1.0)), {"index": 0, "new_tokens": 5, "blocks": 1})
     text = _plan(capsys, *argv)
     assert "1 dataset x 1 temperature x 2 prompts" in _replay_line(text)
@@ -163,7 +163,7 @@ def test_the_calibration_prices_the_replay_calls(offline, capsys, no_calibration
     from spectr_repro.cost.measure import plan_shapes
 
     argv = ["experiment=cpu_quick", *PINNED, "dataset=humaneval", f"output_dir={offline / 'results'}"]
-    ((cfg, _),) = parse(argv)
+    cfg = parse(argv)[0].cfg
     shapes = plan_shapes([1, 3, 7], [6], [32, 180], [1, 8])
 
     def calibration(scale):

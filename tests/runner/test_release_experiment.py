@@ -48,7 +48,8 @@ def test_the_qwen_release_setting_has_its_replay():
     prompts (HumanEval 2..32 in file order), length, temperature and first seed; the sbv reference trajectory."""
     from spectr_repro.replay.driver import parse
 
-    (cfg, settings), = parse(["experiment=release_humaneval_qwen"])
+    (group,) = parse(["experiment=release_humaneval_qwen"])
+    cfg, settings = group.cfg, group.settings
     assert (settings.K_values, settings.L_values, settings.num_prompts) == ((1, 3, 5, 7), (6,), 31)
     assert "spectr_gbv" in settings.methods and "mpbv" in settings.methods and settings.reference == "sbv"
     assert (float(cfg.temperature), cfg.max_new_tokens, cfg.seed) == (0.7, 64, 1001)
