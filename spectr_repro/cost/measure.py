@@ -16,6 +16,7 @@ import statistics
 from collections.abc import Callable, Iterable, Sequence
 
 import torch
+from tqdm.auto import tqdm
 from transformers import DynamicCache
 
 from spectr_repro.cost.calibration import ForwardCosts
@@ -103,6 +104,9 @@ def _time_shapes(model, shapes, repeats: int, contexts: Sequence[int], vocab_siz
         inputs = [torch.randint(0, vocab, (rows, tokens), generator=generator).to(device)
                   for rows, tokens, _ in shapes]
         times: list[list[list[float]]] = [[[] for _ in shapes] for _ in contexts]
+        # a calibration at batch shapes runs for half an hour on a 2-core CPU: show how far it is
+        bar = tqdm(total=(repeats + 1) * len(contexts) * len(shapes), desc=f"timing forwards [{type(model).__name__}]",
+                   unit="forward", leave=False, dynamic_ncols=True)
         for attempt in range(repeats + 1):  # attempt 0 warms every shape up (kernel selection)
             for which, (cache, context_tokens) in enumerate(zip(caches, contexts)):
                 for index, ((rows, tokens, logits), ids) in enumerate(zip(shapes, inputs)):
@@ -114,6 +118,8 @@ def _time_shapes(model, shapes, repeats: int, contexts: Sequence[int], vocab_siz
                     keep_row(cache, 0, rows, device)
                     if attempt:
                         times[which][index].append(timer.seconds["forward"])
+                    bar.update()
+        bar.close()
     return times
 
 
