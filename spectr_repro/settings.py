@@ -20,7 +20,7 @@ Model = TypeVar("Model", bound=BaseModel)
 
 # What a command's settings model starts from: strict types, frozen, and keys the model does not declare left to
 # the config's own key check (runner.config.check_nested_keys names a typo with its closest key).
-SETTINGS = ConfigDict(strict=True, frozen=True, extra="ignore", arbitrary_types_allowed=True)
+SETTINGS = ConfigDict(strict=True, frozen=True, extra="ignore")
 
 
 def budget_field(unit: str) -> Any:
