@@ -16,16 +16,26 @@ at the batch shapes (``cost.measure.measure_forward_costs``), the rules' calls o
 no group decodes, and each section's overhead on real decodes of that prompt at B = 1
 (``cost.measure.measure_section_residuals``). The timed groups' own target calls per prompt are then priced by
 ``cost.batch_speedup.batch_decode_seconds``: what is checked is the cost model at B, not a block efficiency.
+
+A run takes an hour or more on a CPU, so it keeps what it measured as it goes (:class:`BatchCheckpoint`, a JSON
+file beside the output): the calibration once made, then each group once every contender has decoded it. Rerun the
+same command and it resumes from there, provided it measures the same thing (settings, pair, dtype) on the same
+kind of machine (device name, torch, threads); a checkpoint of anything else is set aside, never mixed in. A group
+is the unit kept: its contenders' ratios are only fair when they were timed back to back in one process.
 """
 
 from __future__ import annotations
 
+import json
 import math
+import os
 import statistics
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
+from omegaconf import DictConfig, OmegaConf
 from scipy import stats
 from tqdm.auto import tqdm
 
@@ -40,6 +50,8 @@ from spectr_repro.cost.measure import (
 )
 from spectr_repro.cost.model import CallCosts, SectionOverheads
 from spectr_repro.engine import generate_batch
+from spectr_repro.environment import device_name
+from spectr_repro.files import atomic_write_text
 
 Contender = tuple[str, int, int]  # (method, K, L); AR is ("ar", 1, 1)
 AR: Contender = ("ar", 1, 1)
@@ -90,28 +102,99 @@ def prompt_pool(prompts_by_dataset: dict[str, Sequence[torch.Tensor]]) -> list[t
 
 
 def time_groups(pair, pool: Sequence[tuple[str, torch.Tensor]], contenders: Sequence[Contender],
-                batches: Sequence[int], temperature: float, new_tokens: int,
-                prefill_chunk: int | None = None) -> list[dict[str, Any]]:
-    """One row per (B, group, contender): the group's decode (see the module docstring)."""
+                batches: Sequence[int], temperature: float, new_tokens: int, prefill_chunk: int | None = None,
+                done: dict[tuple[int, int], list[dict[str, Any]]] | None = None,
+                on_group: Callable[[list[dict[str, Any]]], None] | None = None) -> list[dict[str, Any]]:
+    """One row per (B, group, contender): the group's decode (see the module docstring). ``done`` holds groups
+    timed before (by (B, group)): kept, not decoded again; ``on_group`` gets each new group's rows when it ends."""
     contenders = [AR, *[c for c in contenders if c != AR]]
-    rows, turn = [], 0
-    plan = [(B, g) for B in batches for g in range(len(pool) // B)]
+    done = done or {}
     if any(B > len(pool) for B in batches):
         raise ValueError(f"a batch of {max(batches)} needs that many prompts; the pool has {len(pool)}")
-    for B, g in tqdm(plan, desc=f"batches [{pair.name}]", unit="group", leave=False):
+    plan = [(B, g) for B in batches for g in range(len(pool) // B)]
+    rows, warm = [], set()
+    for turn, (B, g) in enumerate(tqdm(plan, desc=f"batches [{pair.name}]", unit="group", leave=False)):
+        if (B, g) in done:
+            rows += done[(B, g)]
+            continue
         chosen = pool[g * B:(g + 1) * B]
         prompts = [prompt for _, prompt in chosen]
-        if g == 0:  # a warm-up at each B: threads, allocator, kernels
+        if B not in warm:  # a warm-up at each B in this process: threads, allocator, kernels
+            warm.add(B)
             for contender in (AR, contenders[-1]):
                 decode_group(pair, prompts, contender, temperature, WARMUP_TOKENS, 10**6, prefill_chunk)
+        # the order rotates with the group's place in the plan, so a resumed run times each group as a whole run would
         order = contenders[turn % len(contenders):] + contenders[:turn % len(contenders)]
-        turn += 1
+        group = []
         for contender in order:
             decoded = decode_group(pair, prompts, contender, temperature, new_tokens, 1000 * g, prefill_chunk)
-            rows.append({"B": B, "group": g, "datasets": [name for name, _ in chosen], "method": contender[0],
-                         "K": contender[1], "L": contender[2], "prompt_tokens": [int(p.numel()) for p in prompts],
-                         **decoded})
+            group.append({"B": B, "group": g, "datasets": [name for name, _ in chosen], "method": contender[0],
+                          "K": contender[1], "L": contender[2], "prompt_tokens": [int(p.numel()) for p in prompts],
+                          **decoded})
+        rows += group
+        if on_group is not None:
+            on_group(group)
     return rows
+
+
+def checkpoint_identity(pair, spec: DictConfig, temperature: float, new_tokens: int,
+                        prefill_chunk: int | None) -> dict[str, Any]:
+    """What must match for a kept group to be paired with new ones: what is measured (``spec``: the preset's
+    ``batches`` section, the decoding settings, the pair and its dtype) and the kind of machine it is timed on."""
+    return {"batches": OmegaConf.to_container(spec, resolve=True), "temperature": float(temperature),
+            "max_new_tokens": int(new_tokens), "prefill_chunk": prefill_chunk, "pair": pair.name,
+            "dtype": str(pair.dtype), "device_name": device_name(str(pair.device)), "torch": torch.__version__,
+            "threads": torch.get_num_threads()}
+
+
+class BatchCheckpoint:
+    """What a batch bench has measured so far, in one JSON file: ``identity`` (what is measured, where), the
+    calibration's ``costs`` and the finished groups' ``rows``. Written whole after each step (atomically)."""
+
+    def __init__(self, path: Path, identity: dict[str, Any]) -> None:
+        self.path, self.identity = Path(path), json.loads(json.dumps(identity))
+        self.costs: dict[str, Any] | None = None
+        self.rows: list[dict[str, Any]] = []
+        self.note = ""
+        if self.path.exists():
+            self._load()
+
+    def _load(self) -> None:
+        try:
+            saved = json.loads(self.path.read_text())
+            same = saved.get("identity") == self.identity
+        except (OSError, ValueError, AttributeError) as error:
+            saved, same = {}, False
+            self.note = f"{self.path} could not be read ({error}): "
+        if not same:
+            aside = self.path.with_name(f"{self.path.stem}.set-aside{self.path.suffix}")
+            os.replace(self.path, aside)
+            differs = sorted(k for k in {*self.identity, *saved.get("identity", {})}
+                             if self.identity.get(k) != saved.get("identity", {}).get(k))
+            self.note += (f"set aside {aside.name}: it measured something else ({', '.join(differs) or 'unreadable'}"
+                          " differ); starting afresh")
+            return
+        self.costs, self.rows = saved.get("costs"), list(saved.get("rows", []))
+        groups = len({(r["B"], r["group"]) for r in self.rows})
+        self.note = (f"resuming {self.path.name}: " + ("the calibration" if self.costs else "no calibration")
+                     + f" and {groups} group{'s' * (groups != 1)} kept")
+
+    def done(self) -> dict[tuple[int, int], list[dict[str, Any]]]:
+        groups: dict[tuple[int, int], list[dict[str, Any]]] = {}
+        for row in self.rows:
+            groups.setdefault((row["B"], row["group"]), []).append(row)
+        return groups
+
+    def save_costs(self, costs: CallCosts) -> None:
+        self.costs = costs.to_json()
+        self._write()
+
+    def add_group(self, rows: list[dict[str, Any]]) -> None:
+        self.rows += rows
+        self._write()
+
+    def _write(self) -> None:
+        atomic_write_text(self.path, json.dumps({"identity": self.identity, "costs": self.costs, "rows": self.rows}))
 
 
 def interval(values: Sequence[float]) -> tuple[float, float, float]:
@@ -159,13 +242,21 @@ def summarise(rows: Sequence[dict[str, Any]], costs: CallCosts, new_tokens: int,
 
 def bench_batches(pair, prompts_by_dataset: dict[str, Sequence[torch.Tensor]], calibration_prompt: torch.Tensor,
                   contenders: Sequence[Contender], batches: Sequence[int], temperature: float,
-                  new_tokens: int, prefill_chunk: int | None = None) -> dict[str, Any]:
-    """Calibrate, time the groups, summarise (see the module docstring)."""
+                  new_tokens: int, prefill_chunk: int | None = None,
+                  checkpoint: BatchCheckpoint | None = None) -> dict[str, Any]:
+    """Calibrate, time the groups, summarise (see the module docstring); with ``checkpoint``, from what it kept."""
     pool = prompt_pool(prompts_by_dataset)
     lengths = sorted(int(p.numel()) for _, p in pool)
-    costs = calibrate(pair, calibration_prompt, contenders, batches, temperature, new_tokens,
-                      [lengths[0], lengths[len(lengths) // 2], lengths[-1]], prefill_chunk)
-    rows = time_groups(pair, pool, contenders, batches, temperature, new_tokens, prefill_chunk)
+    if checkpoint is not None and checkpoint.costs is not None:
+        costs = CallCosts.from_json(checkpoint.costs)
+    else:
+        costs = calibrate(pair, calibration_prompt, contenders, batches, temperature, new_tokens,
+                          [lengths[0], lengths[len(lengths) // 2], lengths[-1]], prefill_chunk)
+        if checkpoint is not None:
+            checkpoint.save_costs(costs)
+    rows = time_groups(pair, pool, contenders, batches, temperature, new_tokens, prefill_chunk,
+                       done=checkpoint.done() if checkpoint else None,
+                       on_group=checkpoint.add_group if checkpoint else None)
     cells = summarise(rows, costs, new_tokens, prefill_chunk)
     result: dict[str, Any] = {"cells": cells, "groups": rows, "costs_source": costs.source}
     for prefix in ("", "decode_"):
@@ -202,5 +293,5 @@ def markdown(result: dict[str, Any], pair_name: str) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["AR", "bench_batches", "calibrate", "decode_group", "interval", "markdown", "prompt_pool", "summarise",
-           "time_groups"]
+__all__ = ["AR", "BatchCheckpoint", "bench_batches", "calibrate", "checkpoint_identity", "decode_group", "interval",
+           "markdown", "prompt_pool", "summarise", "time_groups"]

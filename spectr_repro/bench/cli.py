@@ -95,7 +95,9 @@ def predicted_pick(replay_summary: str, hardware, preset, pair, prompts, calibra
         "predictions": json.loads(predictions.head(10).to_json(orient="records"))}
 
 
-def run(preset, hardware, device: str | None, dtype: str | None, replay_summary: str | None = None) -> dict:
+def run(preset, hardware, device: str | None, dtype: str | None, replay_summary: str | None = None,
+        checkpoint: Path | None = None) -> dict:
+    """Every section of ``preset``; the batch section keeps its progress in ``checkpoint`` and resumes from it."""
     from spectr_repro.bench import suites  # torch, models, transformers: bench.cli starts in ~0.09 s
     from spectr_repro.bench.contenders import encode_prompts  # torch, models, transformers: bench.cli starts in ~0.09 s
     from spectr_repro.environment import environment  # torch, models, transformers: bench.cli starts in ~0.09 s
@@ -132,7 +134,7 @@ def run(preset, hardware, device: str | None, dtype: str | None, replay_summary:
         results["methods"][pair.name] = suites.bench_methods(pair, prompts, T, m,
                                                              [tuple(p) for p in preset.methods], chunk)
     if preset.get("batches"):
-        results["batches"] = {"pair": pair.name, **_batches(pair, preset.batches, T, m, chunk)}
+        results["batches"] = {"pair": pair.name, **_batches(pair, preset.batches, T, m, chunk, checkpoint)}
     ver = preset.get("verification")
     if ver:
         results["verification"] = {"target_model": pair.name, "rows": suites.bench_verification(
@@ -143,18 +145,23 @@ def run(preset, hardware, device: str | None, dtype: str | None, replay_summary:
     return results
 
 
-def _batches(pair, spec, temperature: float, new_tokens: int, chunk) -> dict:
+def _batches(pair, spec, temperature: float, new_tokens: int, chunk, checkpoint: Path | None = None) -> dict:
     """The timed batch groups of ``spec`` (``bench.batches``): each dataset's first ``prompts_per_dataset`` prompts,
     and the next prompt of the first dataset for the calibration (decoded by no group)."""
-    from spectr_repro.bench.batches import bench_batches  # torch/models: light start-up
+    from spectr_repro.bench.batches import BatchCheckpoint, bench_batches, checkpoint_identity  # torch: light start-up
     from spectr_repro.bench.contenders import encode_prompts  # torch/models: light start-up
 
     needed = int(spec.prompts_per_dataset)
     prompts = {str(name): encode_prompts(pair, str(name), needed + (1 if i == 0 else 0))
                for i, name in enumerate(spec.datasets)}
     calibration_prompt = prompts[str(spec.datasets[0])].pop()
+    kept = None
+    if checkpoint is not None:
+        kept = BatchCheckpoint(checkpoint, checkpoint_identity(pair, spec, temperature, new_tokens, chunk))
+        if kept.note:
+            print(kept.note, file=sys.stderr)
     return bench_batches(pair, prompts, calibration_prompt, [tuple(c) for c in spec.contenders],
-                         [int(b) for b in spec.B], temperature, new_tokens, chunk)
+                         [int(b) for b in spec.B], temperature, new_tokens, chunk, kept)
 
 
 def _profile_cells(prof: dict) -> str:
@@ -255,12 +262,19 @@ def write_json(results: dict, out: Path) -> None:
     os.replace(tmp, out)
 
 
+def checkpoint_path(out: Path) -> Path:
+    """Where a bench writing ``out`` keeps its progress (the batch section: an hour or more on a CPU)."""
+    return out.with_name(f"{out.stem}.partial.json")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m spectr_repro bench", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="preset 'quick': SmolLM2 only, a few minutes")
     parser.add_argument("--preset", default=None, help="a preset of conf/bench/ (default: full)")
-    parser.add_argument("--out", default="results/bench/bench.json")
+    parser.add_argument("--out", default="results/bench/bench.json",
+                        help="the results' JSON; a batch preset keeps its progress beside it (<name>.partial.json) "
+                             "and the same command resumes from it")
     parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
     parser.add_argument("--replay-summary", default=None,
                         help="a replay's replay_summary.csv: ours_best is the fastest lossless configuration "
@@ -284,7 +298,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {error}", file=sys.stderr)
         return 2
     try:
-        results = run(preset, hardware, device, args.dtype, args.replay_summary)
+        results = run(preset, hardware, device, args.dtype, args.replay_summary, checkpoint_path(Path(args.out)))
     except UsageError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
@@ -294,6 +308,7 @@ def main(argv: list[str] | None = None) -> int:
     results["command"] = shlex.join(["python", "-m", "spectr_repro", "bench", *argv])
     out = Path(args.out)
     write_json(results, out)
+    checkpoint_path(out).unlink(missing_ok=True)  # everything it kept is in ``out`` now
     print(markdown(results))
     print(f"\nwrote {out} ({results['wall_time_s']:.0f} s)")
     tracking.log_command("bench", tracking.logger_config(args.logger), out.parent, results=results,

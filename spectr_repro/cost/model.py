@@ -247,6 +247,19 @@ class CallCosts:
         seconds = self.target.seconds(1, prompt_tokens)
         return seconds + (self.draft.seconds(1, prompt_tokens) if with_draft else 0.0)
 
+    def to_json(self) -> dict[str, Any]:
+        """Everything the model prices from, so a bench interrupted after its calibration resumes on the same costs."""
+        return {"target": self.target.to_json(), "draft": self.draft.to_json(),
+                "rule_seconds": {rule_key(*key): float(s) for key, s in self.rule_seconds.items()},
+                "overheads": None if self.overheads is None else self.overheads.to_json(), "source": self.source}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> CallCosts:
+        return cls(ForwardCosts.from_json(data["target"]), ForwardCosts.from_json(data["draft"]),
+                   {_rule_key(key): float(s) for key, s in data.get("rule_seconds", {}).items()},
+                   None if data.get("overheads") is None else SectionOverheads.from_json(data["overheads"]),
+                   str(data.get("source", "")))
+
     @classmethod
     def from_calibration(cls, calibration: Calibration) -> CallCosts:
         """The cost model of a calibration; its section overheads are fitted once per calibration content

@@ -3,6 +3,7 @@ timed groups on the tiny random pair."""
 
 from __future__ import annotations
 
+import json
 import math
 import re
 
@@ -111,3 +112,58 @@ def test_a_batch_that_does_not_fit_is_refused_before_any_model_loads(tmp_path, m
     assert not out.exists()
     monkeypatch.setattr(fit, "free_bytes", lambda device=None: 64 * 2**30)  # the same preset fits with 64 GiB free
     assert cli.compose_preset("batch_qwen", "cpu")[0].batches.B == [1, 2, 4, 8]
+
+
+def test_call_costs_survive_json():
+    """The checkpoint keeps the calibration as JSON: every price the summary uses is the same after the trip."""
+    from spectr_repro.cost.model import SectionOverheads
+
+    overheads = SectionOverheads({"other": (0.01, 0.002, 0.003, 0.0001, 0.0, 0.0)}, {"target": 0.004}, 100)
+    costs = CallCosts(COSTS.target, COSTS.draft, {("sd", 1, 4): 0.003, ("spectr", 3, 6): 0.02}, overheads, "here")
+    back = CallCosts.from_json(json.loads(json.dumps(costs.to_json())))
+    assert back.rule_seconds == costs.rule_seconds and back.source == "here"
+    for rule, K, L in (("sd", 1, 4), ("spectr", 3, 6), ("spectr", 3, 9)):
+        assert back.call_seconds(rule, K, L, 200) == costs.call_seconds(rule, K, L, 200)
+    assert back.ar_token_seconds(300) == costs.ar_token_seconds(300)
+    assert batch_decode_seconds(back, "spectr", 3, 6, [20, 30], [5, 6], 12) == \
+        batch_decode_seconds(COSTS.__class__(**{**costs.__dict__}), "spectr", 3, 6, [20, 30], [5, 6], 12)
+
+
+def test_an_interrupted_batch_bench_resumes_from_its_checkpoint(tmp_path, monkeypatch):
+    """Killed after its calibration and one finished group, the same command resumes: no new calibration, the kept
+    group not decoded again, every group in the result once. A checkpoint of other settings is set aside."""
+    from spectr_repro.bench import batches, cli
+
+    monkeypatch.chdir(tmp_path)
+    preset, hardware = cli.compose_preset("batch_tiny", "cpu")
+    preset.batches.prompts_per_dataset, preset.max_new_tokens = 1, 4
+    preset.batches.contenders = [["sd", 1, 2]]
+    checkpoint = tmp_path / "bench.partial.json"
+    decode, decoded, interrupt = batches.decode_group, [], [True]
+
+    def interrupted_after_one_group(pair, prompts, contender, temperature, new_tokens, seed, chunk=None):
+        if seed != 10**6:  # not a warm-up
+            decoded.append((len(prompts), seed, contender))
+            # the second group's first decode: the first group is finished
+            if len(decoded) == 3 and interrupt and interrupt.pop():
+                raise KeyboardInterrupt
+        return decode(pair, prompts, contender, temperature, new_tokens, seed, chunk)
+
+    monkeypatch.setattr(batches, "decode_group", interrupted_after_one_group)
+    with pytest.raises(KeyboardInterrupt):
+        cli.run(preset, hardware, "cpu", None, checkpoint=checkpoint)
+    kept = json.loads(checkpoint.read_text())
+    assert kept["costs"] is not None and len(kept["rows"]) == 2  # one group: AR and SD
+
+    decoded.clear()
+    monkeypatch.setattr(batches, "calibrate", lambda *a, **k: pytest.fail("calibrated again"))
+    results = cli.run(preset, hardware, "cpu", None, checkpoint=checkpoint)["batches"]
+    assert len(decoded) == 4  # the two groups not kept (B = 1's second, B = 2's one), AR and SD each
+    groups = results["groups"]
+    assert sorted((g["B"], g["group"], g["method"]) for g in groups) == \
+        [(1, 0, "ar"), (1, 0, "sd"), (1, 1, "ar"), (1, 1, "sd"), (2, 0, "ar"), (2, 0, "sd")]
+    assert groups[:2] == kept["rows"]  # the kept group, as it was timed
+
+    preset.max_new_tokens = 5  # another measurement: its checkpoint is not resumed
+    assert "max_new_tokens" in batches.BatchCheckpoint(checkpoint, {**kept["identity"], "max_new_tokens": 5}).note
+    assert not checkpoint.exists() and (tmp_path / "bench.partial.set-aside.json").exists()
