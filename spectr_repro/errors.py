@@ -7,6 +7,8 @@ that stay inside one module (a docs block, a bench file, the sandbox) are define
 
 from __future__ import annotations
 
+import sys
+
 
 class UsageError(ValueError):
     """Bad command-line input: the CLI prints the message (no traceback) and exits with status 2."""
@@ -28,4 +30,14 @@ class ConfigFolderError(ValueError):
     """The config folder does not exist or has no config.yaml."""
 
 
-__all__ = ["ConfigFolderError", "HubDataError", "ResourceError", "SchemaError", "UsageError"]
+def exit_at_the_door(error: UsageError | ResourceError) -> int:
+    """Say why a command stopped before loading any model, and its exit status: 2 for bad input, 1 for a dataset
+    (or other resource) that cannot be read. Every command that loads models checks both at its door."""
+    if isinstance(error, ResourceError):
+        print(f"error: {error}\n(nothing was loaded or written)", file=sys.stderr)
+        return 1
+    print(f"error: {error}", file=sys.stderr)
+    return 2
+
+
+__all__ = ["ConfigFolderError", "HubDataError", "ResourceError", "SchemaError", "UsageError", "exit_at_the_door"]

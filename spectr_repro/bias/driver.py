@@ -44,7 +44,7 @@ from spectr_repro import tracking
 from spectr_repro.bias import estimators
 from spectr_repro.bias.settings import bias_settings
 from spectr_repro.data import encode_prompt
-from spectr_repro.errors import ResourceError
+from spectr_repro.errors import ResourceError, exit_at_the_door
 from spectr_repro.files import atomic_write_text
 from spectr_repro.runner.config import (
     Composer,
@@ -88,24 +88,21 @@ def check_bias_config(cfg: DictConfig) -> None:
 
 
 def setting_of(cfg: DictConfig) -> dict:
-    """What the draft sets depend on (every cell with the same setting shares them)."""
+    """What the draft sets depend on (every cell with the same setting shares them). Its JSON names the setting's
+    folder (:func:`setting_id`): a change of a value's type or of a key would orphan every folder measured so far."""
+    bias = bias_settings(cfg)
     return {
         "model_pair": cfg.choices.model_pair, "dataset": cfg.choices.dataset, "K": int(cfg.K), "L": int(cfg.L),
-        "temperature": float(cfg.temperature), "draft_temperature": _draft_temperature(cfg),
+        "temperature": float(cfg.temperature),
+        "draft_temperature": float(cfg.temperature if bias.draft_temperature is None else bias.draft_temperature),
         "seed": int(cfg.seed), "num_prompts": int(cfg.num_prompts),
-        "samples": int(cfg.bias.samples), "batch": int(cfg.bias.batch), "rule_calls": int(cfg.bias.rule_calls),
-        "continuation_tokens": int(cfg.bias.continuation_tokens),
-        "contexts_per_prompt": int(cfg.bias.contexts_per_prompt),
-        "sample_cap": {str(k): int(v) for k, v in (cfg.bias.get("sample_cap") or {}).items()},
+        "samples": bias.samples, "batch": bias.batch, "rule_calls": bias.rule_calls,
+        "continuation_tokens": bias.continuation_tokens, "contexts_per_prompt": bias.contexts_per_prompt,
+        "sample_cap": dict(bias.sample_cap),
         "contexts": "cuts where max p is nearest 1/2",  # the rule of contexts_of (a change of it is a new setting)
         "hardware": OmegaConf.to_container(cfg.hardware, resolve=True),
         "model_pair_config": OmegaConf.to_container(cfg.model_pair, resolve=True),
     }
-
-
-def _draft_temperature(cfg: DictConfig) -> float:
-    value = cfg.bias.get("draft_temperature")
-    return float(cfg.temperature) if value is None else float(value)
 
 
 def setting_id(setting: dict) -> str:
@@ -157,15 +154,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     try:
         cfgs = parse(argv)
-    except UsageError as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
-    except ResourceError as error:  # a dataset that cannot be read, found before any model loads
-        print(f"error: {error}\n(nothing was loaded or written)", file=sys.stderr)
-        return 1
+    except (UsageError, ResourceError) as error:  # bad input, or a dataset that cannot be read: before any model loads
+        return exit_at_the_door(error)
     started = time.perf_counter()
     pairs = PairCache()  # settings of one pair share it: loaded once
-    progress = Progress(budget=Budget(cfgs[0].bias.get("budget_minutes")))
+    progress = Progress(budget=Budget(bias_settings(cfgs[0]).budget_minutes))
     try:
         with stop_on_signals():
             for setting, cfg, methods in group_settings(cfgs):
@@ -223,14 +216,14 @@ def contexts_of(pair, cfg: DictConfig, examples) -> list[tuple[str, list[int]]]:
     from spectr_repro.engine.forward import forward_chunked  # pulls transformers (~1 s): refusals exit first
     from spectr_repro.engine.loop import generate  # pulls transformers (~1 s): refusals exit first
 
-    temperature, chunk = float(cfg.temperature), cfg.hardware.get("prefill_chunk")
+    temperature, chunk, bias = float(cfg.temperature), cfg.hardware.get("prefill_chunk"), bias_settings(cfg)
     contexts = []
     for index, example in enumerate(examples):
         prompt = encode_prompt(pair.tokenizer, example)[0].tolist()
         continuation: list[int] = []
-        if cfg.bias.continuation_tokens > 0:
+        if bias.continuation_tokens > 0:
             continuation = generate(pair.target, None, prompt, method="ar", temperature=temperature,
-                                    max_new_tokens=cfg.bias.continuation_tokens, seed=int(cfg.seed) * 100_003 + index,
+                                    max_new_tokens=bias.continuation_tokens, seed=int(cfg.seed) * 100_003 + index,
                                     eos_token_ids=pair.eos_token_ids, vocab_size=pair.vocab_size,
                                     prefill_chunk=chunk).new_tokens
         eos = set(pair.eos_token_ids)
@@ -239,7 +232,7 @@ def contexts_of(pair, cfg: DictConfig, examples) -> list[tuple[str, list[int]]]:
         with torch.inference_mode():  # p at every cut 0..usable: one target forward
             logits = forward_chunked(pair.target, ids, DynamicCache(), pair.vocab_size, usable + 1, chunk)[0]
             top = probs_from_logits(logits, temperature).amax(-1).float().cpu()
-        cuts = sorted(torch.argsort((top - 0.5).abs(), stable=True)[: cfg.bias.contexts_per_prompt].tolist())
+        cuts = sorted(torch.argsort((top - 0.5).abs(), stable=True)[: bias.contexts_per_prompt].tolist())
         for cut in cuts:
             contexts.append((f"{example.id}+{cut}", prompt + continuation[:cut]))
     return contexts
@@ -368,7 +361,7 @@ def measure_context(pair, cfg: DictConfig, setting: dict, ids: list[int], method
     q0 = probs_from_logits(forward_chunked(pair.draft, context, draft_cache, V, 1, chunk)[0, -1], draft_temperature)
     seed = setting["seed"] * 1_000_003 + number
     draw_generator = torch.Generator(device=pair.device).manual_seed(seed)
-    caps = {m: min(S, int((cfg.bias.get("sample_cap") or {}).get(m, S))) for m in methods}
+    caps = {m: min(S, setting["sample_cap"].get(m, S)) for m in methods}
     verifiers = {m: get_verifier(m, check_inputs=False) for m in methods if m in VERIFIERS}
     parts: dict[str, list] = {m: [] for m in methods}
     seconds = dict.fromkeys(["models", *methods], 0.0)  # indicative: where the time goes (host clock)

@@ -48,7 +48,7 @@ from tqdm.auto import tqdm
 
 from spectr_repro import tracking
 from spectr_repro.data import encode_prompt
-from spectr_repro.errors import ResourceError
+from spectr_repro.errors import ResourceError, exit_at_the_door
 from spectr_repro.files import atomic_write_text
 from spectr_repro.replay.core import block_estimates, recursion_room
 from spectr_repro.replay.fingerprint import provenance
@@ -320,12 +320,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         groups = parse(argv)
         check_groups(groups)
-    except UsageError as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
-    except ResourceError as error:  # a dataset that cannot be read, found before any model loads
-        print(f"error: {error}\n(nothing was loaded or written)", file=sys.stderr)
-        return 1
+    except (UsageError, ResourceError) as error:  # bad input, or a dataset that cannot be read: before any model loads
+        return exit_at_the_door(error)
 
     roots = list(dict.fromkeys(group.root for group in groups))
     progress = Progress(planned=sum(group.settings.num_prompts for group in groups),

@@ -32,7 +32,7 @@ from tqdm.auto import tqdm
 
 from spectr_repro import tracking
 from spectr_repro.data import encode_prompt
-from spectr_repro.errors import ResourceError
+from spectr_repro.errors import ResourceError, exit_at_the_door
 from spectr_repro.replay.driver import parse as replay_groups
 from spectr_repro.replay.settings import GroupSettings
 from spectr_repro.runner.config import (
@@ -210,12 +210,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     try:
         args, groups = parse(argv)
-    except UsageError as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
-    except ResourceError as error:  # a dataset that cannot be read, found before any model loads
-        print(f"error: {error}\n(nothing was loaded or written)", file=sys.stderr)
-        return 1
+    except (UsageError, ResourceError) as error:  # bad input, or a dataset that cannot be read: before any model loads
+        return exit_at_the_door(error)
     counts = count_trajectories(groups, args.arithmetic, args.seconds, args.out)
     print(counts.to_string(index=False))
     tracking.log_command("excursions", groups[0].logger, tracking_folder(groups[0]), tables={"counts": counts},

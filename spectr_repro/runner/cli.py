@@ -30,6 +30,7 @@ from hydra.initialize import get_gh_backup, restore_gh_from_backup
 from omegaconf import OmegaConf, open_dict
 
 from spectr_repro import tracking
+from spectr_repro.errors import exit_at_the_door
 from spectr_repro.runner.claims import Runner
 from spectr_repro.runner.config import (
     GROUPS,
@@ -84,12 +85,8 @@ def _main(command: str, argv: list[str]) -> int:
         if command == "sweep" and args.launcher_overrides:
             return _hydra_multirun(args)
         cfgs, plans = _compose_and_check(command, args, show_config)
-    except UsageError as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
-    except ResourceError as error:  # a dataset that cannot be read, found before any model loads
-        print(f"error: {error}\n(nothing was loaded or written)", file=sys.stderr)
-        return 1
+    except (UsageError, ResourceError) as error:  # bad input, or a dataset that cannot be read: before any model loads
+        return exit_at_the_door(error)
     if show_config:  # Hydra's `--cfg job`: print the composed config of every cell, run nothing
         print_configs(cfgs)
         return 0

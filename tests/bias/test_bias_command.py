@@ -91,3 +91,16 @@ def test_a_sample_cap_maps_registered_rules_to_counts(cap):
     assert read_settings(BiasSettings, {**values, "sample_cap": {"sbvf": 2}}, "bias").sample_cap == {"sbvf": 2}
     with pytest.raises(UsageError, match=r"^bias.sample_cap must be a map of registered rules to integers >= 1"):
         read_settings(BiasSettings, {**values, "sample_cap": cap}, "bias")
+
+
+def test_a_settings_folder_name_does_not_change_when_its_settings_are_read_differently(tmp_path):
+    """A setting's folder is named by the JSON of its values (``driver.setting_id``): a refactor of how the values
+    are read (typed at the door since 2026-12-06) must give every setting the name it had, or the contexts measured
+    so far are orphaned. The ids below were printed by the code that read ``cfg.bias`` field by field (da1b22c)."""
+    ids = {driver.setting_id(driver.setting_of(cfg)) for cfg in driver.parse(
+        ["experiment=bias_qwen", "bias.draft_temperature=1", "+bias.sample_cap={sbv: 100}", "logger=disabled",
+         f"output_dir={tmp_path}"])}
+    assert ids == {"qwen25coder_1.5b_0.5b__humaneval__K1_L6_T0.4_Tq1__27521181",
+                   "qwen25coder_1.5b_0.5b__humaneval__K1_L6_T0.7_Tq1__762344a4",
+                   "qwen25coder_1.5b_0.5b__humaneval__K3_L6_T0.4_Tq1__d806ec30",
+                   "qwen25coder_1.5b_0.5b__humaneval__K7_L6_T0.7_Tq1__efaa33d2"}
