@@ -72,6 +72,7 @@ class ReplayGroup:
     iterations: int = 0  # blocks per prompt left
     model_seconds: float = 0.0  # model calls of the prompts left
     blocks: int = 0  # blocks of the prompts left (their rules are rules seconds per block x this)
+    rule_seconds_per_block: float | None = None  # measured at this temperature; None: the replay's pooled mean
     note: str = ""  # e.g. the folder holds a replay with other settings
 
     @property
@@ -104,7 +105,11 @@ class ReplayPlan:
 
     @property
     def rule_seconds(self) -> float:
-        return (self.rule_seconds_per_block or 0.0) * sum(g.blocks for g in self.groups)
+        """Each group's blocks at its temperature's seconds per block (the rules' work grows with T: SpecTr's
+        exact rho at T = 0.7 takes several times its T = 0.1 time on the same shapes), else at the pooled mean."""
+        pooled = self.rule_seconds_per_block or 0.0
+        return sum((pooled if g.rule_seconds_per_block is None else g.rule_seconds_per_block) * g.blocks
+                   for g in self.groups)
 
     @property
     def seconds(self) -> float:
@@ -178,6 +183,14 @@ def _plan_pair(command: str, groups: list, measured: dict[tuple, float], argumen
         folders.append((folder, changed))
         blocks.append([] if changed else _finished_blocks(folder))
     plan.rule_seconds_per_block, plan.rules_note = rule_seconds_per_block(b for group in blocks for b in group)
+    by_temperature: dict[float, list[dict]] = {}
+    for member, own in zip(groups, blocks):
+        by_temperature.setdefault(float(member.cfg.temperature), []).extend(own)
+    per_temperature = {T: rule_seconds_per_block(own)[0] for T, own in by_temperature.items()}
+    if sum(seconds is not None for seconds in per_temperature.values()) > 1:
+        plan.rules_note += " (by temperature: " + ", ".join(
+            f"T={T:g} {seconds:.3g} s" for T, seconds in sorted(per_temperature.items()) if seconds is not None
+        ) + (", the mean where a temperature has none)" if None in per_temperature.values() else ")")
     pooled = [b["reference_tokens"] for group in blocks for b in group if "reference_tokens" in b]
     for member, (folder, changed), own in zip(groups, folders, blocks):
         cfg, settings = member.cfg, member.settings
@@ -191,6 +204,7 @@ def _plan_pair(command: str, groups: list, measured: dict[tuple, float], argumen
         group.iterations = math.ceil(int(cfg.max_new_tokens) / group.block_efficiency)
         group.blocks = group.to_replay * group.iterations
         group.model_seconds = _model_seconds(cfg, settings, calibration, group.to_replay, group.iterations)
+        group.rule_seconds_per_block = per_temperature[float(cfg.temperature)]
         plan.groups.append(group)
     return plan
 

@@ -192,3 +192,25 @@ def test_a_replay_experiment_is_planned_without_cells(offline, capsys):
     assert len(_lines(text, "Replay (shared blocks")) == 1 and "Total:" in text
     mixed = _plan(capsys, "experiment=cpu_quick,replay_qwen", "replay.num_prompts=1", f"output_dir={out}")
     assert "Cells:" in mixed and len(_lines(mixed, "Replay (shared blocks")) == 2, mixed
+
+
+def test_the_rules_seconds_are_priced_at_each_temperature(offline, capsys):
+    """Finished blocks at T = 0.1 took 2 s of rules, at T = 0.7 40 s (SpecTr's exact rho grows with T): each
+    temperature's blocks left are priced at its own mean, not at the pooled 21 s."""
+    out = offline / "results"
+    argv = ["experiment=cpu_quick", *PINNED, f"output_dir={out}", "dataset=gsm8k", "temperature=0.1,0.7"]
+    cold, hot = parse(argv)
+    assert (cold.temperature, hot.temperature) == (0.1, 0.7)
+    for group, tokens, seconds in ((cold, 2, 2.0), (hot, 8, 40.0)):
+        group.folder.mkdir(parents=True)
+        atomic_write_text(group.folder / "replay.json", json.dumps(group.meta(), indent=2) + "\n")
+        write_prompt(prompt_directory(group.folder, 0), _blocks((tokens, seconds), (tokens, seconds)),
+                     {"prompt_id": "gsm8k/0", "index": 0, "new_tokens": 2 * tokens, "target_calls": 2, "blocks": 2,
+                      "trajectory_block_efficiency": float(tokens), "seconds": 50.0})
+    line = _replay_line(_plan(capsys, *argv))
+    assert "rules 21 s per block, mean of 4 finished replay block(s) here (by temperature: T=0.1 2 s, T=0.7 40 s)" \
+        in line
+    # one prompt left at each temperature: ceil(32 / 2) = 16 blocks at T = 0.1, ceil(32 / 8) = 4 at T = 0.7
+    rules = 16 * 2.0 + 4 * 40.0
+    assert f"+ rules {format_duration(rules)};" in line
+    assert format_duration(rules) != format_duration((16 + 4) * 21.0)  # the pooled mean's price
