@@ -46,11 +46,16 @@ setup: $(PY)
 	@$(PY) -c "import torch, transformers; print('torch', torch.__version__, '| transformers', transformers.__version__)"
 	@touch $(INSTALLED)
 
+# One pytest-xdist worker per core (at most 4: each holds torch and the tiny models), one torch thread each
+# (tests/conftest.py); worksteal evens out the long statistical tests. `PYTEST_WORKERS=0` runs in one process.
+PYTEST_WORKERS ?= auto
+PYTEST_PARALLEL = $(if $(filter 0,$(PYTEST_WORKERS)),,-n $(PYTEST_WORKERS) --maxprocesses=4 --dist worksteal)
+
 test: $(PY)
-	$(PY) -m pytest -m "not slow" -q
+	$(PY) -m pytest -m "not slow" -q $(PYTEST_PARALLEL)
 
 test-full: $(PY)
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q $(PYTEST_PARALLEL)
 
 lint: $(PY)
 	$(PY) -m ruff check spectr_repro tests scripts notebooks

@@ -16,3 +16,14 @@ def isolated_calibration(tmp_path_factory, monkeypatch):
     from spectr_repro.cost.calibration import CALIBRATION_ENV_VAR
 
     monkeypatch.setenv(CALIBRATION_ENV_VAR, str(tmp_path_factory.mktemp("calibration") / "calibration.json"))
+
+
+def pytest_configure(config):
+    """Under pytest-xdist (`make test` runs one worker per core), each worker computes on one thread: two workers
+    each asking torch for every core would oversubscribe the machine and make both slower."""
+    import os
+
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        import torch
+
+        torch.set_num_threads(1)
