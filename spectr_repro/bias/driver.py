@@ -24,7 +24,6 @@ SIGINT say what is kept and how to resume.
 from __future__ import annotations
 
 import copy
-import hashlib
 import json
 import logging
 import math
@@ -37,12 +36,12 @@ from pathlib import Path
 
 import pandas as pd
 import torch
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 from tqdm import tqdm
 
 from spectr_repro import tracking
 from spectr_repro.bias import estimators
-from spectr_repro.bias.settings import bias_settings
+from spectr_repro.bias.settings import BiasSetting, bias_folder, bias_setting_groups, bias_settings
 from spectr_repro.data import encode_prompt
 from spectr_repro.errors import ResourceError, exit_at_the_door
 from spectr_repro.files import atomic_write_text
@@ -71,10 +70,6 @@ INTEGRITY = 1  # setting.json's ``records_integrity``: its contexts have a done.
 log = logging.getLogger(__name__)
 
 
-def bias_folder(cfg: DictConfig) -> Path:
-    return Path(cfg.output_dir).expanduser() / cfg.experiment / "bias"
-
-
 def check_bias_config(cfg: DictConfig) -> None:
     """The bias-specific keys and the single-draft rule (UsageError, before any model loads)."""
     bias_settings(cfg)
@@ -85,43 +80,6 @@ def check_bias_config(cfg: DictConfig) -> None:
         raise UsageError("method ar has no verification rule to measure; name rules (method=spectr_gbv,sbv,...)")
     if VERIFIERS[method].single_draft and cfg.K != 1:
         raise UsageError(single_draft_message(cfg))
-
-
-def setting_of(cfg: DictConfig) -> dict:
-    """What the draft sets depend on (every cell with the same setting shares them). Its JSON names the setting's
-    folder (:func:`setting_id`): a change of a value's type or of a key would orphan every folder measured so far."""
-    bias = bias_settings(cfg)
-    return {
-        "model_pair": cfg.choices.model_pair, "dataset": cfg.choices.dataset, "K": int(cfg.K), "L": int(cfg.L),
-        "temperature": float(cfg.temperature),
-        "draft_temperature": float(cfg.temperature if bias.draft_temperature is None else bias.draft_temperature),
-        "seed": int(cfg.seed), "num_prompts": int(cfg.num_prompts),
-        "samples": bias.samples, "batch": bias.batch, "rule_calls": bias.rule_calls,
-        "continuation_tokens": bias.continuation_tokens, "contexts_per_prompt": bias.contexts_per_prompt,
-        "sample_cap": dict(bias.sample_cap),
-        "contexts": "cuts where max p is nearest 1/2",  # the rule of contexts_of (a change of it is a new setting)
-        "hardware": OmegaConf.to_container(cfg.hardware, resolve=True),
-        "model_pair_config": OmegaConf.to_container(cfg.model_pair, resolve=True),
-    }
-
-
-def setting_id(setting: dict) -> str:
-    digest = hashlib.sha1(json.dumps(setting, sort_keys=True).encode()).hexdigest()[:8]
-    return (f"{setting['model_pair']}__{setting['dataset']}__K{setting['K']}_L{setting['L']}"
-            f"_T{setting['temperature']:g}_Tq{setting['draft_temperature']:g}__{digest}")
-
-
-def group_settings(cfgs: Sequence[DictConfig]) -> list[tuple[dict, DictConfig, list[str]]]:
-    """(setting, one cfg of it, its methods in order), settings in grid order."""
-    groups: dict[str, tuple[dict, DictConfig, list[str]]] = {}
-    for cfg in cfgs:
-        setting = setting_of(cfg)
-        key = setting_id(setting)
-        if key not in groups:
-            groups[key] = (setting, cfg, [])
-        if cfg.method.name not in groups[key][2]:
-            groups[key][2].append(cfg.method.name)
-    return list(groups.values())
 
 
 @dataclass
@@ -135,15 +93,14 @@ class Progress(RunProgress):
     def stopped_message(self, stop: BaseException, folder: Path) -> str:
         return self.stop_report(stop, [folder], "context", "measured", "rerun the same command to resume.")
 
-    def budget_message(self, cfgs: Sequence[DictConfig], argv: Sequence[str]) -> str:
+    def budget_message(self, settings: Sequence[BiasSetting], argv: Sequence[str]) -> str:
         """What a run stopped by its budget kept, counted on disk; a setting not reached yet counts its
         num_prompts x contexts_per_prompt contexts (at most that many)."""
         finished = left = 0
-        for setting, cfg, _ in group_settings(cfgs):
-            key = setting_id(setting)
-            folder = bias_folder(cfg) / "contexts" / key
+        for setting in settings:
+            folder = setting.contexts_folder
             done = sum(context_problem(d) is None for d in folder.iterdir() if d.is_dir()) if folder.is_dir() else 0
-            planned = self.planned.get(key, setting["num_prompts"] * setting["contexts_per_prompt"])
+            planned = self.planned.get(setting.id, setting.num_prompts * setting.bias.contexts_per_prompt)
             finished, left = finished + done, left + max(planned - done, 0)
         return self.budget.message(self.computed, max(finished - self.computed, 0), left, "context", "bias", argv)
 
@@ -153,39 +110,41 @@ def main(argv: Sequence[str] | None = None) -> int:
     if print_help_if_asked(argv, __doc__):
         return 0
     try:
-        cfgs = parse(argv)
+        settings = parse(argv)
     except (UsageError, ResourceError) as error:  # bad input, or a dataset that cannot be read: before any model loads
         return exit_at_the_door(error)
     started = time.perf_counter()
     pairs = PairCache()  # settings of one pair share it: loaded once
-    progress = Progress(budget=Budget(bias_settings(cfgs[0]).budget_minutes))
+    folder = settings[0].folder
+    progress = Progress(budget=Budget(settings[0].bias.budget_minutes))
     try:
         with stop_on_signals():
-            for setting, cfg, methods in group_settings(cfgs):
-                run_setting(setting, cfg, methods, pairs, progress)
+            for setting in settings:
+                run_setting(setting, pairs, progress)
                 if progress.budget.stopped:
                     break
             try:
-                path = write_csv(bias_folder(cfgs[0]))
+                path = write_csv(folder)
             except OSError as error:
-                raise ResourceError(f"cannot write {bias_folder(cfgs[0]) / 'bias.csv'}: {error}") from error
+                raise ResourceError(f"cannot write {folder / 'bias.csv'}: {error}") from error
     except ResourceError as error:
         print(f"error: {error}\n(finished contexts are kept; fix the above and rerun the same command)",
               file=sys.stderr)
         return 1
     except (KeyboardInterrupt, Terminated) as stop:
-        print("\n" + progress.stopped_message(stop, bias_folder(cfgs[0])), file=sys.stderr)
+        print("\n" + progress.stopped_message(stop, folder), file=sys.stderr)
         return stop_status(stop)
     print(f"bias: {path} (wall time {time.perf_counter() - started:.0f} s)")
-    tracking.log_command("bias", cfgs[0].logger, path.parent.parent, tables={"rows": path},
-                         config=tracking.top_level_config(setting for setting, _, _ in group_settings(cfgs)))
+    tracking.log_command("bias", settings[0].logger, path.parent.parent, tables={"rows": path},
+                         config=tracking.top_level_config(setting.values() for setting in settings))
     if progress.budget.stopped:
-        print(progress.budget_message(cfgs, argv))
+        print(progress.budget_message(settings, argv))
     return 0
 
 
-def parse(argv: Sequence[str]) -> list[DictConfig]:
-    """The command's cell configs, checked like every command that loads models (UsageError, nothing loaded)."""
+def parse(argv: Sequence[str]) -> list[BiasSetting]:
+    """The command's settings (cells sharing all but the rule), checked like every command that loads models
+    (UsageError, nothing loaded)."""
     args = parse_arguments(argv)
     if args.launcher_overrides:
         raise UsageError("bias runs in one process (hydra/launcher overrides apply to `sweep` only)")
@@ -198,14 +157,14 @@ def parse(argv: Sequence[str]) -> list[DictConfig]:
     check_before_loading(cfgs, block_L=[int(cfg.L) for cfg in cfgs])
     for cfg in cfgs:
         check_writable(cfg.output_dir, [bias_folder(cfg)])
-    return cfgs
+    return bias_setting_groups(cfgs)
 
 
 # --------------------------------------------------------------------------------------------------
 # One setting
 
 
-def contexts_of(pair, cfg: DictConfig, examples) -> list[tuple[str, list[int]]]:
+def contexts_of(pair, setting: BiasSetting, examples) -> list[tuple[str, list[int]]]:
     """(name, token ids): per prompt, the ``bias.contexts_per_prompt`` cuts of an AR continuation from p
     (``bias.continuation_tokens`` long; cut 0 is the prompt itself) where the target's most likely next token
     has probability nearest 1/2. Why: where p is (nearly) a point mass every rule emits that token and no bias
@@ -216,14 +175,14 @@ def contexts_of(pair, cfg: DictConfig, examples) -> list[tuple[str, list[int]]]:
     from spectr_repro.engine.forward import forward_chunked  # pulls transformers (~1 s): refusals exit first
     from spectr_repro.engine.loop import generate  # pulls transformers (~1 s): refusals exit first
 
-    temperature, chunk, bias = float(cfg.temperature), cfg.hardware.get("prefill_chunk"), bias_settings(cfg)
+    temperature, chunk, bias = setting.temperature, setting.prefill_chunk, setting.bias
     contexts = []
     for index, example in enumerate(examples):
         prompt = encode_prompt(pair.tokenizer, example)[0].tolist()
         continuation: list[int] = []
         if bias.continuation_tokens > 0:
             continuation = generate(pair.target, None, prompt, method="ar", temperature=temperature,
-                                    max_new_tokens=bias.continuation_tokens, seed=int(cfg.seed) * 100_003 + index,
+                                    max_new_tokens=bias.continuation_tokens, seed=setting.seed * 100_003 + index,
                                     eos_token_ids=pair.eos_token_ids, vocab_size=pair.vocab_size,
                                     prefill_chunk=chunk).new_tokens
         eos = set(pair.eos_token_ids)
@@ -241,34 +200,32 @@ def contexts_of(pair, cfg: DictConfig, examples) -> list[tuple[str, list[int]]]:
 _CONTEXTS: dict[tuple, list[tuple[str, list[int]]]] = {}  # this process's contexts, by what fixes them
 
 
-def run_setting(setting: dict, cfg: DictConfig, methods: list[str], pairs: PairCache,
-                progress: Progress | None = None) -> None:
+def run_setting(setting: BiasSetting, pairs: PairCache, progress: Progress | None = None) -> None:
     progress = progress or Progress()
-    folder = bias_folder(cfg) / "contexts" / setting_id(setting)
-    pair = pairs.pair(cfg)
-    examples = pairs.examples(cfg, pair.tokenizer)
-    key = (setting["model_pair"], setting["dataset"], setting["temperature"], setting["seed"],
-           setting["num_prompts"], setting["continuation_tokens"], setting["contexts_per_prompt"])
-    if key not in _CONTEXTS:  # settings that differ only by method, K or L share their contexts
-        _CONTEXTS[key] = contexts_of(pair, cfg, examples)
-    contexts = _CONTEXTS[key]
-    progress.planned[setting_id(setting)] = len(contexts)
-    all_methods = [*methods, *estimators.CONTROLS]
-    verified = _start_setting(folder, setting)
-    with tqdm(total=len(contexts) * setting["samples"], desc=f"bias K={setting['K']} T={setting['temperature']:g}",
+    folder = setting.contexts_folder
+    pair = pairs.pair(setting.cfg)
+    examples = pairs.examples(setting.cfg, pair.tokenizer)
+    if setting.contexts_key not in _CONTEXTS:  # settings that differ only by method, K or L share their contexts
+        _CONTEXTS[setting.contexts_key] = contexts_of(pair, setting, examples)
+    contexts = _CONTEXTS[setting.contexts_key]
+    progress.planned[setting.id] = len(contexts)
+    all_methods = [*setting.methods, *estimators.CONTROLS]
+    verified = _start_setting(folder, setting.values())
+    samples = setting.bias.samples
+    with tqdm(total=len(contexts) * samples, desc=f"bias K={setting.K} T={setting.temperature:g}",
               unit="draft set", file=sys.stderr) as bar:
         for number, (name, ids) in enumerate(contexts):
             directory = folder / _safe(name)
             missing = _missing_methods(directory, all_methods, verified)
             if not missing:
                 progress.earlier += 1
-                bar.update(setting["samples"])
+                bar.update(samples)
                 continue
             if progress.budget.spent():
                 return  # the next context would not fit in bias.budget_minutes
-            progress.current = f"{setting_id(setting)}/{name}"
+            progress.current = f"{setting.id}/{name}"
             with progress.budget.unit():
-                results = measure_context(pair, cfg, setting, ids, missing, number, bar)
+                results = measure_context(pair, setting, ids, missing, number, bar)
                 try:
                     write_context(directory, {method: {**record, "context": name, "context_tokens": len(ids),
                                                        "top_strings": [pair.tokenizer.decode([token])
@@ -279,9 +236,9 @@ def run_setting(setting: dict, cfg: DictConfig, methods: list[str], pairs: PairC
             progress.computed += 1  # kept from here on: a stop while the table is rebuilt below loses nothing
             progress.current = None
             try:
-                write_csv(bias_folder(cfg))
+                write_csv(setting.folder)
             except OSError as error:
-                raise ResourceError(f"cannot write {bias_folder(cfg) / 'bias.csv'}: {error}") from error
+                raise ResourceError(f"cannot write {setting.folder / 'bias.csv'}: {error}") from error
 
 
 def _start_setting(folder: Path, setting: dict) -> bool:
@@ -342,7 +299,7 @@ def _safe(name: str) -> str:
 
 
 @torch.inference_mode()
-def measure_context(pair, cfg: DictConfig, setting: dict, ids: list[int], methods: list[str], number: int,
+def measure_context(pair, setting: BiasSetting, ids: list[int], methods: list[str], number: int,
                     bar) -> dict[str, dict]:
     """Draw the setting's draft sets at one context, apply every method to them, analyse each."""
     from transformers import DynamicCache  # transformers (~1 s): refusals exit first
@@ -352,16 +309,16 @@ def measure_context(pair, cfg: DictConfig, setting: dict, ids: list[int], method
     from spectr_repro.engine.forward import forward_chunked  # pulls transformers (~1 s): refusals exit first
     from spectr_repro.engine.rows import DynamicRows  # pulls transformers (~1 s): refusals exit first
 
-    K, L, S, B = setting["K"], setting["L"], setting["samples"], setting["batch"]
-    temperature, draft_temperature = setting["temperature"], setting["draft_temperature"]
-    V, chunk = pair.vocab_size, cfg.hardware.get("prefill_chunk")
+    K, L, S, B = setting.K, setting.L, setting.bias.samples, setting.bias.batch
+    temperature, draft_temperature = setting.temperature, setting.draft_temperature
+    V, chunk = pair.vocab_size, setting.prefill_chunk
     context = torch.tensor([ids], device=pair.device)
     target_cache, draft_cache = DynamicCache(), DynamicCache()
     p0 = probs_from_logits(forward_chunked(pair.target, context, target_cache, V, 1, chunk)[0, -1], temperature)
     q0 = probs_from_logits(forward_chunked(pair.draft, context, draft_cache, V, 1, chunk)[0, -1], draft_temperature)
-    seed = setting["seed"] * 1_000_003 + number
+    seed = setting.seed * 1_000_003 + number
     draw_generator = torch.Generator(device=pair.device).manual_seed(seed)
-    caps = {m: min(S, setting["sample_cap"].get(m, S)) for m in methods}
+    caps = {m: min(S, setting.bias.sample_cap.get(m, S)) for m in methods}
     verifiers = {m: get_verifier(m, check_inputs=False) for m in methods if m in VERIFIERS}
     parts: dict[str, list] = {m: [] for m in methods}
     seconds = dict.fromkeys(["models", *methods], 0.0)  # indicative: where the time goes (host clock)
@@ -387,7 +344,7 @@ def measure_context(pair, cfg: DictConfig, setting: dict, ids: list[int], method
             started = time.perf_counter()
             width = 1 if method in estimators.CONTROLS else K  # the controls verify draft 0 of each set
             draws = estimators.rule_draws(method, draft_tokens[:take, :width], draft_probs[:take, :width],
-                                          target_probs[:take, :width], setting["rule_calls"], draw_generator,
+                                          target_probs[:take, :width], setting.bias.rule_calls, draw_generator,
                                           verifier=verifiers.get(method))
             parts[method].append(draws)
             seconds[method] += time.perf_counter() - started
@@ -403,7 +360,7 @@ def measure_context(pair, cfg: DictConfig, setting: dict, ids: list[int], method
     return records
 
 
-def _record(method: str, draws, p0, q0, setting: dict, generator) -> dict:
+def _record(method: str, draws, p0, q0, setting: BiasSetting, generator) -> dict:
     result = estimators.analyse(draws, p0, generator)
     exact_tv = math.nan
     if method in estimators.CONTROLS:
@@ -414,11 +371,11 @@ def _record(method: str, draws, p0, q0, setting: dict, generator) -> dict:
     top = torch.topk(torch.maximum(p64, result.law), min(TOP_TOKENS, p64.numel())).indices
     acceptance = float(torch.minimum(p0, q0).double().sum())  # SD's acceptance at the context: 1 - TV(p, q)
     return {
-        "method": method, "K": setting["K"], "L": setting["L"], "temperature": setting["temperature"],
-        "draft_temperature": setting["draft_temperature"], "model_pair": setting["model_pair"],
-        "dataset": setting["dataset"], "samples": result.samples, "tv_estimate": result.tv_estimate,
+        "method": method, "K": setting.K, "L": setting.L, "temperature": setting.temperature,
+        "draft_temperature": setting.draft_temperature, "model_pair": setting.model_pair,
+        "dataset": setting.dataset, "samples": result.samples, "tv_estimate": result.tv_estimate,
         "interval": list(result.interval), "p_value": result.p_value, "detectable_tv": result.detectable_tv,
-        "estimator": estimators.estimator_name(method, setting["rule_calls"]), "acceptance": acceptance,
+        "estimator": estimators.estimator_name(method, setting.bias.rule_calls), "acceptance": acceptance,
         "exact_tv": exact_tv, "power_model": result.power_model.as_dict(), "test": result.test,
         "bins": result.bins, "target_bins": p64[result.bins].tolist(),
         "binned_laws": [[round(v, 8) for v in row] for row in result.binned.tolist()],  # the test's data, kept
@@ -517,6 +474,6 @@ def write_csv(folder: Path) -> Path:
     return path
 
 
-__all__ = ["CSV_COLUMNS", "Progress", "bias_folder", "bias_table", "check_bias_config", "context_problem",
-           "contexts_of", "group_settings", "main", "measure_context", "parse", "read_records", "read_records_checked",
-           "run_setting", "setting_id", "setting_of", "write_context", "write_csv"]
+__all__ = ["CSV_COLUMNS", "Progress", "bias_table", "check_bias_config", "context_problem", "contexts_of", "main",
+           "measure_context", "parse", "read_records", "read_records_checked", "run_setting", "write_context",
+           "write_csv"]

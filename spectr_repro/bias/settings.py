@@ -1,15 +1,20 @@
 """The bias command's settings, typed at the door: the ``bias:`` config group read once into a frozen
-:class:`BiasSettings`, or refused with one message (exit 2) before any model loads."""
+:class:`BiasSettings`, or refused with one message (exit 2) before any model loads; each setting of the run (cells
+that differ only by the rule) as one :class:`BiasSetting`, which everything below the command takes."""
 
 from __future__ import annotations
 
-from typing import Annotated
+import hashlib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Annotated, Any
 
 from omegaconf import DictConfig, OmegaConf
 from pydantic import BaseModel, Field, field_validator
 
 from spectr_repro.errors import UsageError
-from spectr_repro.settings import SETTINGS, budget_field, read_settings
+from spectr_repro.settings import SETTINGS, LoggerSettings, budget_field, logger_settings, read_settings
 from spectr_repro.verify import VERIFIERS
 
 
@@ -46,4 +51,86 @@ def bias_settings(cfg: DictConfig) -> BiasSettings:
     return read_settings(BiasSettings, values, "bias")
 
 
-__all__ = ["BiasSettings", "bias_settings"]
+def bias_folder(cfg: DictConfig) -> Path:
+    """``<output_dir>/<experiment>/bias``: the run's contexts and its table."""
+    return Path(cfg.output_dir).expanduser() / cfg.experiment / "bias"
+
+
+@dataclass(frozen=True)
+class BiasSetting:
+    """One setting: what its draft sets depend on (:meth:`values`, whose JSON names its folder), the rules that judge
+    them, where it writes, and the cell config its pair and prompts are loaded from (``runner.pairs`` reads one)."""
+
+    model_pair: str
+    dataset: str
+    K: int
+    L: int
+    temperature: float
+    draft_temperature: float  # the draft's temperature (the target's unless bias.draft_temperature is set)
+    seed: int
+    num_prompts: int
+    bias: BiasSettings
+    hardware: dict[str, Any]
+    model_pair_config: dict[str, Any]
+    folder: Path  # bias_folder
+    logger: LoggerSettings
+    cfg: DictConfig = field(repr=False, compare=False)
+    methods: tuple[str, ...] = ()
+
+    @classmethod
+    def of(cls, cfg: DictConfig, methods: tuple[str, ...] = ()) -> BiasSetting:
+        bias = bias_settings(cfg)
+        draft_temperature = cfg.temperature if bias.draft_temperature is None else bias.draft_temperature
+        return cls(str(cfg.choices.model_pair), str(cfg.choices.dataset), int(cfg.K), int(cfg.L),
+                   float(cfg.temperature), float(draft_temperature), int(cfg.seed), int(cfg.num_prompts), bias,
+                   OmegaConf.to_container(cfg.hardware, resolve=True),
+                   OmegaConf.to_container(cfg.model_pair, resolve=True), bias_folder(cfg),
+                   logger_settings(cfg.logger), cfg, methods)
+
+    @property
+    def prefill_chunk(self) -> int | None:
+        return self.hardware.get("prefill_chunk")
+
+    def values(self) -> dict[str, Any]:
+        """What the draft sets depend on (setting.json). Its JSON names the folder (:attr:`id`): a change of a value's
+        type or of a key would orphan every context measured so far (tests/bias pins the names)."""
+        b = self.bias
+        return {
+            "model_pair": self.model_pair, "dataset": self.dataset, "K": self.K, "L": self.L,
+            "temperature": self.temperature, "draft_temperature": self.draft_temperature, "seed": self.seed,
+            "num_prompts": self.num_prompts, "samples": b.samples, "batch": b.batch, "rule_calls": b.rule_calls,
+            "continuation_tokens": b.continuation_tokens, "contexts_per_prompt": b.contexts_per_prompt,
+            "sample_cap": dict(b.sample_cap),
+            "contexts": "cuts where max p is nearest 1/2",  # the rule of contexts_of (a change of it is a new setting)
+            "hardware": self.hardware, "model_pair_config": self.model_pair_config,
+        }
+
+    @property
+    def id(self) -> str:
+        digest = hashlib.sha1(json.dumps(self.values(), sort_keys=True).encode()).hexdigest()[:8]
+        return (f"{self.model_pair}__{self.dataset}__K{self.K}_L{self.L}_T{self.temperature:g}"
+                f"_Tq{self.draft_temperature:g}__{digest}")
+
+    @property
+    def contexts_key(self) -> tuple:
+        """Settings that differ only by rule, K or L share their contexts (the AR continuation's cuts)."""
+        return (self.model_pair, self.dataset, self.temperature, self.seed, self.num_prompts,
+                self.bias.continuation_tokens, self.bias.contexts_per_prompt)
+
+    @property
+    def contexts_folder(self) -> Path:
+        return self.folder / "contexts" / self.id
+
+
+def bias_setting_groups(cfgs: list[DictConfig]) -> list[BiasSetting]:
+    """The run's settings in grid order, each with its rules in order (cells sharing all but the rule)."""
+    groups: dict[str, tuple[BiasSetting, list[str]]] = {}
+    for cfg in cfgs:
+        setting = BiasSetting.of(cfg)
+        setting, methods = groups.setdefault(setting.id, (setting, []))
+        if cfg.method.name not in methods:
+            methods.append(cfg.method.name)
+    return [BiasSetting.of(setting.cfg, tuple(methods)) for setting, methods in groups.values()]
+
+
+__all__ = ["BiasSetting", "BiasSettings", "bias_folder", "bias_setting_groups", "bias_settings"]

@@ -16,7 +16,7 @@ from pydantic import BaseModel, Field, field_validator, model_validator
 from spectr_repro.errors import UsageError
 from spectr_repro.replay.core import ROW_GROUPS, check_grid
 from spectr_repro.replay.support import SUPPORT_TAIL_MASS
-from spectr_repro.settings import SETTINGS, budget_field, read_settings
+from spectr_repro.settings import SETTINGS, LoggerSettings, budget_field, logger_settings, read_settings
 from spectr_repro.verify import VERIFIERS
 
 _LOSSLESS = ", ".join(name for name, spec in VERIFIERS.items() if spec.lossless)
@@ -108,7 +108,7 @@ class GroupSettings:
     force: bool
     output_dir: Path
     experiment: str
-    logger: Any  # the logger group (tracking.log_command reads it)
+    logger: LoggerSettings  # the logger group
     settings: ReplaySettings
     cfg: DictConfig = field(repr=False, compare=False)
 
@@ -119,7 +119,7 @@ class GroupSettings:
                    temperature=float(cfg.temperature), max_new_tokens=int(cfg.max_new_tokens), seed=int(cfg.seed),
                    dtype=str(cfg.hardware.get("dtype")), device=str(cfg.hardware.get("device")),
                    prefill_chunk=None if chunk is None else int(chunk), force=bool(cfg.force),
-                   output_dir=Path(cfg.output_dir), experiment=str(cfg.experiment), logger=cfg.logger,
+                   output_dir=Path(cfg.output_dir), experiment=str(cfg.experiment), logger=logger_settings(cfg.logger),
                    settings=settings, cfg=cfg)
 
     @property

@@ -221,7 +221,7 @@ def print_configs(cfgs) -> None:
 
 def _prepare_logging(cfgs) -> None:
     for cfg in cfgs:
-        tracking.prepare(cfg.logger)
+        tracking.prepare(tracking.logger_settings(cfg.logger))
 
 
 def summary_table(outcomes: Sequence[CellOutcome]) -> str:

@@ -29,6 +29,7 @@ from spectr_repro import conf as _conf
 from spectr_repro.data import get_dataset
 from spectr_repro.errors import ResourceError, UsageError
 from spectr_repro.models.offline import models_dir
+from spectr_repro.settings import logger_settings
 from spectr_repro.verify import VERIFIERS, multi_draft_methods
 
 # Groups that hold a choice; their options are the yaml files in conf/<group>/.
@@ -316,6 +317,8 @@ def validate(cfg: DictConfig) -> None:
         raise UsageError(f"output_dir must be a path, got {cfg.get('output_dir')!r}")
     if not isinstance(cfg.get("experiment"), str) or not cfg.experiment or "/" in cfg.experiment:
         raise UsageError(f"experiment must be a plain name, got {cfg.get('experiment')!r}")
+    if cfg.get("logger") is not None:
+        logger_settings(cfg.logger)  # logger.mode=ofline would otherwise log nothing, silently
 
 
 def needs_single_draft(cfg: DictConfig) -> bool:

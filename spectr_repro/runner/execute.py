@@ -266,19 +266,20 @@ class Session:
         return summary
 
     def _log(self, plan: CellPlan, summary: dict[str, Any], records: list[dict[str, Any]]) -> None:
-        if not tracking.enabled(plan.cfg.logger):
+        logger = tracking.logger_settings(plan.cfg.logger)
+        if not tracking.enabled(logger):
             return
         started = time.perf_counter()
         config = OmegaConf.to_container(plan.cfg, resolve=True)
         config["cell_id"] = plan.cell_id
         try:
-            run_dir = tracking.log_cell(plan.cfg.logger, store.experiment_dir(plan.cfg), plan.cfg.experiment,
+            run_dir = tracking.log_cell(logger, store.experiment_dir(plan.cfg), plan.cfg.experiment,
                                         plan.cell_id, config, summary, records)
         except Exception as error:  # records are safe on disk; a tracker hiccup must not end a sweep
             self.echo(f"warning: W&B logging failed for {plan.cell_id}: {type(error).__name__}: {error}")
             return
         if run_dir is not None:
-            self.echo(f"W&B {plan.cfg.logger.mode} run: {run_dir} ({time.perf_counter() - started:.1f}s)")
+            self.echo(f"W&B {tracking.mode(logger)} run: {run_dir} ({time.perf_counter() - started:.1f}s)")
 
 
 def _by_pair(plans: Sequence[CellPlan]) -> list[list[CellPlan]]:

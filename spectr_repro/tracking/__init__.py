@@ -12,18 +12,20 @@ from spectr_repro.tracking.conventions import (
     DEFAULT_PROJECT,
     LOGGERS,
     TABLE_COLUMNS,
+    LoggerSettings,
     add_logger_option,
     destination,
     enabled,
     log_cell,
     logger_config,
     logger_from_argv,
+    logger_settings,
     mode,
     prepare,
     run_tags,
 )
 from spectr_repro.tracking.runs import log_command, top_level_config
 
-__all__ = ["DEFAULT_LOGGER", "DEFAULT_PROJECT", "LOGGERS", "TABLE_COLUMNS", "add_logger_option", "destination",
-           "enabled", "log_cell", "log_command", "logger_config", "logger_from_argv", "mode", "prepare", "run_tags",
-           "top_level_config"]
+__all__ = ["DEFAULT_LOGGER", "DEFAULT_PROJECT", "LOGGERS", "TABLE_COLUMNS", "LoggerSettings", "add_logger_option",
+           "destination", "enabled", "log_cell", "log_command", "logger_config", "logger_from_argv", "logger_settings",
+           "mode", "prepare", "run_tags", "top_level_config"]

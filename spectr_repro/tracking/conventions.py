@@ -25,10 +25,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import OmegaConf
 
 from spectr_repro.conf import conf_dir
 from spectr_repro.records import flatten_numbers, table_columns
+from spectr_repro.settings import LoggerSettings, logger_settings
 from spectr_repro.tracking.offline import wait_until_written
 
 # Per-prompt columns shown in the W&B table: the record schema minus the long per-iteration lists
@@ -41,29 +42,26 @@ DEFAULT_LOGGER = "wandb_offline"  # conf/config.yaml's default: offline, nothing
 SETTINGS = {"console": "off", "silent": True, "x_disable_stats": True, "x_disable_meta": True}
 
 
-def mode(logger_cfg: DictConfig) -> str:
-    """The effective mode: ``WANDB_MODE`` when set (W&B's convention), else the logger config's."""
-    env = os.environ.get("WANDB_MODE")
-    if env:
-        return env
-    return str(logger_cfg.get("mode") or "disabled")
+def mode(logger: LoggerSettings) -> str:
+    """The effective mode: ``WANDB_MODE`` when set (W&B's convention), else the logger's."""
+    return os.environ.get("WANDB_MODE") or logger.mode
 
 
-def enabled(logger_cfg: DictConfig) -> bool:
-    return logger_cfg.get("backend") == "wandb" and mode(logger_cfg) in ("offline", "online")
+def enabled(logger: LoggerSettings) -> bool:
+    return logger.backend == "wandb" and mode(logger) in ("offline", "online")
 
 
-def prepare(logger_cfg: DictConfig) -> None:
+def prepare(logger: LoggerSettings) -> None:
     """Before any run: offline logging must not reach the network (WANDB_MODE set only when unset)."""
-    if enabled(logger_cfg) and mode(logger_cfg) == "offline":
+    if enabled(logger) and mode(logger) == "offline":
         os.environ.setdefault("WANDB_MODE", "offline")
         os.environ.setdefault("WANDB_SILENT", "true")
 
 
-def destination(logger_cfg: DictConfig) -> tuple[str, str | None]:
-    """(project, entity): W&B's environment variables first, then the config, then the default project."""
-    project = os.environ.get("WANDB_PROJECT") or logger_cfg.get("project") or DEFAULT_PROJECT
-    entity = os.environ.get("WANDB_ENTITY") or logger_cfg.get("entity")
+def destination(logger: LoggerSettings) -> tuple[str, str | None]:
+    """(project, entity): W&B's environment variables first, then the logger's, then the default project."""
+    project = os.environ.get("WANDB_PROJECT") or logger.project or DEFAULT_PROJECT
+    entity = os.environ.get("WANDB_ENTITY") or logger.entity
     return str(project), (str(entity) if entity else None)
 
 
@@ -73,12 +71,12 @@ def run_tags(summary: dict[str, Any]) -> list[str]:
     return [tag[:64] for tag in tags]  # W&B limits tags to 64 characters
 
 
-def logger_config(name: str = DEFAULT_LOGGER) -> DictConfig:
-    """The logger group's config ``conf/logger/<name>.yaml`` (for the commands without Hydra: report, theory,
-    audit, bench, dashboard). ValueError naming the choices for an unknown name."""
+def logger_config(name: str = DEFAULT_LOGGER) -> LoggerSettings:
+    """The logger group's ``conf/logger/<name>.yaml`` (for the commands without Hydra: report, theory, audit, bench,
+    dashboard). ValueError naming the choices for an unknown name."""
     if name not in LOGGERS:
         raise ValueError(f"unknown logger {name!r}: one of {', '.join(LOGGERS)}")
-    return OmegaConf.load(conf_dir() / "logger" / f"{name}.yaml")
+    return logger_settings(OmegaConf.load(conf_dir() / "logger" / f"{name}.yaml"))
 
 
 def add_logger_option(parser) -> None:
@@ -88,22 +86,22 @@ def add_logger_option(parser) -> None:
                              f"network; WANDB_MODE wins)")
 
 
-def logger_from_argv(argv) -> DictConfig:
+def logger_from_argv(argv) -> LoggerSettings:
     """The logger of a Hydra-style command line (``logger=<name>``; the default when absent)."""
     names = [a.split("=", 1)[1] for a in argv if a.lstrip("+").startswith("logger=")]
     return logger_config(names[-1] if names else DEFAULT_LOGGER)
 
 
-def log_cell(logger_cfg: DictConfig, run_root: Path, experiment: str, cell_id: str,
+def log_cell(logger: LoggerSettings, run_root: Path, experiment: str, cell_id: str,
              config: dict[str, Any], summary: dict[str, Any], records: list[dict[str, Any]]) -> Path | None:
     """Log one finished cell as a W&B run; returns the run folder (None when logging is off)."""
-    if not enabled(logger_cfg):
+    if not enabled(logger):
         return None
     import wandb  # wandb: heavy optional (~0.5 s); only a run that logs to W&B pays for it
 
-    prepare(logger_cfg)
+    prepare(logger)
     run_root.mkdir(parents=True, exist_ok=True)
-    project, entity = destination(logger_cfg)
+    project, entity = destination(logger)
     run = wandb.init(
         project=project,
         entity=entity,
@@ -113,7 +111,7 @@ def log_cell(logger_cfg: DictConfig, run_root: Path, experiment: str, cell_id: s
         tags=run_tags(summary),
         config=config,
         dir=str(run_root),
-        mode=mode(logger_cfg),
+        mode=mode(logger),
         settings=wandb.Settings(**SETTINGS),
         reinit="finish_previous",
     )
@@ -134,17 +132,17 @@ def log_cell(logger_cfg: DictConfig, run_root: Path, experiment: str, cell_id: s
         run_dir = Path(run.dir).parent  # .../wandb/offline-run-<time>-<id>/files -> the run folder
     finally:
         run.finish()
-    return written(run_dir, logger_cfg)
+    return written(run_dir, logger)
 
 
-def written(run_dir: Path, logger_cfg: DictConfig) -> Path:
+def written(run_dir: Path, logger: LoggerSettings) -> Path:
     """The run folder once its offline file is on disk (``run.finish()`` may return before W&B's core flushes it);
     a warning, never an error, if it is not within the wait."""
-    if mode(logger_cfg) == "offline" and not wait_until_written(run_dir):
+    if mode(logger) == "offline" and not wait_until_written(run_dir):
         print(f"warning: W&B has not finished writing {run_dir} yet", file=sys.stderr)
     return run_dir
 
 
-__all__ = ["DEFAULT_LOGGER", "DEFAULT_PROJECT", "LOGGERS", "SETTINGS", "TABLE_COLUMNS", "add_logger_option",
-           "destination", "enabled", "log_cell", "logger_config", "logger_from_argv", "mode", "prepare",
-           "run_tags", "written"]
+__all__ = ["DEFAULT_LOGGER", "DEFAULT_PROJECT", "LOGGERS", "SETTINGS", "TABLE_COLUMNS", "LoggerSettings",
+           "add_logger_option", "destination", "enabled", "log_cell", "logger_config", "logger_from_argv",
+           "logger_settings", "mode", "prepare", "run_tags", "written"]

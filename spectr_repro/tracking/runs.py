@@ -1,4 +1,4 @@
-"""One W&B run per command: ``log_command(command, logger_cfg, folder, tables=..., results=...)``.
+"""One W&B run per command: ``log_command(command, logger, folder, tables=..., results=...)``.
 
 The cells' conventions (``tracking.conventions``) for every command that decides something: ``group`` = the
 results folder's name (the experiment for replay, bias and report; ``check``, ``theory``, ``audit``, ``bench`` for
@@ -20,9 +20,8 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
-from omegaconf import DictConfig
 
-from spectr_repro.tracking.conventions import SETTINGS, destination, enabled, mode, prepare, written
+from spectr_repro.tracking.conventions import SETTINGS, LoggerSettings, destination, enabled, mode, prepare, written
 from spectr_repro.tracking.names import derive
 
 
@@ -82,34 +81,34 @@ def wandb_table(frame: pd.DataFrame):
                        data=[[_cell(v) for v in row] for row in frame.itertuples(index=False)])
 
 
-def log_command(command: str, logger_cfg: DictConfig, folder: str | Path,
+def log_command(command: str, logger: LoggerSettings, folder: str | Path,
                 tables: Mapping[str, pd.DataFrame | str | Path | None] | None = None,
                 results: Mapping[str, Any] | None = None, config: Mapping[str, Any] | None = None,
                 images: Iterable[str | Path] = (), group: str | None = None) -> Path | None:
     """Log one command's results as a W&B run under ``<folder>/wandb/``; returns the run folder (None when logging
     is off or failed: a warning on stderr, never an exception)."""
-    if not enabled(logger_cfg):
+    if not enabled(logger):
         return None
     try:
-        return _log(command, logger_cfg, Path(folder), read_tables(tables or {}), dict(results or {}),
+        return _log(command, logger, Path(folder), read_tables(tables or {}), dict(results or {}),
                     dict(config or {}), [Path(p) for p in images], group or Path(folder).resolve().name)
     except Exception as error:  # the results are on disk; a tracker hiccup must not fail the command
         print(f"warning: W&B logging of {command} failed: {type(error).__name__}: {error}", file=sys.stderr)
         return None
 
 
-def _log(command: str, logger_cfg: DictConfig, folder: Path, frames: dict[str, pd.DataFrame],
+def _log(command: str, logger: LoggerSettings, folder: Path, frames: dict[str, pd.DataFrame],
          results: dict[str, Any], config: dict[str, Any], images: list[Path], group: str) -> Path:
     import wandb  # wandb: heavy optional (~0.5 s); only a run that logs to W&B pays for it
 
-    prepare(logger_cfg)
+    prepare(logger)
     folder.mkdir(parents=True, exist_ok=True)
-    project, entity = destination(logger_cfg)
+    project, entity = destination(logger)
     frames = {**tables_in(results), **frames}
     derived = derive(command, frames, results)
     run = wandb.init(project=project, entity=entity, group=group, job_type=command, name=f"{command}-{group}",
                      tags=[f"command:{command}"[:64], f"experiment:{group}"[:64]], config=config, dir=str(folder),
-                     mode=mode(logger_cfg), settings=wandb.Settings(**SETTINGS), reinit="finish_previous")
+                     mode=mode(logger), settings=wandb.Settings(**SETTINGS), reinit="finish_previous")
     try:
         for x in dict.fromkeys(derived.x_axes.values()):
             run.define_metric(x)
@@ -126,8 +125,8 @@ def _log(command: str, logger_cfg: DictConfig, folder: Path, frames: dict[str, p
         run_dir = Path(run.dir).parent
     finally:
         run.finish()
-    print(f"W&B {mode(logger_cfg)} run of {command}: {run_dir}", file=sys.stderr)
-    return written(run_dir, logger_cfg)
+    print(f"W&B {mode(logger)} run of {command}: {run_dir}", file=sys.stderr)
+    return written(run_dir, logger)
 
 
 __all__ = ["log_command", "read_tables", "tables_in", "top_level_config", "wandb_table"]

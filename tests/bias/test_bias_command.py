@@ -44,7 +44,7 @@ def test_runs_end_to_end_and_resumes_after_an_interruption(tmp_path, monkeypatch
     calls = []
 
     def interrupted_on_the_second(*args, **kwargs):
-        calls.append(args[5])  # the context number
+        calls.append(args[4])  # the context number
         if len(calls) == 2:
             raise KeyboardInterrupt
         return measure(*args, **kwargs)
@@ -57,7 +57,7 @@ def test_runs_end_to_end_and_resumes_after_an_interruption(tmp_path, monkeypatch
     assert first.context[~first.context.str.startswith("pooled")].nunique() == 1  # the finished context
 
     calls.clear()
-    monkeypatch.setattr(driver, "measure_context", lambda *a, **k: (calls.append(a[5]), measure(*a, **k))[1])
+    monkeypatch.setattr(driver, "measure_context", lambda *a, **k: (calls.append(a[4]), measure(*a, **k))[1])
     assert cli(arguments) == 0
     assert calls == [1]  # only the context that was interrupted is computed again
     table = pd.read_csv(folder / "bias.csv")
@@ -94,10 +94,10 @@ def test_a_sample_cap_maps_registered_rules_to_counts(cap):
 
 
 def test_a_settings_folder_name_does_not_change_when_its_settings_are_read_differently(tmp_path):
-    """A setting's folder is named by the JSON of its values (``driver.setting_id``): a refactor of how the values
-    are read (typed at the door since 2026-12-06) must give every setting the name it had, or the contexts measured
-    so far are orphaned. The ids below were printed by the code that read ``cfg.bias`` field by field (da1b22c)."""
-    ids = {driver.setting_id(driver.setting_of(cfg)) for cfg in driver.parse(
+    """A setting's folder is named by the JSON of its values (``BiasSetting.id``): a refactor of how the values are
+    read (typed at the door since 2026-12-06) must give every setting the name it had, or the contexts measured so
+    far are orphaned. The ids below were printed by the code that read ``cfg.bias`` field by field (da1b22c)."""
+    ids = {setting.id for setting in driver.parse(
         ["experiment=bias_qwen", "bias.draft_temperature=1", "+bias.sample_cap={sbv: 100}", "logger=disabled",
          f"output_dir={tmp_path}"])}
     assert ids == {"qwen25coder_1.5b_0.5b__humaneval__K1_L6_T0.4_Tq1__27521181",

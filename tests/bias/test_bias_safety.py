@@ -48,7 +48,7 @@ def test_a_damaged_record_is_named_left_out_set_aside_and_measured_again(tmp_pat
 
     measured = []
     measure = driver.measure_context
-    monkeypatch.setattr(driver, "measure_context", lambda *a, **k: (measured.append(a[5]), measure(*a, **k))[1])
+    monkeypatch.setattr(driver, "measure_context", lambda *a, **k: (measured.append(a[4]), measure(*a, **k))[1])
     assert cli(["bias", *SMALL, f"output_dir={tmp_path}"]) == 0
     err = capsys.readouterr().err
     assert str(record) in err and "set aside" in err and "Traceback" not in err

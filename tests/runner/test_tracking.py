@@ -61,7 +61,7 @@ def test_wandb_environment_variables_win(tmp_path, monkeypatch):
 
     from spectr_repro import tracking
 
-    offline = OmegaConf.load(conf_dir() / "logger" / "wandb_offline.yaml")
+    offline = tracking.logger_settings(OmegaConf.load(conf_dir() / "logger" / "wandb_offline.yaml"))
     monkeypatch.delenv("WANDB_MODE", raising=False)
     monkeypatch.setenv("WANDB_PROJECT", "reviewer_project")
     monkeypatch.setenv("WANDB_ENTITY", "reviewer_team")
@@ -69,7 +69,7 @@ def test_wandb_environment_variables_win(tmp_path, monkeypatch):
     monkeypatch.delenv("WANDB_PROJECT")
     monkeypatch.delenv("WANDB_ENTITY")
     assert tracking.destination(offline) == ("spectr_repro", None)
-    assert tracking.destination(OmegaConf.create({"project": "mine", "entity": "me"})) == ("mine", "me")
+    assert tracking.destination(tracking.logger_settings({"project": "mine", "entity": "me"})) == ("mine", "me")
     monkeypatch.setenv("WANDB_MODE", "disabled")
     assert not tracking.enabled(offline)
     tracking.prepare(offline)
@@ -78,3 +78,13 @@ def test_wandb_environment_variables_win(tmp_path, monkeypatch):
     assert main_run(["model_pair=tiny_random", "dataset=humaneval", "method=sd", "K=1", "L=2", "num_prompts=1",
                      "max_new_tokens=4", "logger=wandb_offline", f"output_dir={out}"]) == 0
     assert not (out / "default" / "wandb").exists()
+
+
+def test_a_misspelt_logger_mode_is_refused_at_the_door(tmp_path, capsys):
+    """logger.mode=ofline used to be read as "log nothing", silently: now one message, exit 2, nothing written."""
+    out = tmp_path / "results"
+    assert main_run(["model_pair=tiny_random", "dataset=humaneval", "method=sd", "K=1", "L=2", "num_prompts=1",
+                     "max_new_tokens=4", "logger.mode=ofline", f"output_dir={out}"]) == 2
+    err = capsys.readouterr().err
+    assert "logger.mode must be online, offline or disabled, got 'ofline'" in err
+    assert "loading model pair" not in err and not out.exists()
