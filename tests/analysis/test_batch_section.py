@@ -52,7 +52,7 @@ def write_bench(folder, cells):
     folder.mkdir(parents=True)
     (folder / "bench_batch.json").write_text(json.dumps({
         "date": "2026-12-06T00:00:00+00:00", "command": "python -m spectr_repro bench --preset batch_qwen",
-        "environment": {"cpu": "a test CPU"},
+        "environment": {"device_name": "a test CPU"},  # as spectr_repro.environment writes it
         "batches": {"pair": "qwen", "cells": cells, "groups": [], "costs_source": "synthetic",
                     "median_abs_error": 0.05, "worst_abs_error": 0.1, "decode_median_abs_error": 0.04,
                     "decode_worst_abs_error": 0.08,
@@ -71,6 +71,7 @@ def test_the_measured_section_names_where_each_rule_stops_paying(tmp_path):
     context = ReportContext([replay_folder], tmp_path / "out" / "REPORT.md")
     text = batch_measured_section(context)
     assert text.startswith("## Speed-up against batch size (measured)")
+    assert "on 2026-12-06T00:00:00+00:00 (a test CPU)" in text  # the machine the bench ran on, as recorded
     (verdict_table,) = [block for block in text.split("\n\n") if "B* vs AR" in block]
     verdicts = {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:4]]
                 for line in verdict_table.splitlines() if "K=" in line}

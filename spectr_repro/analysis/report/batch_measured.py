@@ -85,7 +85,7 @@ def batch_measured_section(context: ReportContext) -> str | None:
     return "\n".join([
         "## Speed-up against batch size (measured)", "",
         f"`{data.get('command', 'bench --preset batch_qwen')}` on {data.get('date', '?')} "
-        f"({(data.get('environment') or {}).get('cpu', 'this machine')}): {settings['prompts']} prompts of "
+        f"({(data.get('environment') or {}).get('device_name', 'this machine')}): {settings['prompts']} prompts of "
         f"{', '.join(settings['datasets'])} taken in turn and cut into groups of B, each group decoded by AR and by "
         f"every rule with the same seeds ({settings['max_new_tokens']} tokens a prompt, EOS off, "
         f"T={settings['temperature']}), in an order rotating between groups. Speed-up: AR's seconds over the rule's "
