@@ -103,6 +103,18 @@ def _pack(directory: Path) -> bool:
     return True
 
 
+def _sealed_before(folder: Path) -> dict[str, dict[str, Any]]:
+    """The group's manifest as last sealed, by prompt: its entry, environment and rules' fingerprint (empty when
+    there is none or it cannot be read: then nothing is kept from it)."""
+    try:
+        manifest = json.loads((folder / MANIFEST_FILE).read_text(encoding="utf-8"))
+        return {name: {"entry": entry, "environment": manifest["environments"][entry["environment"]],
+                       "rules_fingerprint": manifest["rules_fingerprints"][entry["rules_fingerprint"]]}
+                for name, entry in manifest["prompts"].items()}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return {}
+
+
 def seal_group(folder: Path, current: Mapping[str, str], backfill: Mapping[str, Any] | None,
                report: SealReport) -> dict[str, Any]:
     """Pack every finished prompt of one group and write its manifest (returned). ``current``: the rules' fingerprint
@@ -112,6 +124,7 @@ def seal_group(folder: Path, current: Mapping[str, str], backfill: Mapping[str, 
     environments: dict[str, dict] = {}
     fingerprints: dict[str, dict] = {}
     prompts: dict[str, dict] = {}
+    sealed = _sealed_before(folder)
     for directory in sorted(p for p in (folder / "prompts").iterdir() if p.is_dir()):
         done, problem = _read_done(directory)
         if done is None:
@@ -119,7 +132,12 @@ def seal_group(folder: Path, current: Mapping[str, str], backfill: Mapping[str, 
             continue
         environment, versions = done.get("environment"), done.get("rules_fingerprint")
         backfilled = not (isinstance(environment, dict) and isinstance(versions, dict))
-        if backfilled:
+        before = sealed.get(directory.name)
+        if backfilled and backfill is None and before is not None and \
+                before["entry"].get(DONE_FILE) == sha256_bytes((directory / DONE_FILE).read_bytes()):
+            # backfilled by an earlier seal (--backfill-commit) and unchanged since: keep what that seal named
+            environment, versions = before["environment"], before["rules_fingerprint"]
+        elif backfilled:
             if backfill is None:
                 report.skipped.append(f"{directory}: done.json names no environment or rules' fingerprint (seal "
                                       f"--backfill-commit names the run that wrote it)")

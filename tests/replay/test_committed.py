@@ -143,6 +143,16 @@ def test_prompts_without_provenance_need_a_named_backfill(replayed, capsys):
     entry = json.loads((replayed / "manifest.json").read_text())["prompts"]["0002"]
     manifest = json.loads((replayed / "manifest.json").read_text())
     assert entry["backfilled"] is True and manifest["environments"][entry["environment"]]["git_commit"] == "abc1234"
+    # a later seal (new prompts of a later round) keeps the backfilled prompt as that seal named it, while its
+    # done.json is unchanged (2026-12-06: re-sealing the grid dropped 16 backfilled prompts from their manifests)
+    assert seal.main([str(replayed)]) == 0
+    again = json.loads((replayed / "manifest.json").read_text())
+    assert again["prompts"]["0002"] == entry and again["environments"][entry["environment"]]["git_commit"] == "abc1234"
+    assert seal.main([str(replayed), "--check"]) == 0
+    # negative control: an edited done.json is not vouched for by the old entry; it is skipped, named
+    done_path.write_text(done_path.read_text() + " ")
+    assert seal.main([str(replayed)]) == 0
+    assert "0002" not in json.loads((replayed / "manifest.json").read_text())["prompts"]
 
 
 def test_the_report_pools_one_version_of_each_rule(replayed, tmp_path):
