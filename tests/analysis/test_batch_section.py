@@ -87,3 +87,8 @@ def test_the_measured_section_names_where_each_rule_stops_paying(tmp_path):
 def test_no_measured_section_without_the_bench_file(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     assert batch_measured_section(ReportContext([tmp_path / "x"], tmp_path / "REPORT.md")) is None
+    # a checkout's committed ./results/speedup_batch is not this report's: a folder elsewhere does not pick it up
+    write_bench(tmp_path / "results" / "speedup_batch", [measured_cell("sd", 1, 4, 1, 1.5, 1.4)])
+    elsewhere = tmp_path / "elsewhere" / "synthetic"
+    assert batch_measured_section(ReportContext([elsewhere], tmp_path / "REPORT.md")) is None
+    assert batch_measured_section(ReportContext([tmp_path / "results" / "grid"], tmp_path / "REPORT.md")) is not None

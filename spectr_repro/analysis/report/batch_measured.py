@@ -23,9 +23,9 @@ FOLDER = "speedup_batch"  # results/speedup_batch/bench_batch.json, beside the o
 
 
 def find_batch_bench(folders: list[Path]) -> Path | None:
-    """bench_batch.json in a reported folder, in ``speedup_batch`` beside one, or in ./results/speedup_batch."""
+    """bench_batch.json in a reported folder or in ``speedup_batch`` beside one. Never looked up from the working
+    directory: a report of a folder outside results/ must not pick up this checkout's committed measurement."""
     candidates = [c for folder in folders for c in (folder / FILE, folder.parent / FOLDER / FILE)]
-    candidates.append(Path("results") / FOLDER / FILE)
     return next((c for c in candidates if c.is_file()), None)
 
 
