@@ -26,6 +26,7 @@ is the unit kept: its contenders' ratios are only fair when they were timed back
 
 from __future__ import annotations
 
+import datetime
 import json
 import math
 import os
@@ -167,7 +168,9 @@ class BatchCheckpoint:
             saved, same = {}, False
             self.note = f"{self.path} could not be read ({error}): "
         if not same:
-            aside = self.path.with_name(f"{self.path.stem}.set-aside{self.path.suffix}")
+            # stamped, as units.set_aside names a unit's: a second mismatch must not overwrite the first
+            stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%S%f")
+            aside = self.path.with_name(f"{self.path.stem}.set-aside-{stamp}{self.path.suffix}")
             os.replace(self.path, aside)
             differs = sorted(k for k in {*self.identity, *saved.get("identity", {})}
                              if self.identity.get(k) != saved.get("identity", {}).get(k))

@@ -18,13 +18,13 @@ import dataclasses
 import datetime
 import json
 import logging
-import os
 import shlex
 import sys
 import time
 from pathlib import Path
 
 from spectr_repro.errors import UsageError
+from spectr_repro.files import atomic_write_text
 
 log = logging.getLogger(__name__)
 
@@ -255,13 +255,6 @@ def _best_methods_verification(results: dict, lines: list[str]) -> str:
     return "\n".join(lines)
 
 
-def write_json(results: dict, out: Path) -> None:
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(results, indent=2))
-    os.replace(tmp, out)
-
-
 def checkpoint_path(out: Path) -> Path:
     """Where a bench writing ``out`` keeps its progress (the batch section: an hour or more on a CPU)."""
     return out.with_name(f"{out.stem}.partial.json")
@@ -307,7 +300,7 @@ def main(argv: list[str] | None = None) -> int:
     results["date"] = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     results["command"] = shlex.join(["python", "-m", "spectr_repro", "bench", *argv])
     out = Path(args.out)
-    write_json(results, out)
+    atomic_write_text(out, json.dumps(results, indent=2))
     checkpoint_path(out).unlink(missing_ok=True)  # everything it kept is in ``out`` now
     print(markdown(results))
     print(f"\nwrote {out} ({results['wall_time_s']:.0f} s)")

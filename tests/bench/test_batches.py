@@ -166,4 +166,8 @@ def test_an_interrupted_batch_bench_resumes_from_its_checkpoint(tmp_path, monkey
 
     preset.max_new_tokens = 5  # another measurement: its checkpoint is not resumed
     assert "max_new_tokens" in batches.BatchCheckpoint(checkpoint, {**kept["identity"], "max_new_tokens": 5}).note
-    assert not checkpoint.exists() and (tmp_path / "bench.partial.set-aside.json").exists()
+    assert not checkpoint.exists() and len(list(tmp_path.glob("bench.partial.set-aside-*.json"))) == 1
+    # a second mismatch sets its own file aside beside the first, overwriting nothing
+    checkpoint.write_text(json.dumps(kept))
+    assert "max_new_tokens" in batches.BatchCheckpoint(checkpoint, {**kept["identity"], "max_new_tokens": 6}).note
+    assert len(list(tmp_path.glob("bench.partial.set-aside-*.json"))) == 2
