@@ -271,30 +271,5 @@ def bench_batches(pair, prompts_by_dataset: dict[str, Sequence[torch.Tensor]], c
     return result
 
 
-def markdown(result: dict[str, Any], pair_name: str) -> str:
-    """The timed cells as a table, with the prediction's median and worst error."""
-    settings = result["settings"]
-    lines = [f"Speed-up against batch size on {pair_name} ({settings['prompts']} prompts of "
-             f"{', '.join(settings['datasets'])} in turn, cut into groups of B; {settings['max_new_tokens']} tokens a "
-             f"prompt, EOS off; T={settings['temperature']}; AR at the same B is 1.0):", "",
-             "| rule | K | L | B | groups | tokens per call | measured (95 %) | predicted | error "
-             "| after prefill: measured (95 %) | predicted | error |", "|---" * 12 + "|"]
-
-    def measured(c, prefix):
-        low, high = c[f"{prefix}speedup_low"], c[f"{prefix}speedup_high"]
-        bounds = "" if math.isnan(low) else f" [{low:.2f}, {high:.2f}]"
-        error = 100 * c[f"{prefix}error"]
-        return f"{c[f'{prefix}speedup']:.2f}{bounds} | {c[f'{prefix}predicted']:.2f} | {error:+.0f} %"
-
-    for c in result["cells"]:
-        lines.append(f"| {c['method']} | {c['K']} | {c['L']} | {c['B']} | {c['groups']} | {c['tokens_per_call']:.2f} | "
-                     f"{measured(c, '')} | {measured(c, 'decode_')} |")
-    lines += ["", f"Prediction ({result['costs_source']}): end to end, median |error| "
-              f"{100 * result['median_abs_error']:.1f} %, worst {100 * result['worst_abs_error']:.1f} %; after the "
-              f"prefill, median {100 * result['decode_median_abs_error']:.1f} %, worst "
-              f"{100 * result['decode_worst_abs_error']:.1f} % ({len(result['cells'])} cells)."]
-    return "\n".join(lines)
-
-
 __all__ = ["AR", "BatchCheckpoint", "bench_batches", "calibrate", "checkpoint_identity", "decode_group", "interval",
-           "markdown", "prompt_pool", "summarise", "time_groups"]
+           "prompt_pool", "summarise", "time_groups"]

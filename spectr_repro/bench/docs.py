@@ -6,7 +6,7 @@
 
 One section per file (one measurement: one `python -m spectr_repro bench` run), headed by its date, its
 machine and the command that wrote it, all read from the file; the tables are the bench's own Markdown
-(``bench.cli.markdown``). Only the text between ``<!-- bench-tables:begin -->`` and ``<!-- bench-tables:end -->``
+(``bench.tables.markdown``). Only the text between ``<!-- bench-tables:begin -->`` and ``<!-- bench-tables:end -->``
 of docs/speed.md is rewritten (``--block batch-tables``: the batch bench's own block, from the committed file). A
 file that is not a bench result stops the command with one message naming it.
 """
@@ -19,7 +19,7 @@ import json
 import sys
 from pathlib import Path
 
-from spectr_repro.bench.cli import markdown
+from spectr_repro.bench.tables import markdown
 from spectr_repro.docblocks import BlockError, read_block, write_block
 
 BLOCK = "bench-tables"

@@ -9,6 +9,8 @@ import re
 
 import pytest
 
+from spectr_repro.bench import cli, tables
+from spectr_repro.bench import preset as preset_module
 from spectr_repro.bench.batches import interval, summarise
 from spectr_repro.cost.batch_speedup import batch_decode_seconds
 from spectr_repro.cost.calibration import ForwardCosts
@@ -78,13 +80,12 @@ def test_interval_is_a_t_interval():
 
 def test_the_batch_bench_runs_on_the_tiny_pair(tmp_path, monkeypatch):
     """End to end through the command: the tiny preset cut to a pool of 2 prompts (one per dataset), B = 1, 2."""
-    from spectr_repro.bench import cli
 
     monkeypatch.chdir(tmp_path)
-    preset, hardware = cli.compose_preset("batch_tiny", "cpu")
+    preset, hardware = preset_module.compose_preset("batch_tiny", "cpu")
     preset.batches.prompts_per_dataset, preset.max_new_tokens = 1, 4
     preset.batches.contenders = [["sd", 1, 2], ["spectr", 2, 2]]
-    results = cli.run(preset, hardware, "cpu", None)
+    results = preset_module.run(preset, hardware, "cpu", None)
     cells = results["batches"]["cells"]
     assert {(c["method"], c["B"], c["groups"]) for c in cells} == {("sd", 1, 2), ("sd", 2, 1), ("spectr", 1, 2),
                                                                    ("spectr", 2, 1)}
@@ -92,17 +93,16 @@ def test_the_batch_bench_runs_on_the_tiny_pair(tmp_path, monkeypatch):
     groups = results["batches"]["groups"]
     assert len(groups) == 3 * (2 + 1) and {len(g["calls"]) for g in groups} == {1, 2}
     assert {tuple(g["datasets"]) for g in groups if g["B"] == 2} == {("humaneval", "gsm8k")}
-    assert "| spectr | 2 | 2 | 2 |" in cli.markdown(results)
+    assert "| spectr | 2 | 2 | 2 |" in tables.markdown(results)
 
 
 def test_a_batch_that_does_not_fit_is_refused_before_any_model_loads(tmp_path, monkeypatch, capsys):
     """The Qwen preset's B = 8 on a machine with 5.55 GiB free (bf16: ~4.5 GiB at B = 1, ~4.85 at B = 8, 85 % usable):
     exit 2, the largest B that fits named, nothing written."""
-    from spectr_repro.bench import cli
     from spectr_repro.runner import fit
 
     monkeypatch.setattr(fit, "free_bytes", lambda device=None: int(5.55 * 2**30))
-    monkeypatch.setattr(cli, "run", lambda *a, **k: pytest.fail("a model was about to load"))
+    monkeypatch.setattr(preset_module, "run", lambda *a, **k: pytest.fail("a model was about to load"))
     out = tmp_path / "bench_batch.json"
     assert cli.main(["--preset", "batch_qwen", "--device", "cpu", "--out", str(out), "--logger", "disabled"]) == 2
     message = capsys.readouterr().err
@@ -111,7 +111,7 @@ def test_a_batch_that_does_not_fit_is_refused_before_any_model_loads(tmp_path, m
     assert largest and 1 < int(largest.group(1)) < 8
     assert not out.exists()
     monkeypatch.setattr(fit, "free_bytes", lambda device=None: 64 * 2**30)  # the same preset fits with 64 GiB free
-    assert cli.compose_preset("batch_qwen", "cpu")[0].batches.B == [1, 2, 4, 8]
+    assert preset_module.compose_preset("batch_qwen", "cpu")[0].batches.B == [1, 2, 4, 8]
 
 
 def test_call_costs_survive_json():
@@ -132,10 +132,10 @@ def test_call_costs_survive_json():
 def test_an_interrupted_batch_bench_resumes_from_its_checkpoint(tmp_path, monkeypatch):
     """Killed after its calibration and one finished group, the same command resumes: no new calibration, the kept
     group not decoded again, every group in the result once. A checkpoint of other settings is set aside."""
-    from spectr_repro.bench import batches, cli
+    from spectr_repro.bench import batches
 
     monkeypatch.chdir(tmp_path)
-    preset, hardware = cli.compose_preset("batch_tiny", "cpu")
+    preset, hardware = preset_module.compose_preset("batch_tiny", "cpu")
     preset.batches.prompts_per_dataset, preset.max_new_tokens = 1, 4
     preset.batches.contenders = [["sd", 1, 2]]
     checkpoint = tmp_path / "bench.partial.json"
@@ -151,13 +151,13 @@ def test_an_interrupted_batch_bench_resumes_from_its_checkpoint(tmp_path, monkey
 
     monkeypatch.setattr(batches, "decode_group", interrupted_after_one_group)
     with pytest.raises(KeyboardInterrupt):
-        cli.run(preset, hardware, "cpu", None, checkpoint=checkpoint)
+        preset_module.run(preset, hardware, "cpu", None, checkpoint=checkpoint)
     kept = json.loads(checkpoint.read_text())
     assert kept["costs"] is not None and len(kept["rows"]) == 2  # one group: AR and SD
 
     decoded.clear()
     monkeypatch.setattr(batches, "calibrate", lambda *a, **k: pytest.fail("calibrated again"))
-    results = cli.run(preset, hardware, "cpu", None, checkpoint=checkpoint)["batches"]
+    results = preset_module.run(preset, hardware, "cpu", None, checkpoint=checkpoint)["batches"]
     assert len(decoded) == 4  # the two groups not kept (B = 1's second, B = 2's one), AR and SD each
     groups = results["groups"]
     assert sorted((g["B"], g["group"], g["method"]) for g in groups) == \

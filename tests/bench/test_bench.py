@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from spectr_repro.bench import cli, suites
+from spectr_repro.bench import preset as preset_module
+from spectr_repro.bench import suites, tables
 from spectr_repro.bench.contenders import hf_generation_config
 from spectr_repro.bench.measure import ForwardMeter
 from spectr_repro.models import ModelPair
@@ -98,7 +99,7 @@ def test_presets_compose_with_the_hardware_config():
     names = sorted(path.stem for path in (conf_dir() / "bench").glob("*.yaml"))
     assert {"quick", "full"} <= set(names)
     for name in names:
-        preset, hardware = cli.compose_preset(name, "cpu")
+        preset, hardware = preset_module.compose_preset(name, "cpu")
         assert preset.pair and hardware.device == "cpu" and "prefill_chunk" in hardware
         best = preset.get("best_vs_best")
         for method, K, L in [*(preset.get("methods") or []), *(best.candidates if best else [])]:
@@ -108,7 +109,7 @@ def test_presets_compose_with_the_hardware_config():
     from spectr_repro.errors import UsageError
 
     with pytest.raises(UsageError):
-        cli.compose_preset("no_such_preset", "cpu")
+        preset_module.compose_preset("no_such_preset", "cpu")
 
 
 def test_verification_rows_carry_op_and_host_read_counts(pair):
@@ -124,7 +125,7 @@ def test_verification_rows_of_chosen_rules_render_alone(pair):
     """A preset with the verification section only (verification_qwen): rows of the rules it names, and a report."""
     rows = suites.bench_verification(pair, PROMPT, Ks=[2], Ls=[2], repeats=1, blocks_per_shape=1, rules=["sbv", "sbvf"])
     assert sorted(row["rule"] for row in rows) == ["sbv", "sbvf"]
-    text = cli.markdown({"settings": {}, "ar_vs_hf_generate": {}, "sd_vs_hf_assisted": {}, "methods": {},
+    text = tables.markdown({"settings": {}, "ar_vs_hf_generate": {}, "sd_vs_hf_assisted": {}, "methods": {},
                          "verification": {"target_model": "tiny", "rows": rows}})
     assert "| sbvf | 2 | 2 |" in text and "Best against best" not in text
 
@@ -134,7 +135,7 @@ def test_markdown_renders_a_full_result(pair, self_pair):
             "methods": {"tiny": suites.bench_methods(pair, [PROMPT], 0.7, 6, [("sd", 1, 3)])},
             "best_vs_best": {"tiny": suites.bench_best_vs_best(self_pair, [PROMPT], 0.7, 6, 3, [("sd", 1, 3)], 1)},
             "verification": {"target_model": "tiny", "rows": suites.bench_verification(pair, PROMPT, [1], [2], 1, 1)}}
-    text = cli.markdown(fake)
+    text = tables.markdown(fake)
     assert "Best against best on tiny" in text and "| ours_best |" in text and "| host reads |" in text
 
 
@@ -181,14 +182,15 @@ def test_predicted_pick_reads_the_replay_rows_of_the_bench_dataset(tmp_path, mon
         f"{d},{t},{m},{k},{l},10,2,{v},{v - 0.1},{v + 0.1}\n" for d, t, m, k, l, v in rows))
     pair = types.SimpleNamespace(dtype=torch.bfloat16, device=torch.device("cpu"))
     preset = OmegaConf.create({"pair": "tiny", "temperature": 0.4, "dataset": "humaneval", "max_new_tokens": 8})
-    pick = cli.predicted_pick(str(summary), None, preset, pair, [[1, 2, 3]], calibrate=calibrate)
+    pick = preset_module.predicted_pick(str(summary), None, preset, pair, [[1, 2, 3]], calibrate=calibrate)
     assert (pick["method"], pick["K"], pick["L"]) == ("sd", 1, 6) and "this process" in pick["calibration"]
     assert {(1, 7, "all"), (3, 7, "all"), (1, 3, "last")} <= set(asked[0]["target"])  # K=1,3 x L+1; the prompt
     preset.dataset = "gsm8k"
-    assert cli.predicted_pick(str(summary), None, preset, pair, [[1, 2, 3]], calibrate=calibrate)["method"] == "sbv"
+    pick = preset_module.predicted_pick(str(summary), None, preset, pair, [[1, 2, 3]], calibrate=calibrate)
+    assert pick["method"] == "sbv"
     preset.dataset = None
     with pytest.raises(UsageError, match="several rows per"):
-        cli.predicted_pick(str(summary), None, preset, pair, [[1, 2, 3]], calibrate=calibrate)
+        preset_module.predicted_pick(str(summary), None, preset, pair, [[1, 2, 3]], calibrate=calibrate)
 
 
 def test_the_bench_measures_the_costs_of_its_pick_on_the_pair(pair, tmp_path):
@@ -200,6 +202,6 @@ def test_the_bench_measures_the_costs_of_its_pick_on_the_pair(pair, tmp_path):
     summary.write_text("method,K,L,blocks,prompts,tokens_per_call,ci_low,ci_high\n"
                        "sd,1,2,4,2,2.5,2.4,2.6\nspectr_gbv,2,2,4,2,2.9,2.8,3.0\n")
     preset = OmegaConf.create({"pair": "tiny", "temperature": 0.7, "max_new_tokens": 8})
-    pick = cli.predicted_pick(str(summary), None, preset, pair, [PROMPT])
+    pick = preset_module.predicted_pick(str(summary), None, preset, pair, [PROMPT])
     assert (pick["method"], pick["K"], pick["L"]) == ("sd", 1, 2)  # spectr_gbv is faster on paper, not lossless
     assert pick["seconds_per_call"] > 0 and pick["tokens_per_s"] > 0

@@ -119,10 +119,11 @@ def test_docs_speed_md_has_the_generated_block():
 def test_the_bench_records_its_date_and_command_in_its_file(tmp_path, monkeypatch):
     """`python -m spectr_repro bench` (its measurements stubbed here) writes the date and command the docs show."""
     from spectr_repro.bench import cli
+    from spectr_repro.bench import preset as preset_module
 
     measured = {k: v for k, v in fabricated().items() if k not in ("date", "command")}
-    monkeypatch.setattr(cli, "compose_preset", lambda name, device: (name, None))
-    monkeypatch.setattr(cli, "run", lambda *args, **kwargs: json.loads(json.dumps(measured)))
+    monkeypatch.setattr(preset_module, "compose_preset", lambda name, device: (name, None))
+    monkeypatch.setattr(preset_module, "run", lambda *args, **kwargs: json.loads(json.dumps(measured)))
     out = tmp_path / "bench_qwen.json"
     assert cli.main(["--preset", "qwen", "--device", "cpu", "--out", str(out)]) == 0
     results, _ = docs.load(out)
