@@ -11,7 +11,7 @@ import ast
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parent.parent / "spectr_repro"
-LIMIT = 87
+LIMIT = 40
 
 
 def local_imports(root: Path = PACKAGE) -> list[tuple[str, int, bool]]:

@@ -38,11 +38,17 @@ import pandas as pd
 import torch
 from omegaconf import DictConfig
 from tqdm import tqdm
+from transformers import DynamicCache
 
 from spectr_repro import tracking
 from spectr_repro.bias import estimators
 from spectr_repro.bias.settings import BiasSetting, bias_folder, bias_setting_groups, bias_settings
 from spectr_repro.data import encode_prompt
+from spectr_repro.engine.cache import repeat_rows
+from spectr_repro.engine.drafting import draft_block
+from spectr_repro.engine.forward import forward_chunked
+from spectr_repro.engine.loop import generate
+from spectr_repro.engine.rows import DynamicRows
 from spectr_repro.errors import ResourceError, exit_at_the_door
 from spectr_repro.files import atomic_write_text
 from spectr_repro.runner.config import (
@@ -170,11 +176,6 @@ def contexts_of(pair, setting: BiasSetting, examples) -> list[tuple[str, list[in
     has probability nearest 1/2. Why: where p is (nearly) a point mass every rule emits that token and no bias
     can show (code at T=0.4 is like that at most positions); where p is flat the stated alternatives (mass
     moved off the top token, at most p_top) cannot reach a detectable TV."""
-    from transformers import DynamicCache  # transformers (~1 s): refusals exit first
-
-    from spectr_repro.engine.forward import forward_chunked  # pulls transformers (~1 s): refusals exit first
-    from spectr_repro.engine.loop import generate  # pulls transformers (~1 s): refusals exit first
-
     temperature, chunk, bias = setting.temperature, setting.prefill_chunk, setting.bias
     contexts = []
     for index, example in enumerate(examples):
@@ -302,13 +303,6 @@ def _safe(name: str) -> str:
 def measure_context(pair, setting: BiasSetting, ids: list[int], methods: list[str], number: int,
                     bar) -> dict[str, dict]:
     """Draw the setting's draft sets at one context, apply every method to them, analyse each."""
-    from transformers import DynamicCache  # transformers (~1 s): refusals exit first
-
-    from spectr_repro.engine.cache import repeat_rows  # pulls transformers (~1 s): refusals exit first
-    from spectr_repro.engine.drafting import draft_block  # pulls transformers (~1 s): refusals exit first
-    from spectr_repro.engine.forward import forward_chunked  # pulls transformers (~1 s): refusals exit first
-    from spectr_repro.engine.rows import DynamicRows  # pulls transformers (~1 s): refusals exit first
-
     K, L, S, B = setting.K, setting.L, setting.bias.samples, setting.bias.batch
     temperature, draft_temperature = setting.temperature, setting.draft_temperature
     V, chunk = pair.vocab_size, setting.prefill_chunk

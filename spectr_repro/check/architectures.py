@@ -13,6 +13,7 @@ import json
 from pathlib import Path
 
 import torch
+from transformers import AutoConfig, AutoModelForCausalLM
 
 from spectr_repro.models.offline import models_dir
 
@@ -27,8 +28,6 @@ def shipped_config_path(hub_id: str) -> Path:
 def architecture_config(pair_cfg: dict, role: str):
     """The transformers config of the pair's ``role`` model, found offline; None for the tiny pair.
     ValueError when no copy of it is here."""
-    from transformers import AutoConfig  # transformers (~1 s): refusals and light commands exit before any model loads
-
     if pair_cfg["source"] == "tiny":
         return None
     spec = pair_cfg.get(role) or {}
@@ -50,8 +49,6 @@ def architecture_config(pair_cfg: dict, role: str):
 
 def parameter_count(config) -> int:
     """Parameters of a model of ``config``, counted on the meta device (nothing allocated)."""
-    from transformers import AutoModelForCausalLM  # transformers (~1 s): refusals exit first
-
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config)
     return sum(p.numel() for p in model.parameters())
@@ -67,8 +64,6 @@ def kv_cache_bytes(config, rows: int, context: int, width: int) -> int:
 
 def build_random_model(config, device: torch.device, dtype: torch.dtype, seed: int = 0) -> torch.nn.Module:
     """A model of ``config`` with random weights (seeded), built directly on ``device`` in ``dtype``."""
-    from transformers import AutoModelForCausalLM  # transformers (~1 s): refusals exit first
-
     torch.manual_seed(seed)
     with torch.device(device):
         model = AutoModelForCausalLM.from_config(config, dtype=dtype)

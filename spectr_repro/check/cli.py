@@ -33,23 +33,24 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+import pandas as pd
+
+from spectr_repro import tracking
 from spectr_repro.check.checker import Item
 from spectr_repro.check.run import run_check
+from spectr_repro.cost import describe_best
 from spectr_repro.errors import ResourceError, UsageError
 from spectr_repro.files import atomic_write_text
+from spectr_repro.runner.config import print_help_if_asked
 
 
 def format_table(items: Sequence[Item]) -> str:
-    import pandas as pd  # cost model/pandas (~0.7 s): this command's start-up does not pay for it
-
     frame = pd.DataFrame([{"section": i.section, "item": i.name, "result": i.status.upper(),
                            "detail": i.detail, "s": f"{i.seconds:.1f}"} for i in items])
     return frame.to_markdown(index=False)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from spectr_repro.runner.config import print_help_if_asked  # omegaconf/runner: check starts without
-
     argv = list(sys.argv[1:] if argv is None else argv)
     if print_help_if_asked(argv, __doc__):
         return 0
@@ -64,14 +65,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     items = [Item(**item) for item in result["items"]]
     print(format_table(items))
     if result.get("prediction"):
-        from spectr_repro.cost import describe_best  # cost model/pandas (~0.7 s): start-up without
-
         print("\n" + describe_best(result["prediction"]["best"]))
     output = Path(result["output"]).expanduser() / "check.json"
     atomic_write_text(output, json.dumps(result, indent=2, default=str) + "\n")
     verdict = "every correctness item passed" if code == 0 else "SOME CORRECTNESS ITEM FAILED (see the table)"
     print(f"\n{verdict}; {result['wall_time_s']:.0f} s; wrote {output}")
-    from spectr_repro import tracking  # omegaconf, pandas: check starts without them
 
     tracking.log_command("check", tracking.logger_from_argv(argv), output.parent, results=result,
                          config={k: result.get(k) for k in ("model_pair", "hardware", "random_weights", "quick",

@@ -9,10 +9,13 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from omegaconf import OmegaConf
 
 import spectr_repro.check.architectures as architectures  # a module: tests swap its configs for small ones
 from spectr_repro.check.checker import Checker
 from spectr_repro.check.environment import pair_dtype
+from spectr_repro.engine import generate, generate_batch
+from spectr_repro.runner.pairs import PairCache
 from spectr_repro.verify import VERIFIERS
 
 
@@ -28,10 +31,6 @@ class LoadedPair:
 def load_models(base, pair_cfg: dict, random_weights: bool) -> LoadedPair:
     """The pair's target and draft on the device: real weights (through the model-pair cache every command
     shares) or random ones."""
-    from omegaconf import OmegaConf  # runner config (omegaconf, the cost model): check's start-up does not pay for it
-
-    from spectr_repro.runner.pairs import PairCache  # omegaconf/runner: check starts without
-
     device = torch.device(str(base.hardware.device))
     dtype = pair_dtype(base, pair_cfg)
     if random_weights and pair_cfg["source"] != "tiny":
@@ -64,8 +63,6 @@ def random_prompts(count: int, length: int, vocab: int, device, seed: int = 0) -
 
 
 def correctness_items(checker: Checker, target, draft, vocab: int, quick: bool) -> None:
-    from spectr_repro.engine import generate, generate_batch  # pulls transformers (~1 s): refusals exit first
-
     device = next(target.parameters()).device
     prompts = random_prompts(1 if quick else 2, 12, vocab, device)
     new = 8 if quick else 12

@@ -7,25 +7,39 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+import pandas as pd
 import torch
 
 from spectr_repro.check.checker import Checker
 from spectr_repro.check.correctness import LoadedPair, random_prompts
+from spectr_repro.cost import (
+    Calibration,
+    best_configuration,
+    calibration_dtype,
+    describe_best,
+    predict_tokens_per_s,
+    read_replay_summary,
+    seconds_per_call,
+    today,
+)
+from spectr_repro.cost.measure import (
+    CONTEXT_TOKENS,
+    machine_roofline_figures,
+    measure_forward_costs,
+    measure_rule_seconds,
+    measure_section_residuals,
+    plan_shapes,
+    record_blocks,
+)
+from spectr_repro.cost.model import CallCosts, SectionOverheads, rule_key
 from spectr_repro.data import bucket_tokens, encode_prompt, load_examples, typical_prompt_tokens
+from spectr_repro.engine import generate
 from spectr_repro.verify import VERIFIERS
 
 TIMING_TOLERANCE = 0.05  # section times vs synchronised wall time (issue 26)
 
 
 def calibration_item(checker: Checker, base, pair_cfg, loaded: LoadedPair, shapes, quick: bool, device_name: str):
-    from spectr_repro.cost import Calibration, calibration_dtype, today  # cost model/pandas (~0.7 s): start-up without
-    from spectr_repro.cost.measure import (  # the cost model, as above
-        CONTEXT_TOKENS,
-        machine_roofline_figures,
-        measure_forward_costs,
-        plan_shapes,
-    )  # cost model/pandas (~0.7 s): this command's start-up does not pay for it
-
     wanted = plan_shapes(shapes["Ks"], shapes["Ls"], shapes["prefill_chunks"], shapes["batch_sizes"])
     repeats = 3  # medians of 3 rounds, quick too: one timed forward per shape once read 880 ms for a 320 ms shape
 
@@ -57,10 +71,6 @@ def call_costs_item(checker: Checker, base, loaded: LoadedPair, calibration, sha
     per call at the run's (K, L), timed on real blocks of the pair (``cost.measure.record_blocks``; random weights
     give random blocks, and the note says so), and each engine section's overhead fitted on real decodes at the
     corners of the grid (``cost.measure.measure_section_residuals``)."""
-    # cost model/pandas (~0.7 s): this command's start-up does not pay for it
-    from spectr_repro.cost.measure import measure_rule_seconds, measure_section_residuals, record_blocks
-    from spectr_repro.cost.model import SectionOverheads, rule_key  # cost model/pandas (~0.7 s): start-up without
-
     Ks, Ls, methods = shapes["Ks"], shapes["Ls"], shapes.get("methods") or ["sd"]
     grid = [(rule, K, L) for rule in dict.fromkeys([*methods, "sd", "spectr"]) for K in Ks for L in Ls
             if not (VERIFIERS[rule].single_draft and K != 1)]
@@ -106,8 +116,6 @@ def call_costs_item(checker: Checker, base, loaded: LoadedPair, calibration, sha
 
 
 def _decoded_rule_seconds(calibration) -> dict:
-    from spectr_repro.cost.model import CallCosts  # cost model/pandas (~0.7 s): start-up without
-
     return CallCosts.from_calibration(calibration).rule_seconds
 
 
@@ -168,9 +176,6 @@ def calibration_prompts(base, loaded: LoadedPair, lengths: Sequence[int], device
 def timing_item(checker: Checker, base, loaded: LoadedPair, calibration, quick: bool):
     """One prompt decoded at the configured method: sections vs wall time; the overhead per call that the
     forwards do not explain (sampling, verification, cache bookkeeping) goes into the calibration."""
-    from spectr_repro.cost import seconds_per_call  # cost model/pandas (~0.7 s): start-up without
-    from spectr_repro.engine import generate  # pulls transformers (~1 s): refusals exit first
-
     method = base.method.name
     K = 1 if method == "ar" or VERIFIERS[method].single_draft else int(base.K)
     L = 1 if method == "ar" else int(base.L)
@@ -199,10 +204,6 @@ def timing_item(checker: Checker, base, loaded: LoadedPair, calibration, quick: 
 
 
 def prediction_item(checker: Checker, base, calibration, replay_summary: str) -> dict | None:
-    # cost model/pandas (~0.7 s): this command's start-up does not pay for it
-    from spectr_repro.cost import best_configuration, describe_best, predict_tokens_per_s, read_replay_summary
-    from spectr_repro.cost.model import CallCosts  # cost model/pandas (~0.7 s): start-up without
-
     def predict():
         table = read_replay_summary(replay_summary, _replay_filters(base, replay_summary))
         predictions = predict_tokens_per_s(table, CallCosts.from_calibration(calibration),
@@ -215,8 +216,6 @@ def prediction_item(checker: Checker, base, calibration, replay_summary: str) ->
 
 def _replay_filters(base, path: str) -> dict[str, Any]:
     """Select the replay rows of this command's pair, dataset and temperature where the CSV has those columns."""
-    import pandas as pd  # cost model/pandas (~0.7 s): this command's start-up does not pay for it
-
     columns = set(pd.read_csv(path, nrows=0).columns)
     wanted = {"model_pair": base.choices.model_pair, "dataset": base.choices.dataset,
               "temperature": float(base.temperature)}

@@ -12,6 +12,8 @@ import torch
 import spectr_repro.check.architectures as architectures  # a module: tests swap its configs for small ones
 from spectr_repro.check.checker import Checker
 from spectr_repro.environment import environment
+from spectr_repro.models import as_dtype
+from spectr_repro.quality.sandbox import SandboxUnavailable, find_sandbox
 
 CONTEXT_TOKENS = 1024  # KV context the memory check provisions per row (a long prompt plus its completion)
 
@@ -78,8 +80,6 @@ def _compile_works(device):
 
 
 def _sandbox_mode():
-    from spectr_repro.quality.sandbox import SandboxUnavailable, find_sandbox  # the quality package (~1.9 s)
-
     try:
         return None, find_sandbox("auto").describe(), None
     except SandboxUnavailable as error:
@@ -114,8 +114,6 @@ def memory_item(checker: Checker, base, pair_cfg: dict, shapes: dict[str, Any], 
 
 def pair_dtype(base, pair_cfg: dict) -> torch.dtype:
     """The dtype the pair runs in here: ``hardware.dtype``, else the pair's own (float32 by default)."""
-    from spectr_repro.models import as_dtype  # models (safetensors): not at start-up
-
     return as_dtype(base.hardware.get("dtype") or pair_cfg.get("dtype") or "float32")
 
 

@@ -8,6 +8,9 @@ from collections.abc import Sequence
 from dataclasses import asdict
 from typing import Any
 
+from omegaconf import OmegaConf
+
+from spectr_repro import models
 from spectr_repro.check.checker import Checker
 from spectr_repro.check.correctness import correctness_items, correctness_models, load_models
 from spectr_repro.check.costs import (
@@ -19,16 +22,15 @@ from spectr_repro.check.costs import (
     timing_item,
 )
 from spectr_repro.check.environment import environment_items, memory_item
+from spectr_repro.cost import write_calibration
 from spectr_repro.data import typical_prompt_tokens
 from spectr_repro.errors import ResourceError
+from spectr_repro.runner.config import Composer, UsageError, check_before_loading, expand, parse_arguments
 from spectr_repro.verify import VERIFIERS
 
 
 def compose(argv: Sequence[str]):
     """(base config, every cell config) of the command line, through the runner's Hydra machinery."""
-    # runner config (omegaconf, the cost model): check's start-up does not pay for it
-    from spectr_repro.runner.config import Composer, UsageError, check_before_loading, expand, parse_arguments
-
     args = parse_arguments(argv)
     if args.sweeps:
         raise UsageError("check takes one value per key (an experiment gives it a grid's shapes)")
@@ -85,11 +87,6 @@ def run_shapes(base, cells, quick: bool = False) -> dict[str, Any]:
 
 
 def run_check(argv: Sequence[str]) -> tuple[int, dict[str, Any]]:
-    from omegaconf import OmegaConf  # runner config (omegaconf, the cost model): check's start-up does not pay for it
-
-    from spectr_repro import models  # safetensors: not at start-up
-    from spectr_repro.cost import write_calibration  # cost model/pandas (~0.7 s): start-up without
-
     started = time.perf_counter()
     base, cells = compose(argv)
     settings = base.check

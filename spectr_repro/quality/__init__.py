@@ -22,32 +22,25 @@ temperature, with a Newcombe (hybrid Wilson) 95 % interval for the difference me
     python -m spectr_repro.quality results/cpu_quick      # writes quality.csv, quality_prompts.csv; prints them
 """
 
-from spectr_repro.quality.cli import main
-from spectr_repro.quality.intervals import difference_interval, wilson_interval
-from spectr_repro.quality.sandbox import MODE_DESCRIPTIONS, SANDBOX_MODES, Sandbox, SandboxUnavailable, find_sandbox
-from spectr_repro.quality.score import (
-    DEFAULT_TIMEOUT_S,
-    ExecutionResult,
-    humaneval_pass,
-    humaneval_problems,
-    humaneval_program,
-    math_correct,
-    run_program,
-    score_records,
-)
-from spectr_repro.quality.tables import (
-    PROMPT_COLUMNS,
-    PROMPT_SETTING,
-    PROMPTS_FILE,
-    QUALITY_FILE,
-    quality_tables,
-    write_quality,
-)
+import importlib
 
-__all__ = [
-    "DEFAULT_TIMEOUT_S", "MODE_DESCRIPTIONS", "PROMPTS_FILE", "PROMPT_COLUMNS", "PROMPT_SETTING", "QUALITY_FILE",
-    "SANDBOX_MODES",
-    "ExecutionResult", "Sandbox", "SandboxUnavailable", "difference_interval", "find_sandbox", "humaneval_pass",
-    "humaneval_problems", "humaneval_program", "main", "math_correct", "quality_tables", "run_program",
-    "score_records", "wilson_interval", "write_quality",
-]
+# Each name's module, imported on first use: ``import spectr_repro.quality.sandbox`` (check's environment item) must
+# not pay for the tables' statsmodels and scipy (~3.6 s), and ``quality.X`` still finds every name below.
+_MODULES = {
+    "cli": ("main",),
+    "intervals": ("difference_interval", "wilson_interval"),
+    "sandbox": ("MODE_DESCRIPTIONS", "SANDBOX_MODES", "Sandbox", "SandboxUnavailable", "find_sandbox"),
+    "score": ("DEFAULT_TIMEOUT_S", "ExecutionResult", "humaneval_pass", "humaneval_problems", "humaneval_program",
+              "math_correct", "run_program", "score_records"),
+    "tables": ("PROMPTS_FILE", "PROMPT_COLUMNS", "PROMPT_SETTING", "QUALITY_FILE", "quality_tables", "write_quality"),
+}
+_MODULE_OF = {name: module for module, names in _MODULES.items() for name in names}
+
+
+def __getattr__(name: str):
+    if name not in _MODULE_OF:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{_MODULE_OF[name]}"), name)
+
+
+__all__ = sorted(_MODULE_OF)

@@ -47,7 +47,10 @@ from omegaconf import OmegaConf
 from tqdm.auto import tqdm
 
 from spectr_repro import tracking
+from spectr_repro.analysis.replay import write_summaries
 from spectr_repro.data import encode_prompt
+from spectr_repro.engine.batched import generate_batch
+from spectr_repro.engine.loop import generate
 from spectr_repro.errors import ResourceError, exit_at_the_door
 from spectr_repro.files import atomic_write_text
 from spectr_repro.replay.core import block_estimates, recursion_room
@@ -66,6 +69,7 @@ from spectr_repro.runner.config import (
 )
 from spectr_repro.runner.pairs import PairCache
 from spectr_repro.runner.signals import Budget, Terminated, stop_name, stop_on_signals, stop_status
+from spectr_repro.runner.stops import stop_checker
 from spectr_repro.units import SET_ASIDE, UnitState, claim_unit, unit_state, write_unit
 from spectr_repro.verify import Verifier, get_verifier
 
@@ -178,8 +182,6 @@ PromptReplay = tuple[list[dict[str, Any]], dict[str, Any]]  # (block rows, promp
 
 def replay_prompt(pair, input_ids, group: GroupSettings, seed: int, should_stop=None) -> PromptReplay:
     """(block rows, prompt summary) of one prompt's trajectory."""
-    from spectr_repro.engine.loop import generate  # pulls transformers (~1 s): not paid before a refusal
-
     settings = group.settings
     reference = ReplayingReference(settings, replay_generator(pair.device, seed))
     start = time.perf_counter()
@@ -197,8 +199,6 @@ def replay_prompts(pair, prompts: Sequence[Sequence[int]], group: GroupSettings,
     """(block rows, prompt summary) of each prompt's trajectory, the prompts replayed together by the engine's
     batched path (``engine.generate_batch``): prompt b with its own ReplayingReference and the seeds
     :func:`replay_prompt` gives it (engine ``seeds[b]``, replay draws ``seeds[b] * 7919 + 17``)."""
-    from spectr_repro.engine.batched import generate_batch  # pulls transformers (~1 s): not paid before a refusal
-
     settings = group.settings
     references = [ReplayingReference(settings, replay_generator(pair.device, seed)) for seed in seeds]
     start = time.perf_counter()
@@ -341,7 +341,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (KeyboardInterrupt, Terminated) as stop:
         print("\n" + progress.stopped_message(stop, roots), file=sys.stderr)
         return stop_status(stop)
-    from spectr_repro.analysis.replay import write_summaries  # matplotlib/scipy: only writing summaries pays
 
     for root in roots:
         try:
@@ -432,8 +431,6 @@ def _replay_claimed(pair, runner, group: GroupSettings, claimed: Sequence[tuple[
     """Replay and write the claimed prompts (one batch; a batch of one takes the one-prompt path) and release their
     claims, whatever happens. A prompt's files are written only once the whole batch is replayed: a stop before
     leaves none of its prompts written. Returns the blocks written."""
-    from spectr_repro.runner.stops import stop_checker  # pulls transformers (~1 s): not paid before a refusal
-
     written = 0
     try:
         progress.current = [directory for _, _, directory in claimed]

@@ -32,6 +32,7 @@ from tqdm.auto import tqdm
 
 from spectr_repro import tracking
 from spectr_repro.data import encode_prompt
+from spectr_repro.engine.loop import generate
 from spectr_repro.errors import ResourceError, exit_at_the_door
 from spectr_repro.replay.driver import parse as replay_groups
 from spectr_repro.replay.settings import GroupSettings
@@ -173,8 +174,6 @@ def parse(argv: Sequence[str]) -> tuple[argparse.Namespace, list[GroupSettings]]
 def count_trajectories(groups: Sequence[GroupSettings], arithmetic: str,
                        seconds: float | None = None, out: str | None = None) -> pd.DataFrame:
     """Drive every (prompt, temperature) trajectory and count its blocks' excursions (``count_rows``)."""
-    from spectr_repro.engine.loop import generate  # pulls transformers (~1 s): refusals exit first
-
     start, recorders, pairs = time.perf_counter(), [], PairCache()
     planned = sum(group.settings.num_prompts for group in groups)
     with tqdm(total=planned, desc="excursions", unit="trajectory", file=sys.stderr, dynamic_ncols=True) as bar:

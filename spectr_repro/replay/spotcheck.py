@@ -39,6 +39,7 @@ from spectr_repro.replay.driver import parse, prompt_directory, replay_prompt, r
 from spectr_repro.replay.fingerprint import rules_fingerprint
 from spectr_repro.replay.settings import GroupSettings
 from spectr_repro.runner.pairs import PairCache
+from spectr_repro.runner.stops import stop_checker
 
 UNTIMED = "rule_seconds"  # a block's wall-clock seconds: never compared
 
@@ -156,8 +157,6 @@ def recorded_methods(blocks: Sequence[dict]) -> list[str]:
 def rerun(pairs, folder: Path, batch: list[int], methods: Sequence[str], support_mass: Any, logger: str
           ) -> dict[int, list[dict]]:
     """The blocks of each prompt of ``batch``, replayed again as the replay did (one call, the recorded seeds)."""
-    from spectr_repro.runner.stops import stop_checker  # pulls transformers (~1 s): refusals exit first
-
     group = _config_of(folder, max(batch), methods, support_mass, logger)
     pair = pairs.pair(group.cfg)
     examples = pairs.examples(OmegaConf.merge(group.cfg, {"num_prompts": group.settings.num_prompts}), pair.tokenizer)

@@ -22,8 +22,12 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import hydra
 import torch
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.errors import HydraException
 from omegaconf import DictConfig, ListConfig, OmegaConf, open_dict
+from omegaconf.errors import OmegaConfBaseException
 
 from spectr_repro import conf as _conf
 from spectr_repro.data import get_dataset
@@ -123,9 +127,6 @@ def print_help_if_asked(argv: Sequence[str], doc: str | None) -> bool:
 
 def parse_arguments(arguments: Sequence[str]) -> ParsedArgs:
     """Parse Hydra overrides; check group options before composing (clear 'did you mean')."""
-    from hydra.core.override_parser.overrides_parser import OverridesParser  # hydra (~0.2 s): cheap checks come first
-    from hydra.errors import HydraException  # hydra (~0.2 s): cheap checks come first
-
     lines = [_normalise(a) for a in arguments]
     for line in lines:
         if line.startswith("-"):
@@ -192,9 +193,7 @@ class Composer:
     """A Hydra compose session over conf/ (use as a context manager)."""
 
     def __enter__(self) -> Composer:
-        from hydra import initialize_config_dir  # hydra (~0.2 s): cheap checks come first
-
-        self._context = initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3",
+        self._context = hydra.initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3",
                                               job_name="spectr_repro")
         self._context.__enter__()
         return self
@@ -204,12 +203,8 @@ class Composer:
 
     def compose(self, overrides: Sequence[str], with_hydra: bool = False) -> DictConfig:
         """Compose the config; ``choices`` (group -> option) is stored under the key ``choices``."""
-        from hydra import compose  # hydra (~0.2 s): replay/bias/check compose configs only after their cheap checks
-        from hydra.errors import HydraException  # hydra (~0.2 s): cheap checks come first
-        from omegaconf.errors import OmegaConfBaseException  # beside hydra's compose, as above
-
         try:
-            cfg = compose(config_name="config", overrides=list(overrides), return_hydra_config=True)
+            cfg = hydra.compose(config_name="config", overrides=list(overrides), return_hydra_config=True)
         except (HydraException, OmegaConfBaseException) as error:
             raise UsageError(_one_line(error)) from None
         choices = {group: cfg.hydra.runtime.choices.get(group) for group in GROUPS}
@@ -254,8 +249,6 @@ def expand(composer: Composer, args: ParsedArgs, use_grid: bool) -> list[DictCon
     are then set on a copy, exactly as a command-line override would set them (composing every
     cell from scratch costs ~0.3 s each, too slow for grids of hundreds of cells).
     """
-    from hydra.core.override_parser.overrides_parser import OverridesParser  # hydra (~0.2 s): cheap checks come first
-
     parser = OverridesParser.create()
     # Dotted keys are checked against the config composed without them (a `+group.key` would add itself).
     nested = [key.lstrip("+~") for key in args.user_keys if "." in key]

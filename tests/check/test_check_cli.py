@@ -36,9 +36,9 @@ def test_tiny_pair_passes_writes_its_json_and_calibrates_the_plan(tmp_path, cali
 
 def test_a_wrong_token_fails_the_check(tmp_path, monkeypatch, capsys):
     """Negative control: an engine whose greedy AR differs from model.generate by one token exits 1."""
-    import spectr_repro.engine as engine
+    import spectr_repro.check.correctness as correctness  # where the check calls the engine
 
-    real = engine.generate
+    real = correctness.generate
 
     def off_by_one(*args, **kwargs):
         out = real(*args, **kwargs)
@@ -46,7 +46,7 @@ def test_a_wrong_token_fails_the_check(tmp_path, monkeypatch, capsys):
             out.new_tokens[-1] = (out.new_tokens[-1] + 1) % 259
         return out
 
-    monkeypatch.setattr(engine, "generate", off_by_one)
+    monkeypatch.setattr(correctness, "generate", off_by_one)
     assert main([*TINY, f"check.output={tmp_path / 'check'}"]) == 1
     out = capsys.readouterr().out
     assert "SOME CORRECTNESS ITEM FAILED" in out
