@@ -89,10 +89,21 @@ def test_a_live_claim_on_the_ar_baseline_is_waited_for(tmp_path, capsys, monkeyp
     original = execute.Session._compute
     monkeypatch.setattr(execute.Session, "_compute",
                         lambda self, plan: computed.append((plan.cell_id, time.monotonic())) or original(self, plan))
-    killed_at = []
+    killed_at, waiting = [], threading.Event()
+    run_one = execute.Session.run_one
+
+    def run_one_and_note(self, plan):
+        outcome = run_one(self, plan)
+        if outcome is None and plan.method == "ar":
+            waiting.set()  # the runner found the AR claimed by a live runner: it will wait
+        return outcome
+
+    monkeypatch.setattr(execute.Session, "run_one", run_one_and_note)
 
     def kill_later():
-        time.sleep(2.0)
+        # once the runner says it waits (not after a fixed delay: a loaded machine may take longer to get there)
+        waiting.wait(timeout=120)
+        time.sleep(0.5)
         killed_at.append(time.monotonic())
         holder.kill()
         holder.wait()
