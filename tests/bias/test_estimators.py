@@ -57,12 +57,36 @@ def test_control_exact_law_integrates_its_law_given_the_draft(control):
 
 def test_bins_are_fixed_by_p_and_the_sample_count_and_binned_tv_is_a_lower_bound():
     p = torch.tensor([0.05, 0.5, 0.3, 0.004, 0.146], dtype=torch.float64)
-    assert E.bins_of(p, 1000).tolist() == [1, 2, 4, 0]  # p >= 0.01, at most MAX_BINS = 4, by p descending
-    assert E.bins_of(p, 40).tolist() == [1, 2, 4]  # p >= 5/40
+    # p >= 0.01, by p descending; token 0 (0.05) would leave the rest 0.004 < 0.01, so it joins the rest
+    assert E.bins_of(p, 1000).tolist() == [1, 2, 4]
+    assert E.bins_of(p, 40).tolist() == [1, 2]  # p >= 5/40; token 4 (0.146) would leave the rest 0.054 < 5/40
+    assert E.bins_of(torch.tensor([0.05, 0.5, 0.3, 0.15], dtype=torch.float64), 1000).tolist() == [1, 2, 3]
     assert E.bins_of(torch.tensor([0.001] * 1000, dtype=torch.float64), 10).numel() == 1  # the top token at least
     law = torch.tensor([0.0, 0.5, 0.3, 0.05, 0.15], dtype=torch.float64)
     bins = E.bins_of(p, 40)
     assert float(E.binned_tv(law[bins], p[bins])) <= float(E.total_variation(law, p)) + 1e-15
+
+
+def test_pearson_keeps_its_level_when_the_rest_of_the_vocabulary_is_rare():
+    """The case found on 2026-12-06 (hsd, HumanEval/68+12): two tokens hold all but 0.0005 of p. A lossless counted
+    rule (first tokens drawn from p, S = 192) is rejected at the test's level with the bins ``bins_of`` picks; with
+    both tokens as bins (the rest an expected 0.1 draws: one draw there reads as p ~ 0.002) it is rejected about
+    9 % more often, the chance of one or more draws in the rest. Threshold: 2000 replicates give a standard error
+    of 0.5 % at a 5 % rate, so <= 7 % is the level with 4 SE of room and >= 10 % is 10 SE past it."""
+    generator = torch.Generator().manual_seed(5)
+    S, replicates = 192, 2000
+    p = torch.cat([torch.tensor([0.6, 0.3995], dtype=torch.float64), torch.full((1000,), 0.0005 / 1000,
+                                                                                  dtype=torch.float64)])
+    bins = E.bins_of(p, S)
+    assert bins.tolist() == [0]  # token 1 would leave the rest 0.0005 < 5/192: it joins the rest
+    firsts = torch.multinomial(p.float(), replicates * S, replacement=True, generator=generator).view(replicates, S)
+
+    def rejected(bins):
+        rates = [E.pearson((row[:, None] == bins[None, :]).double(), p[bins]).p_value <= E.ALPHA for row in firsts]
+        return sum(rates) / replicates
+
+    assert rejected(bins) <= 0.07
+    assert rejected(torch.tensor([0, 1])) >= 0.10  # negative control: the bins before the fix
 
 
 def lossless_binned_laws(p, q, S, replicates, generator):
@@ -174,9 +198,9 @@ def test_counted_laws_get_pearsons_test_and_keep_its_level_where_a_bin_draws_not
     its level; a covariance estimated from the rows (Hotelling's) would be singular whenever a bin drew no token:
     on the same rows it rejects far more often (the negative control that shows the check has power)."""
     generator = torch.Generator().manual_seed(11)
-    p = torch.tensor([0.5, 0.25, 0.2, 0.03, 0.02], dtype=torch.float64)
+    p = torch.tensor([0.48, 0.25, 0.2, 0.03, 0.02, 0.02], dtype=torch.float64)
     S = 192
-    bins = E.bins_of(p, S)  # the 0.03 bin is in: 0.03 >= 5 / 192
+    bins = E.bins_of(p, S)  # the 0.03 bin is in: 0.03 >= 5 / 192, and the rest keeps 0.04 >= 5 / 192
     assert bins.tolist() == [0, 1, 2, 3]
     rows = torch.multinomial(p.float(), 400 * S, replacement=True, generator=generator).view(400, S)
     pearson, estimated = 0, 0
