@@ -67,6 +67,9 @@ CLOSED_FORMS = ("sd", "spectr", *CONTROLS)  # from the position-0 rows alone
 MAX_BINS = 4  # the test's dimension at most (p's most likely tokens)
 MIN_BIN_MASS = 0.01  # a bin's p at least max(MIN_BIN_MASS, MIN_BIN_COUNT / S)
 MIN_BIN_COUNT = 5  # (expected counts of >= 5 draft sets per bin: the CLT's usual floor for counted laws)
+# The version of the test a context's results were computed by: part of a setting's folder name (BiasSetting.values),
+# so contexts measured by an earlier test are never pooled with later ones. Change it with any change to the test.
+TEST_VERSION = "2026-12-06: the rest of the vocabulary keeps the bins' floor of mass"
 POOLED_REPLICATES = 2000  # simulations of the pooled statistic per TV of the grid (fixed seed)
 # TV values at which the power is computed (geometric; the detectable TV is the first with power >= 0.9).
 TV_GRID = tuple(float(x) for x in torch.logspace(math.log10(0.002), math.log10(0.6), 32).tolist())

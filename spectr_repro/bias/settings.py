@@ -13,6 +13,7 @@ from typing import Annotated, Any
 from omegaconf import DictConfig, OmegaConf
 from pydantic import BaseModel, Field, field_validator
 
+from spectr_repro.bias.estimators import TEST_VERSION
 from spectr_repro.errors import UsageError
 from spectr_repro.settings import SETTINGS, LoggerSettings, budget_field, logger_settings, read_settings
 from spectr_repro.verify import VERIFIERS
@@ -102,6 +103,7 @@ class BiasSetting:
             "continuation_tokens": b.continuation_tokens, "contexts_per_prompt": b.contexts_per_prompt,
             "sample_cap": dict(b.sample_cap),
             "contexts": "cuts where max p is nearest 1/2",  # the rule of contexts_of (a change of it is a new setting)
+            "test": TEST_VERSION,  # the per-context results are the test's: a new test is a new setting
             "hardware": self.hardware, "model_pair_config": self.model_pair_config,
         }
 

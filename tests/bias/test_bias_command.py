@@ -96,11 +96,13 @@ def test_a_sample_cap_maps_registered_rules_to_counts(cap):
 def test_a_settings_folder_name_does_not_change_when_its_settings_are_read_differently(tmp_path):
     """A setting's folder is named by the JSON of its values (``BiasSetting.id``): a refactor of how the values are
     read (typed at the door since 2026-12-06) must give every setting the name it had, or the contexts measured so
-    far are orphaned. The ids below were printed by the code that read ``cfg.bias`` field by field (da1b22c)."""
+    far are orphaned. The ids were first printed by the code that read ``cfg.bias`` field by field (da1b22c); they
+    changed once on purpose since, on 2026-12-06, when the values took the test's version (``TEST_VERSION``): contexts
+    measured by the earlier test are not pooled with later ones."""
     ids = {setting.id for setting in driver.parse(
         ["experiment=bias_qwen", "bias.draft_temperature=1", "+bias.sample_cap={sbv: 100}", "logger=disabled",
          f"output_dir={tmp_path}"])}
-    assert ids == {"qwen25coder_1.5b_0.5b__humaneval__K1_L6_T0.4_Tq1__27521181",
-                   "qwen25coder_1.5b_0.5b__humaneval__K1_L6_T0.7_Tq1__762344a4",
-                   "qwen25coder_1.5b_0.5b__humaneval__K3_L6_T0.4_Tq1__d806ec30",
-                   "qwen25coder_1.5b_0.5b__humaneval__K7_L6_T0.7_Tq1__efaa33d2"}
+    assert ids == {"qwen25coder_1.5b_0.5b__humaneval__K1_L6_T0.4_Tq1__390446cf",
+                   "qwen25coder_1.5b_0.5b__humaneval__K1_L6_T0.7_Tq1__fab3c310",
+                   "qwen25coder_1.5b_0.5b__humaneval__K3_L6_T0.4_Tq1__90a7c891",
+                   "qwen25coder_1.5b_0.5b__humaneval__K7_L6_T0.7_Tq1__fb8b0c52"}
