@@ -25,6 +25,7 @@ from spectr_repro.cost.calibration import (
     write_calibration,
 )
 from spectr_repro.cost.model import (
+    CellSpec,
     calibrated_cell_seconds,
     calibrated_prompt_seconds,
     calls_to_emit,
@@ -53,7 +54,8 @@ from spectr_repro.cost.roofline import (
     roofline_forward_seconds,
 )
 
-__all__ = ["CALIBRATION_ENV_VAR", "Calibration", "ForwardCosts", "best_configuration", "calibrated_cell_seconds",
+__all__ = ["CALIBRATION_ENV_VAR", "Calibration", "CellSpec", "ForwardCosts", "best_configuration",
+           "calibrated_cell_seconds",
            "calibrated_prompt_seconds", "calibration_dtype", "calibration_for", "calibration_path", "calls_to_emit",
            "cell_seconds", "describe_best", "expected_block_efficiency", "find_calibration", "forward_seconds",
            "model_calls_source", "predict_tokens_per_s", "prompt_seconds", "read_calibrations",

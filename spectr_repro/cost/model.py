@@ -343,35 +343,62 @@ def rule_seconds_per_block(blocks: Iterable[dict]) -> tuple[float | None, str]:
     return mean, f"rules {mean:.3g} s per block, mean of {len(seconds)} finished replay block(s) here"
 
 
-def model_calls_source(cfg: DictConfig, calibration: Calibration | None) -> str:
+@dataclass(frozen=True)
+class CellSpec:
+    """What the cost model reads of one cell's config, read once by :meth:`of` at the command that prices it:
+    nothing below takes a raw config. ``estimate``: ``hardware.estimate`` resolved (None: the hardware has none)."""
+
+    method: str
+    K: int
+    L: int
+    model_pair: str
+    dataset: str
+    hardware: str  # the hardware config's name, for messages
+    num_prompts: int
+    max_new_tokens: int
+    dtype: str | None = None  # hardware.dtype (None: the pair's own)
+    prefill_chunk: int | None = None
+    estimate: dict[str, Any] | None = None
+
+    @classmethod
+    def of(cls, cfg: DictConfig) -> CellSpec:
+        estimate = cfg.hardware.get("estimate")
+        chunk = cfg.hardware.get("prefill_chunk")
+        return cls(method=str(cfg.method.name), K=int(cfg.K), L=int(cfg.L), model_pair=str(cfg.choices.model_pair),
+                   dataset=str(cfg.choices.dataset), hardware=str(cfg.choices.hardware),
+                   num_prompts=int(cfg.num_prompts), max_new_tokens=int(cfg.max_new_tokens),
+                   dtype=cfg.hardware.get("dtype"), prefill_chunk=None if chunk is None else int(chunk),
+                   estimate=None if estimate is None else OmegaConf.to_container(estimate, resolve=True))
+
+
+def model_calls_source(cell: CellSpec, calibration: Calibration | None) -> str:
     """Where a cell's or a replay's model-call seconds come from: this machine's calibration, else the
     hardware's roofline, else nowhere (not estimated)."""
-    estimate = cfg.hardware.get("estimate")
     if calibration is not None:
         return calibration.note
-    if estimate is not None:
-        return f"cost model, {estimate.get('device', 'hardware.estimate')}"
-    return f"no cost model (hardware {cfg.choices.hardware} has no `estimate`): not estimated"
+    if cell.estimate is not None:
+        return f"cost model, {cell.estimate.get('device', 'hardware.estimate')}"
+    return f"no cost model (hardware {cell.hardware} has no `estimate`): not estimated"
 
 
 # --------------------------------------------------------------------------------------------------
 # Tokens per call
 
 
-def expected_block_efficiency(cfg: DictConfig, measured: dict[tuple, float]) -> tuple[float, str]:
+def expected_block_efficiency(cell: CellSpec, measured: dict[tuple, float]) -> tuple[float, str]:
     """Block efficiency to expect for the cell: the paper's, else measured here (``measured``: finished cells'
     per (pair, method, K, L)), else (L+1)/2; and which of the three."""
-    method, pair, dataset = cfg.method.name, cfg.choices.model_pair, cfg.choices.dataset
+    method, pair = cell.method, cell.model_pair
     if method == "ar":
         return 1.0, "ar"
     paper = _paper_block_efficiency()
-    for key in ((pair, dataset, method), (pair, "average", method)):
+    for key in ((pair, cell.dataset, method), (pair, "average", method)):
         if key in paper:
-            return min(paper[key], cfg.L + 1.0), "paper"
-    key = (pair, method, cfg.K, cfg.L)
+            return min(paper[key], cell.L + 1.0), "paper"
+    key = (pair, method, cell.K, cell.L)
     if key in measured:
         return measured[key], "measured"
-    return (cfg.L + 1) / 2, "(L+1)/2"
+    return (cell.L + 1) / 2, "(L+1)/2"
 
 
 @functools.cache
@@ -392,21 +419,20 @@ def model_parameters(pair: dict, role: str) -> float:
     return float((pair.get(role) or {}).get("params_b") or 1.0) * 1e9
 
 
-def bytes_per_parameter(cfg: DictConfig, pair: dict) -> int:
-    dtype = str(cfg.hardware.get("dtype") or pair.get("dtype") or "float32")
+def bytes_per_parameter(cell: CellSpec, pair: dict) -> int:
+    dtype = str(cell.dtype or pair.get("dtype") or "float32")
     return 4 if dtype == "float32" else 2
 
 
-def estimate_forward_costs(cfg: DictConfig, pair: dict, context: int = 0) -> tuple[Any, Any] | None:
+def estimate_forward_costs(cell: CellSpec, pair: dict, context: int = 0) -> tuple[Any, Any] | None:
     """(target, draft) forward costs on ``hardware.estimate`` (None without one): from each model's shape
     (``cost.shapes``: the weight matmuls, attention over the cached context and the KV bytes it reads) at the
     estimate's rates, summed; a pair whose architecture is not shipped falls back to its parameter count alone
     (:func:`forward_seconds`, no context)."""
-    if cfg.hardware.get("estimate") is None:
+    estimate = cell.estimate
+    if estimate is None:
         return None
-
-    estimate = OmegaConf.to_container(cfg.hardware.estimate, resolve=True)
-    width = bytes_per_parameter(cfg, pair)
+    width = bytes_per_parameter(cell, pair)
     try:
         rates = Rates.from_estimate(estimate)
         return tuple(ModelledForwardCosts(model_shape(pair, role), rates, width, context)
@@ -456,32 +482,31 @@ def batch_prompt_seconds(target: Any, draft: Any | None, prompt_tokens: int, chu
                                                            context=context)
 
 
-def _costs_of(cfg: DictConfig, pair: dict | None, calibration: Calibration | None) -> tuple[Any, Any, float] | None:
+def _costs_of(cell: CellSpec, pair: dict | None, calibration: Calibration | None) -> tuple[Any, Any, float] | None:
     """(target, draft, overhead per call) of a calibration, else of ``hardware.estimate`` (None without either)."""
     if calibration is not None:
         return calibration.target, calibration.draft, float(calibration.extra.get("overhead_s_per_call", 0.0))
-    costs = estimate_forward_costs(cfg, pair) if pair is not None else None
+    costs = estimate_forward_costs(cell, pair) if pair is not None else None
     return None if costs is None else (*costs, 0.0)
 
 
-def cell_seconds(cfg: DictConfig, pair: dict, block_efficiency: float, calibration: Calibration | None = None,
+def cell_seconds(cell: CellSpec, pair: dict, block_efficiency: float, calibration: Calibration | None = None,
                  batches: Sequence[int] = ()) -> float | None:
-    """Estimated seconds of one cell on ``cfg.hardware`` (warm-up included); None when there is no calibration
+    """Estimated seconds of one cell on its hardware (warm-up included); None when there is no calibration
     and the hardware config has no ``estimate``. With a ``calibration`` its costs replace the estimate.
     ``batches``: the sizes of the groups of untimed prompts decoded together (``runner.batched``)."""
-    costs = _costs_of(cfg, pair, calibration)
+    costs = _costs_of(cell, pair, calibration)
     if costs is None:
         return None
     target, draft, overhead = costs
-    timed = cfg.num_prompts - sum(batches)
-    prompt, chunk = typical_prompt_tokens(cfg.choices.dataset), cfg.hardware.get("prefill_chunk")
-    tokens = int(cfg.max_new_tokens)
+    timed = cell.num_prompts - sum(batches)
+    prompt, chunk, tokens = typical_prompt_tokens(cell.dataset), cell.prefill_chunk, cell.max_new_tokens
 
     def prompts_seconds(batch: int) -> float:
         """``batch`` prompts decoded together (1: alone)."""
-        if cfg.method.name == "ar":  # the per-call overhead is measured on sd-like loops
+        if cell.method == "ar":  # the per-call overhead is measured on sd-like loops
             return batch_prompt_seconds(target, None, prompt, chunk, tokens, 1, 1, tokens, batch)
-        return batch_prompt_seconds(target, draft, prompt, chunk, tokens, cfg.K, cfg.L,
+        return batch_prompt_seconds(target, draft, prompt, chunk, tokens, cell.K, cell.L,
                                     math.ceil(tokens / block_efficiency), batch, overhead)
 
     seconds = timed * prompts_seconds(1) + sum(prompts_seconds(size) for size in batches)
@@ -489,45 +514,45 @@ def cell_seconds(cfg: DictConfig, pair: dict, block_efficiency: float, calibrati
     return seconds + warmup
 
 
-def calibrated_cell_seconds(cfg: DictConfig, calibration: Calibration, block_efficiency: float,
+def calibrated_cell_seconds(cell: CellSpec, calibration: Calibration, block_efficiency: float,
                             batches: Sequence[int] = ()) -> float:
     """:func:`cell_seconds` from a calibration's measured forward costs."""
-    return cell_seconds(cfg, {}, block_efficiency, calibration, batches)
+    return cell_seconds(cell, {}, block_efficiency, calibration, batches)
 
 
-def prompt_seconds(cfg: DictConfig, pair: dict | None, calibration: Calibration | None, K: int, L: int,
+def prompt_seconds(cell: CellSpec, pair: dict | None, calibration: Calibration | None, K: int, L: int,
                    iterations: int, batch: int = 1) -> float | None:
     """``batch`` prompts decoded together at K drafts of L tokens (B*K rows a call): calibrated when
     ``calibration`` is given, else on ``hardware.estimate`` for the ``pair`` config (None without either)."""
-    costs = _costs_of(cfg, pair, calibration)
+    costs = _costs_of(cell, pair, calibration)
     if costs is None:
         return None
     target, draft, overhead = costs
-    return batch_prompt_seconds(target, draft, typical_prompt_tokens(cfg.choices.dataset),
-                                cfg.hardware.get("prefill_chunk"), int(cfg.max_new_tokens), K, L, iterations,
-                                batch, overhead)
+    return batch_prompt_seconds(target, draft, typical_prompt_tokens(cell.dataset), cell.prefill_chunk,
+                                cell.max_new_tokens, K, L, iterations, batch, overhead)
 
 
-def speculative_prompt_seconds(cfg: DictConfig, pair: dict, K: int, L: int, iterations: int,
+def speculative_prompt_seconds(cell: CellSpec, pair: dict, K: int, L: int, iterations: int,
                                batch: int = 1) -> float | None:
     """``batch`` prompts decoded together at K drafts of L tokens on ``hardware.estimate`` (None without one)."""
-    return prompt_seconds(cfg, pair, None, K, L, iterations, batch)
+    return prompt_seconds(cell, pair, None, K, L, iterations, batch)
 
 
-def calibrated_prompt_seconds(cfg: DictConfig, calibration: Calibration, K: int, L: int, iterations: int,
+def calibrated_prompt_seconds(cell: CellSpec, calibration: Calibration, K: int, L: int, iterations: int,
                               batch: int = 1) -> float:
     """``batch`` prompts decoded together at K drafts of L tokens, from measured forward costs."""
-    return prompt_seconds(cfg, None, calibration, K, L, iterations, batch)
+    return prompt_seconds(cell, None, calibration, K, L, iterations, batch)
 
 
-def prefill_pieces(cfg: DictConfig) -> list[int]:
+def prefill_pieces(cell: CellSpec) -> list[int]:
     """The prompt's prefill chunks (tokens each; ``hardware.prefill_chunk``, else the whole prompt)."""
-    prompt = typical_prompt_tokens(cfg.choices.dataset)
-    chunk = int(cfg.hardware.get("prefill_chunk") or prompt)
+    prompt = typical_prompt_tokens(cell.dataset)
+    chunk = int(cell.prefill_chunk or prompt)
     return [chunk] * (prompt // chunk) + ([prompt % chunk] if prompt % chunk else [])
 
 
-__all__ = ["GB", "SECTIONS", "CallCosts", "ParameterForwardCosts", "SectionOverheads", "batch_prompt_seconds",
+__all__ = ["GB", "SECTIONS", "CallCosts", "CellSpec", "ParameterForwardCosts", "SectionOverheads",
+           "batch_prompt_seconds",
            "bytes_per_parameter", "calibrated_cell_seconds", "chunked_prefill_seconds", "estimate_forward_costs",
            "calibration_overheads", "calibration_rule_seconds", "fit_calibration_overheads",
            "calibrated_prompt_seconds", "calls_to_emit", "cell_seconds", "expected_block_efficiency", "forward_seconds",

@@ -27,7 +27,7 @@ from omegaconf import DictConfig
 from spectr_repro import models
 from spectr_repro.cost import calibration_for, model_calls_source
 from spectr_repro.cost.measure import AR_DECODES, CONTEXT_TOKENS, plan_shapes
-from spectr_repro.cost.model import GB, estimate_forward_costs, prefill_pieces
+from spectr_repro.cost.model import GB, CellSpec, estimate_forward_costs, prefill_pieces
 from spectr_repro.data import typical_prompt_tokens
 from spectr_repro.runner.plan import format_duration, pair_config_of
 
@@ -79,7 +79,7 @@ def calibration_shapes(replay_configs: Sequence[DictConfig], replay_Ks: Iterable
             Ks.add(int(cfg.K))
             Ls.add(int(cfg.L))
     for cfg in [*replay_configs, *cells]:
-        chunks.update(prefill_pieces(cfg))
+        chunks.update(prefill_pieces(CellSpec.of(cfg)))
         batches.add(int(cfg.hardware.get("batch_prompts") or 1))
     return {"Ks": sorted(Ks), "Ls": sorted(Ls), "prefill_chunks": sorted(chunks), "batch_sizes": sorted(batches)}
 
@@ -97,7 +97,7 @@ def plan_calibration(command: str, replay_configs: Sequence[DictConfig], replay_
     calibration = calibration_for(cfg)
     contexts = 2 if len({typical_prompt_tokens(str(c.choices.dataset)) for c in [*replay_configs, *mine]}) > 1 else 1
     seconds, decodes = 0.0, 0.0
-    costs = {role: _forward_cost(cfg, pair, role, calibration) for role in ("target", "draft")}
+    costs = {role: _forward_cost(CellSpec.of(cfg), pair, role, calibration) for role in ("target", "draft")}
     if None in costs.values():
         seconds = decodes = None
     else:
@@ -110,7 +110,7 @@ def plan_calibration(command: str, replay_configs: Sequence[DictConfig], replay_
     return CalibrationPlan(command=command, pair=str(cfg.choices.model_pair), hardware=str(cfg.choices.hardware),
                            Ks=tuple(shapes["Ks"]), Ls=tuple(shapes["Ls"]), target_shapes=len(wanted["target"]),
                            draft_shapes=len(wanted["draft"]), forward_seconds=seconds,
-                           weight_bytes=_weight_bytes(pair), source=model_calls_source(cfg, calibration),
+                           weight_bytes=_weight_bytes(pair), source=model_calls_source(CellSpec.of(cfg), calibration),
                            contexts=contexts, decode_seconds=decodes, rule_seconds=rules)
 
 
@@ -135,12 +135,12 @@ def _rule_seconds(calibration, Ks: Sequence[int], Ls: Sequence[int]) -> float | 
     return BLOCKS * float(sum(measured.values()))
 
 
-def _forward_cost(cfg: DictConfig, pair: dict, role: str, calibration):
+def _forward_cost(cell: CellSpec, pair: dict, role: str, calibration):
     """Seconds of one forward of ``role`` at (rows, tokens, logits): measured here, else the hardware's estimate at
     the calibration's context (None without ``hardware.estimate``)."""
     if calibration is not None:
         return calibration.costs(role).seconds
-    costs = estimate_forward_costs(cfg, pair, CONTEXT_TOKENS)
+    costs = estimate_forward_costs(cell, pair, CONTEXT_TOKENS)
     if costs is None:
         return None
     return costs[0 if role == "target" else 1].seconds

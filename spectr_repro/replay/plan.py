@@ -30,6 +30,7 @@ The default ``replay:`` block of config.yaml (datasets null) is no planned repla
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import statistics
@@ -41,6 +42,7 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from spectr_repro.cost import (
+    CellSpec,
     calibration_for,
     expected_block_efficiency,
     model_calls_source,
@@ -172,7 +174,7 @@ def _plan_pair(command: str, groups: list, measured: dict[tuple, float], argumen
         check_batch_fits(group.cfg, group.settings.batch_prompts, group.settings.K_max, group.settings.L_max,
                          "replay.batch_prompts")
     calibration = calibration_for(cfg)
-    plan.model_note = model_calls_source(cfg, calibration)
+    plan.model_note = model_calls_source(CellSpec.of(cfg), calibration)
     if settings.batch_prompts > 1:
         plan.model_note += (f"; {settings.batch_prompts} prompts a batch ({settings.batch_prompts} x "
                             f"{settings.K_max} rows a call)")
@@ -194,40 +196,41 @@ def _plan_pair(command: str, groups: list, measured: dict[tuple, float], argumen
     pooled = [b["reference_tokens"] for group in blocks for b in group if "reference_tokens" in b]
     for member, (folder, changed), own in zip(groups, folders, blocks):
         cfg, settings = member.cfg, member.settings
+        cell = CellSpec.of(cfg)
         group = ReplayGroup(str(cfg.choices.dataset), float(cfg.temperature), settings.num_prompts)
         group.finished = _finished_prompts(folder, settings.num_prompts) if not (changed or cfg.force) else 0
         if changed:
             group.note = (f"{folder.name} holds a replay with other settings ({', '.join(changed)}): the replay "
                           f"refuses it without force=true")
         group.block_efficiency, group.block_efficiency_source = _reference_block_efficiency(
-            cfg, settings, own, pooled, measured)
+            cell, settings, own, pooled, measured)
         group.iterations = math.ceil(int(cfg.max_new_tokens) / group.block_efficiency)
         group.blocks = group.to_replay * group.iterations
-        group.model_seconds = _model_seconds(cfg, settings, calibration, group.to_replay, group.iterations)
+        pair = pair_config_of(cfg) if calibration is None else None
+        group.model_seconds = _model_seconds(cell, pair, settings, calibration, group.to_replay, group.iterations)
         group.rule_seconds_per_block = per_temperature[float(cfg.temperature)]
         plan.groups.append(group)
     return plan
 
 
-def _model_seconds(cfg: DictConfig, settings, calibration, prompts: int, iterations: int) -> float:
+def _model_seconds(cell: CellSpec, pair: dict | None, settings, calibration, prompts: int, iterations: int
+                   ) -> float:
     """The model calls of ``prompts`` prompts of ``iterations`` blocks each, replayed ``settings.batch_prompts`` at
     a time (full batches and a last short one, B x K_max rows a call): this machine's calibration, else the
     hardware's estimate (``cost.prompt_seconds``)."""
     batch = max(1, int(settings.batch_prompts))
     full, rest = divmod(prompts, batch)
-    pair = pair_config_of(cfg) if calibration is None else None
-    return sum(prompt_seconds(cfg, pair, calibration, settings.K_max, settings.L_max, iterations, size) or 0.0
+    return sum(prompt_seconds(cell, pair, calibration, settings.K_max, settings.L_max, iterations, size) or 0.0
                for size in [batch] * full + ([rest] if rest else []))
 
 
-def _reference_block_efficiency(cfg: DictConfig, settings, own: list[dict], pooled: list[float],
+def _reference_block_efficiency(cell: CellSpec, settings, own: list[dict], pooled: list[float],
                                 measured: dict[tuple, float]) -> tuple[float, str]:
     """The reference's tokens per block in this group, and where the number comes from."""
     tokens = [b["reference_tokens"] for b in own if "reference_tokens" in b]
     if tokens:
         return statistics.fmean(tokens), f"measured: {len(tokens)} block(s) of this group here"
-    reference = OmegaConf.merge(cfg, {"method": {"name": settings.reference}, "K": settings.reference_K,
-                                      "L": settings.reference_L})
+    reference = dataclasses.replace(cell, method=settings.reference, K=settings.reference_K, L=settings.reference_L)
     value, source = expected_block_efficiency(reference, measured)
     if source in ("paper", "measured"):
         return value, source if source == "paper" else "measured by finished cells here"

@@ -30,7 +30,7 @@ import pandas as pd
 from omegaconf import DictConfig, OmegaConf
 
 from spectr_repro import models
-from spectr_repro.cost import calibration_for, cell_seconds, expected_block_efficiency
+from spectr_repro.cost import CellSpec, calibration_for, cell_seconds, expected_block_efficiency
 from spectr_repro.cost.model import GB
 from spectr_repro.models import DISK_MARGIN_BYTES
 from spectr_repro.models.offline import OFFLINE_MODELS, models_dir
@@ -124,9 +124,10 @@ def build_plan(plans: Sequence[CellPlan]) -> Plan:
         if holder is not None and state.status != "damaged" and observer.is_live(holder):
             entry.elsewhere += 1
             continue
-        be, _ = expected_block_efficiency(cfg, measured_be)
+        cell = CellSpec.of(cfg)
+        be, _ = expected_block_efficiency(cell, measured_be)
         calibrated = calibration_for(cfg)
-        seconds = cell_seconds(cfg, pair_cfg, be, calibrated, _batches(cfg) if calibrated else ())
+        seconds = cell_seconds(cell, pair_cfg, be, calibrated, _batches(cfg) if calibrated else ())
         if seconds is None:
             entry.calibration = f"no cost model (hardware {cfg.choices.hardware} has no `estimate`)"
         factor = ar_speed.get(key)
@@ -205,7 +206,8 @@ def _measured(plans: Sequence[CellPlan]) -> tuple[dict[tuple, float], dict[tuple
             # the cost model of this very cell, at the tokens it really produced
             with_tokens = OmegaConf.merge(cfg, {"max_new_tokens": max(1, round(summary["tokens"] /
                                                                                 max(1, summary["num_prompts"])))})
-            modelled = cell_seconds(with_tokens, pair, 1.0, calibrated, _batches(with_tokens) if calibrated else ())
+            modelled = cell_seconds(CellSpec.of(with_tokens), pair, 1.0, calibrated,
+                                    _batches(with_tokens) if calibrated else ())
             if not modelled:
                 continue
             ratios.setdefault((summary["model_pair"], summary["hardware"]), []).append(

@@ -87,7 +87,7 @@ def test_plan_uses_the_calibration_and_says_so(cpu_quick_cells):
 def test_calibrated_batched_cells_decode_their_untimed_prompts_together():
     """8 prompts, the first 2 timed alone and 6 in one batch: the batch's calls cost more than one prompt's, and
     less than six prompts' alone."""
-    from spectr_repro.cost.model import calibrated_cell_seconds
+    from spectr_repro.cost.model import CellSpec, calibrated_cell_seconds
     from spectr_repro.runner.batched import split_prompts
     from spectr_repro.runner.config import Composer
 
@@ -96,12 +96,12 @@ def test_calibrated_batched_cells_decode_their_untimed_prompts_together():
     with Composer() as composer:
         alone = composer.compose([*cell, "hardware.batch_prompts=1"])
         batched = composer.compose([*cell, "hardware.batch_prompts=8", "hardware.timed_prompts=2"])
-    per_prompt = (calibrated_cell_seconds(alone, calibration, 3.0)
-                  - calibrated_cell_seconds(OmegaConf.merge(alone, {"num_prompts": 7}), calibration, 3.0))
+    per_prompt = (calibrated_cell_seconds(CellSpec.of(alone), calibration, 3.0)
+                  - calibrated_cell_seconds(CellSpec.of(OmegaConf.merge(alone, {"num_prompts": 7})), calibration, 3.0))
     groups = [len(batch) for batch in split_prompts(batched.hardware, 8).batches]  # as the plan passes them
     assert groups == [6]
-    seconds = calibrated_cell_seconds(batched, calibration, 3.0, groups)
-    two_alone = calibrated_cell_seconds(OmegaConf.merge(alone, {"num_prompts": 2}), calibration, 3.0)
+    seconds = calibrated_cell_seconds(CellSpec.of(batched), calibration, 3.0, groups)
+    two_alone = calibrated_cell_seconds(CellSpec.of(OmegaConf.merge(alone, {"num_prompts": 2})), calibration, 3.0)
     assert two_alone + per_prompt < seconds < two_alone + 6 * per_prompt
 
 

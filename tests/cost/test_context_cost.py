@@ -20,7 +20,7 @@ import math
 
 import pytest
 
-from spectr_repro.cost import Calibration, ForwardCosts
+from spectr_repro.cost import Calibration, CellSpec, ForwardCosts
 from spectr_repro.cost.model import (
     batch_prompt_seconds,
     calibrated_prompt_seconds,
@@ -54,7 +54,7 @@ def _mid(low: float, high: float) -> float:
 
 def test_a_forward_on_16k_cached_tokens_costs_more_than_on_1k_by_the_attention_term(context_groups):
     cfg, _ = context_groups["longcode_16k"]
-    target, draft = estimate_forward_costs(cfg, pair_config_of(cfg))
+    target, draft = estimate_forward_costs(CellSpec.of(cfg), pair_config_of(cfg))
     assert isinstance(target, ModelledForwardCosts)
     shape, rates = target.shape, target.rates
     for rows, tokens, logits in ((7, 7, "all"), (1, 1, "last"), (1, 256, "last")):
@@ -79,7 +79,8 @@ def test_the_context_plan_lands_within_1_5x_of_the_recorded_run(context_groups):
     for bucket, ((low, high), blocks) in CONTEXT_RUN.items():
         cfg, settings = context_groups[bucket]
         blocks_a_prompt = _mid(*blocks)
-        predicted = prompt_seconds(cfg, pair_config_of(cfg), None, settings.K_max, settings.L_max, blocks_a_prompt)
+        predicted = prompt_seconds(CellSpec.of(cfg), pair_config_of(cfg), None, settings.K_max, settings.L_max,
+                                   blocks_a_prompt)
         assert 1 / 1.5 <= predicted / _mid(low, high) <= 1.5, (bucket, predicted, low, high)
         total_predicted += settings.num_prompts * predicted
         total_measured += settings.num_prompts * _mid(low, high)
@@ -87,8 +88,8 @@ def test_the_context_plan_lands_within_1_5x_of_the_recorded_run(context_groups):
     # the seconds grow faster than the input: 16K costs more than 16x 1K's prefill and calls together
     cfg1, s1 = context_groups["longcode_1k"]
     cfg16, s16 = context_groups["longcode_16k"]
-    one = prompt_seconds(cfg1, pair_config_of(cfg1), None, 7, 6, 25)
-    sixteen = prompt_seconds(cfg16, pair_config_of(cfg16), None, 7, 6, 25)
+    one = prompt_seconds(CellSpec.of(cfg1), pair_config_of(cfg1), None, 7, 6, 25)
+    sixteen = prompt_seconds(CellSpec.of(cfg16), pair_config_of(cfg16), None, 7, 6, 25)
     assert sixteen > 12 * one
 
 
@@ -97,11 +98,11 @@ def test_the_grid_plan_at_four_prompts_a_batch_lands_within_1_5x_of_the_recorded
         "humaneval"]
     assert settings.batch_prompts == 4
     pair = pair_config_of(cfg)
-    batch = prompt_seconds(cfg, pair, None, settings.K_max, settings.L_max, GRID_BLOCKS_A_PROMPT, batch=4)
+    batch = prompt_seconds(CellSpec.of(cfg), pair, None, settings.K_max, settings.L_max, GRID_BLOCKS_A_PROMPT, batch=4)
     per_prompt = batch / 4 + GRID_BLOCKS_A_PROMPT * GRID_RULES_A_BLOCK
     assert 1 / 1.5 <= per_prompt / GRID_SECONDS_A_PROMPT <= 1.5, per_prompt
     # a batch reads the weights once for its B x K rows: four prompts together cost less than four alone
-    alone = prompt_seconds(cfg, pair, None, settings.K_max, settings.L_max, GRID_BLOCKS_A_PROMPT)
+    alone = prompt_seconds(CellSpec.of(cfg), pair, None, settings.K_max, settings.L_max, GRID_BLOCKS_A_PROMPT)
     assert batch < 4 * alone
     # negative control: pricing each prompt as if alone (the plan before) misses the run by more
     alone_per_prompt = alone + GRID_BLOCKS_A_PROMPT * GRID_RULES_A_BLOCK
@@ -117,7 +118,7 @@ def test_a_calibrated_prefill_is_priced_chunk_by_chunk_at_the_context_it_runs_on
     contexts = (0, 16384, 0, 16384, 0, 16384, 0, 16384)
     costs = ForwardCosts(tuple(points), contexts)
     calibration = Calibration("cpu", "qwen25coder_1.5b_0.5b", "bfloat16", "test", "2026-12-05", False, costs, costs)
-    seconds = calibrated_prompt_seconds(cfg, calibration, 7, 6, 10)
+    seconds = calibrated_prompt_seconds(CellSpec.of(cfg), calibration, 7, 6, 10)
     prefill = 2 * sum(1.0 + 2.0 * start / 16384 for start in range(0, 16384, 256))
     call = costs.seconds(1, 2, context=16448) + 5 * costs.seconds(7, 1, context=16448) + costs.seconds(
         7, 7, "all", context=16448)

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from spectr_repro.analysis.replay import read_summaries
-from spectr_repro.cost import Calibration, ForwardCosts, calibrated_prompt_seconds, write_calibration
+from spectr_repro.cost import Calibration, CellSpec, ForwardCosts, calibrated_prompt_seconds, write_calibration
 from spectr_repro.cost.calibration import CALIBRATION_ENV_VAR, calibration_dtype
 from spectr_repro.cost.measure import plan_shapes
 from spectr_repro.replay import driver
@@ -184,7 +184,7 @@ def test_plan_prices_a_batch_of_prompts_at_b_times_the_rows(tmp_path, monkeypatc
     assert "4 prompts a batch" in batched.model_note
     iterations = batched.groups[0].iterations
     assert batched.groups[0].to_replay == 9 and alone.groups[0].iterations == iterations
-    price = {size: calibrated_prompt_seconds(cfg, calibration, 7, 12, iterations, size) for size in (1, 4)}
+    price = {size: calibrated_prompt_seconds(CellSpec.of(cfg), calibration, 7, 12, iterations, size) for size in (1, 4)}
     assert alone.model_seconds == pytest.approx(9 * price[1], rel=1e-9)
     assert batched.model_seconds == pytest.approx(2 * price[4] + price[1], rel=1e-9)
     # a batch of 4 saves, per call, the fixed parts of 3 prompts' forwards (0.2 s the target's, 0.1 s each of the

@@ -116,10 +116,11 @@ def test_the_calibration_is_priced_from_its_shapes_rounds_and_loading(offline):
     # the forwards: each shape CHECK_ROUNDS times plus the context and two untimed forwards; so more than
     # CHECK_ROUNDS x the largest target call (K=7 x L+1=25 tokens) alone
     from spectr_repro.cost import forward_seconds
-    from spectr_repro.cost.model import bytes_per_parameter, model_parameters
+    from spectr_repro.cost.model import CellSpec, bytes_per_parameter, model_parameters
     from spectr_repro.runner.plan import pair_config_of
 
     pair = pair_config_of(cfg)
     estimate = OmegaConf.to_container(cfg.hardware.estimate, resolve=True)
-    largest = forward_seconds(estimate, model_parameters(pair, "target"), bytes_per_parameter(cfg, pair), 7 * 25)
+    width = bytes_per_parameter(CellSpec.of(cfg), pair)
+    largest = forward_seconds(estimate, model_parameters(pair, "target"), width, 7 * 25)
     assert CHECK_ROUNDS * largest < wide.forward_seconds < 200 * largest

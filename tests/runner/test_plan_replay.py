@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from spectr_repro.cost import speculative_prompt_seconds
+from spectr_repro.cost import CellSpec, speculative_prompt_seconds
 from spectr_repro.plan import main as main_plan
 from spectr_repro.replay.driver import parse, prompt_directory, write_prompt
 from spectr_repro.runner.plan import format_duration, pair_config_of
@@ -98,11 +98,12 @@ def test_finished_replay_prompts_are_counted_and_measure_the_estimate(offline, c
     assert "rules 20 s per block, mean of 2 finished replay block(s) here" in line
     rules = 99 * 20.0
     model = sum((g.settings.num_prompts - (g.dataset == "humaneval")) * speculative_prompt_seconds(
-        g.cfg, pair_config_of(g.cfg), 7, 6, per_prompt) for g in groups)
+        CellSpec.of(g.cfg), pair_config_of(g.cfg), 7, 6, per_prompt) for g in groups)
     assert (f"est. {format_duration(model + rules)} (model calls {format_duration(model)} + rules "
             f"{format_duration(rules)};") in line
     # the model calls shrink (9 prompts left, 99 blocks instead of 10 and 100); the rules are now counted
-    fresh_model = sum(2 * speculative_prompt_seconds(g.cfg, pair_config_of(g.cfg), 7, 6, 10) for g in groups)
+    fresh_model = sum(2 * speculative_prompt_seconds(CellSpec.of(g.cfg), pair_config_of(g.cfg), 7, 6, 10)
+                      for g in groups)
     assert f"(model calls {format_duration(fresh_model)} + rules 0 s;" in _replay_line(fresh)
     assert model < fresh_model
 
