@@ -71,9 +71,15 @@ def section(path: str | Path, results: dict, tables: str) -> str:
     machine = (f"{env.get('device_name', '?')} ({env.get('device', '?')}; {env.get('num_threads', '?')} threads of "
                f"{env.get('cpu_count', '?')} CPUs; host {env.get('hostname', '?')}), torch {env.get('torch', '?')}, "
                f"transformers {env.get('transformers', '?')}, commit {env.get('git_commit', '?')}")
-    run = (f"{settings.get('num_prompts', '?')} {settings.get('dataset', '?')} prompts × "
-           f"{settings.get('max_new_tokens', '?')} new tokens, T={settings.get('temperature', '?')}, "
-           f"{settings.get('repeats', '?')} rounds")
+    batches = (results.get("batches") or {}).get("settings")
+    if batches:  # the batch bench: a pool of prompts cut into groups, not the preset's rounds
+        run = (f"{batches.get('prompts', '?')} prompts of {', '.join(batches.get('datasets') or ['?'])} in groups of "
+               f"B = {', '.join(map(str, batches.get('batches') or ['?']))} × {batches.get('max_new_tokens', '?')} "
+               f"new tokens, T={batches.get('temperature', '?')}")
+    else:
+        run = (f"{settings.get('num_prompts', '?')} {settings.get('dataset', '?')} prompts × "
+               f"{settings.get('max_new_tokens', '?')} new tokens, T={settings.get('temperature', '?')}, "
+               f"{settings.get('repeats', '?')} rounds")
     wall = results.get("wall_time_s")
     if isinstance(wall, (int, float)):
         run += f", {wall / 60:.1f} min"

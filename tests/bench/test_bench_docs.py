@@ -168,3 +168,16 @@ def test_the_batch_bench_has_its_own_block(tmp_path):
     block = read_block(text, "batch-tables", "doc")
     assert "--block batch-tables" in block and "| spectr | 3 | 4 | 8 | 1 | 2.90 | 0.81 | 0.77 | -5 % |" in block
     assert docs.main(["--docs", str(doc), "--block", "batch-tables", "--check", str(path)]) == 0
+
+
+def test_a_batch_result_says_its_pool_and_batches_not_the_presets_rounds(tmp_path):
+    """The batch bench's line names its pool (prompts, datasets), its batch sizes and tokens; the preset's generic
+    keys (one prompt, rounds) describe nothing it measured."""
+    results = {"date": "2026-12-06T08:23:39+00:00", "command": "python -m spectr_repro bench --preset batch_qwen",
+               "settings": {"num_prompts": 1, "dataset": "gsm8k", "repeats": 1, "preset": "batch_qwen"},
+               "environment": {"device_name": "a CPU"}, "wall_time_s": 600.0,
+               "batches": {"settings": {"prompts": 8, "datasets": ["gsm8k", "lm1b"], "batches": [1, 2, 4, 8],
+                                        "max_new_tokens": 32, "temperature": 0.4}}}
+    text = docs.section(tmp_path / "bench_batch.json", results, "")
+    assert "Run: 8 prompts of gsm8k, lm1b in groups of B = 1, 2, 4, 8 × 32 new tokens, T=0.4, 10.0 min." in text
+    assert "rounds" not in text
