@@ -5,7 +5,7 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from spectr_repro.analysis.report.block_verifiers import hsd_differences
+from spectr_repro.analysis.report.block_verifiers import hsd_differences, shown_table
 
 
 def blocks(rows):
@@ -36,3 +36,15 @@ def test_multi_draft_comparators_at_each_K():
     table = hsd_differences(blocks(rows))
     assert sorted(table["comparator_K"]) == [1, 3]
     assert table.set_index("comparator_K")["difference"].to_dict() == pytest.approx({1: -0.1, 3: -0.3})
+
+
+def test_a_dataset_without_hsd_at_a_temperature_shows_a_dash_not_nan():
+    """Dataset d has hsd at T=0.4 only, e at T=0.7 only: each missing (temperature, dataset) reads "-" (as in
+    Table 1), never "nan" (the committed grid's report showed "nan" for HumanEval at T=0.1 and 0.4)."""
+    rows = [{"method": m, "K": 1, "L": 6, "prompt_id": p, "tokens": t, "temperature": T, "dataset": d}
+            for T, d in ((0.4, "d"), (0.7, "e")) for p in "ab" for m, t in (("bv", 2.0), ("hsd", 2.5))]
+    shown = shown_table(hsd_differences(blocks(rows)), L=6, K=3)
+    assert set(shown.columns) >= {"d", "e"}
+    cells = shown.set_index("temperature")
+    assert cells.loc[0.4, "e"] == "-" and cells.loc[0.7, "d"] == "-"
+    assert cells.loc[0.4, "d"].startswith("+0.50") and "nan" not in shown.to_string()

@@ -36,15 +36,21 @@ def block_verifiers_section(context: ReportContext) -> str | None:
     path = context.out_dir / "tables" / "hsd_differences.csv"
     path.parent.mkdir(parents=True, exist_ok=True)
     table.to_csv(path, index=False, float_format="%.4f")
-    main = table[(table["L"] == replay.L) & ((table["comparator_K"] == 1) | (table["comparator_K"] == replay.K))]
-    main = main.assign(against=[f"{c} K={k}" for c, k in zip(main["comparator"], main["comparator_K"])],
-                       value=[interval_text(d, lo, hi, signed=True) + f" (n={n})" for d, lo, hi, n in
-                              zip(main["difference"], main["ci_low"], main["ci_high"], main["prompts"])])
-    wide = main.pivot_table(index=["temperature", "against"], columns="dataset", values="value", aggfunc="first")
-    order = [c for c in wide.columns if c != AVERAGE] + ([AVERAGE] if AVERAGE in wide.columns else [])
     return "\n".join([
         "## HSD beside the block verifiers", "",
         f"HSD (as released; not lossless, see the audit) minus each rule, tokens per target call on the same blocks at "
         f"L={replay.L}, 95 % intervals over the prompts both rules have (hsd joined the grid on 2026-12-05). Every L: "
         f"[{path.name}]({relative(path, context.out_dir)}).", "",
-        markdown(wide[order].reset_index()), ""])
+        markdown(shown_table(table, replay.L, replay.K)), ""])
+
+
+def shown_table(table: pd.DataFrame, L: int, K: int) -> pd.DataFrame:
+    """Rows (temperature, comparator and its K: 1, and the replay's main K), columns the datasets then the average,
+    at ``L``; "-" where a dataset has no prompt with hsd at that temperature (as Table 1 shows a missing cell)."""
+    main = table[(table["L"] == L) & ((table["comparator_K"] == 1) | (table["comparator_K"] == K))]
+    main = main.assign(against=[f"{c} K={k}" for c, k in zip(main["comparator"], main["comparator_K"])],
+                       value=[interval_text(d, lo, hi, signed=True) + f" (n={n})" for d, lo, hi, n in
+                              zip(main["difference"], main["ci_low"], main["ci_high"], main["prompts"])])
+    wide = main.pivot_table(index=["temperature", "against"], columns="dataset", values="value", aggfunc="first")
+    order = [c for c in wide.columns if c != AVERAGE] + ([AVERAGE] if AVERAGE in wide.columns else [])
+    return wide[order].fillna("-").reset_index()
