@@ -3,6 +3,7 @@ refuses two test modules with one basename in folders without ``__init__.py``, a
 and the top-level ``conf/`` the specification promises beside ``spectr_repro/``: a link to the package's configs,
 so that there is one copy and the wheel ships it."""
 import os
+import re
 import subprocess
 from collections import Counter
 from pathlib import Path
@@ -54,13 +55,18 @@ def test_committed_results_are_sealed_small_and_packed():
     its manifest and every file its manifest records is the one committed (seal --check), no plain blocks.jsonl,
     60 MB at most in all (issue 48)."""
     from spectr_repro.committed import check_group
+    from spectr_repro.units import unit_state
 
     tracked = _tracked("results")
     assert "results/README.md" in tracked
     assert not [p for p in tracked if p.endswith("blocks.jsonl")]
     allowed = ("README.md", "replay.json", "manifest.json", "done.json", "blocks.jsonl.gz", "audit/audit.json",
-               "audit/AUDIT.md", "speedup_batch/bench_batch.json")
-    assert [p for p in tracked if not p.endswith(allowed)] == []
+               "audit/AUDIT.md", "speedup_batch/bench_batch.json", "bias_qwen/bias/bias.csv")
+    bias_context = re.compile(r"^results/bias_qwen/bias/contexts/[^/]+/(setting\.json|[^/]+/[a-z_]+\.json)$")
+    assert [p for p in tracked if not p.endswith(allowed) and not bias_context.match(p)] == []
+    # every committed bias context is finished: its done.json vouches for the files beside it
+    contexts = sorted({(REPO / p).parent for p in tracked if bias_context.match(p) and p.endswith("/done.json")})
+    assert [str(c) for c in contexts if unit_state(c).status != "finished"] == []
     assert sum((REPO / p).stat().st_size for p in tracked) <= 60 * 2**20
     groups = sorted({(REPO / p).parent for p in tracked if p.endswith("/replay.json")})
     for group in groups:
