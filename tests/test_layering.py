@@ -36,7 +36,7 @@ ALLOWED = {
     "theory": {"models", "sampling", "tracking", "verify"},  # tracking: its commands log their results to W&B
     "quality": {"data", "verify", "errors", "records", "tracking"},  # tracking: quality.csv logged to W&B
     # the one cost model: below every command that prices or predicts (plan, replay, check, bench)
-    "cost": {"data", "engine", "errors", "files", "models", "paper", "verify"},
+    "cost": {"data", "engine", "errors", "files", "models", "paper", "settings", "verify"},
 }
 # packages the analysis may not import: it reads records and files, never models, engines or runners
 ANALYSIS_FORBIDDEN = {"engine", "models", "runner", "replay", "bias", "bench", "check", "theory", "quality"}

@@ -64,3 +64,62 @@ def test_a_good_budget_is_minutes():
     assert [read_settings(Budgeted, values, "replay").budget_minutes
             for values in ({}, {"budget_minutes": None}, {"budget_minutes": 2}, {"budget_minutes": 0.5})] == [
         None, None, 2, 0.5]
+
+
+# --------------------------------------------------------------------------------------------------
+# RunConfig: one composed config read at the door
+
+
+def _values(**changes):
+    values = {"K": 3, "L": 6, "num_prompts": 2, "max_new_tokens": 16, "seed": 0, "temperature": 0.4,
+              "output_dir": "results", "experiment": "default", "force": False,
+              "method": {"name": "sbv", "options": {"x": 1}},
+              "choices": {"method": "sbv", "model_pair": "tiny_random", "dataset": "humaneval", "hardware": "cpu"},
+              "model_pair": {"source": "tiny", "dtype": "float32"}, "dataset": {"options": {}},
+              "hardware": {"device": "cpu", "dtype": None, "batch_prompts": 2, "prefill_chunk": 256},
+              "logger": {"backend": "none", "mode": "disabled"}, "replay": {"K": [1, 3]}}
+    return values | changes
+
+
+def test_a_run_config_reads_every_field_from_its_values():
+    from spectr_repro.settings import RunConfig
+
+    run = RunConfig.of_values(_values())
+    assert (run.K, run.L, run.num_prompts, run.max_new_tokens, run.seed, run.temperature) == (3, 6, 2, 16, 0, 0.4)
+    assert (run.method, run.method_options, run.model_pair, run.dataset, run.hardware_name) == (
+        "sbv", {"x": 1}, "tiny_random", "humaneval", "cpu")
+    assert (run.hardware.batch_prompts, run.hardware.timed_prompts, run.hardware.prefill_chunk) == (2, 0, 256)
+    assert run.dtype == "float32"  # hardware.dtype null: the pair's own
+    assert run.dataset_values == {"options": {}, "name": "humaneval"}
+    assert run.named_pair_values == {"source": "tiny", "dtype": "float32", "name": "tiny_random"}
+    assert run.group("replay") == {"K": [1, 3]} and run.group("bias") == {}
+    run.group("replay")["K"].append(5)  # a copy: the run's values never change below the door
+    assert run.values["replay"] == {"K": [1, 3]}
+
+
+def test_replace_checks_again_and_renames_the_method_choice():
+    from spectr_repro.settings import RunConfig
+
+    run = RunConfig.of_values(_values())
+    ar = run.replace(method={"name": "ar"}, K=1, L=1)
+    assert (ar.method, ar.choices["method"], ar.K, ar.L, ar.method_options) == ("ar", "ar", 1, 1, {})
+    assert (run.method, run.K) == ("sbv", 3)  # the original is untouched
+    with pytest.raises(UsageError, match=r"^K must be an integer >= 1 \(drafts a block\), got 0$"):
+        run.replace(K=0)
+
+
+@pytest.mark.parametrize("changes, message", [
+    ({"K": True}, "K must be an integer >= 1 (drafts a block), got True"),
+    ({"temperature": float("nan")}, "temperature must be a number >= 0 (0 = greedy), got nan"),
+    ({"experiment": "a/b"}, "experiment must be a plain name, got 'a/b'"),
+    ({"output_dir": ""}, "output_dir must be a path, got ''"),
+    ({"method": {"name": "sbvv"}}, "method config must name a known rule (ar, "),
+    ({"hardware": {"prefill_chunk": 0}}, "hardware.prefill_chunk must be an integer >= 1 or null"),
+    ({"logger": {"mode": "ofline"}}, "logger.mode must be online, offline or disabled, got 'ofline'"),
+])
+def test_a_bad_value_anywhere_is_one_message_at_the_door(changes, message):
+    from spectr_repro.settings import RunConfig
+
+    with pytest.raises(UsageError) as refused:
+        RunConfig.of_values(_values(**changes))
+    assert str(refused.value).startswith(message)

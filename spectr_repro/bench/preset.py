@@ -25,6 +25,7 @@ from spectr_repro.errors import UsageError
 from spectr_repro.models import clear_cache, load_pair
 from spectr_repro.runner.config import Composer, check_device
 from spectr_repro.runner.fit import check_batch_fits
+from spectr_repro.settings import run_config
 
 
 def default_device(asked: str | None) -> str:
@@ -44,8 +45,9 @@ def compose_preset(name: str, device: str):
         if batches:
             whole = composer.compose([f"+bench={name}", f"hardware={device}", f"model_pair={cfg.bench.pair}",
                                       f"dataset={batches.datasets[0]}", f"max_new_tokens={cfg.bench.max_new_tokens}"])
-            check_batch_fits(whole, max(int(b) for b in batches.B), max(int(c[1]) for c in batches.contenders),
-                             max(int(c[2]) for c in batches.contenders), f"bench.batches.B (preset {name})")
+            check_batch_fits(run_config(whole), max(int(b) for b in batches.B),
+                             max(int(c[1]) for c in batches.contenders), max(int(c[2]) for c in batches.contenders),
+                             f"bench.batches.B (preset {name})")
     return cfg.bench, cfg.hardware
 
 

@@ -36,7 +36,6 @@ from pathlib import Path
 
 import pandas as pd
 import torch
-from omegaconf import DictConfig
 from tqdm import tqdm
 from transformers import DynamicCache
 
@@ -57,14 +56,15 @@ from spectr_repro.runner.config import (
     check_before_loading,
     check_writable,
     expand,
+    needs_single_draft,
     parse_arguments,
     print_help_if_asked,
     single_draft_message,
-    validate,
 )
 from spectr_repro.runner.pairs import PairCache
 from spectr_repro.runner.signals import Budget, RunProgress, Terminated, stop_on_signals, stop_status
 from spectr_repro.sampling import probs_from_logits
+from spectr_repro.settings import RunConfig, run_config
 from spectr_repro.units import DONE_FILE, SET_ASIDE, set_aside, unit_state, write_unit
 from spectr_repro.verify import VERIFIERS, get_verifier
 
@@ -76,16 +76,15 @@ INTEGRITY = 1  # setting.json's ``records_integrity``: its contexts have a done.
 log = logging.getLogger(__name__)
 
 
-def check_bias_config(cfg: DictConfig) -> None:
+def check_bias_config(run: RunConfig) -> None:
     """The bias-specific keys and the single-draft rule (UsageError, before any model loads)."""
-    bias_settings(cfg)
-    if float(cfg.temperature) <= 0:
+    bias_settings(run)
+    if run.temperature <= 0:
         raise UsageError("bias needs temperature > 0 (at 0 every rule emits the target's argmax)")
-    method = cfg.method.name
-    if method == "ar":
+    if run.method == "ar":
         raise UsageError("method ar has no verification rule to measure; name rules (method=spectr_gbv,sbv,...)")
-    if VERIFIERS[method].single_draft and cfg.K != 1:
-        raise UsageError(single_draft_message(cfg))
+    if needs_single_draft(run):
+        raise UsageError(single_draft_message(run))
 
 
 @dataclass
@@ -155,15 +154,14 @@ def parse(argv: Sequence[str]) -> list[BiasSetting]:
     if args.launcher_overrides:
         raise UsageError("bias runs in one process (hydra/launcher overrides apply to `sweep` only)")
     with Composer() as composer:
-        cfgs = expand(composer, args, use_grid=True)
-    for cfg in cfgs:
-        validate(cfg)
-        check_bias_config(cfg)
+        runs = [run_config(cfg) for cfg in expand(composer, args, use_grid=True)]
+    for run in runs:
+        check_bias_config(run)
     # every draft set is a whole block of L tokens (never cut by max_new_tokens)
-    check_before_loading(cfgs, block_L=[int(cfg.L) for cfg in cfgs])
-    for cfg in cfgs:
-        check_writable(cfg.output_dir, [bias_folder(cfg)])
-    return bias_setting_groups(cfgs)
+    check_before_loading(runs, block_L=[run.L for run in runs])
+    for run in runs:
+        check_writable(run.output_dir, [bias_folder(run)])
+    return bias_setting_groups(runs)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -204,8 +202,8 @@ _CONTEXTS: dict[tuple, list[tuple[str, list[int]]]] = {}  # this process's conte
 def run_setting(setting: BiasSetting, pairs: PairCache, progress: Progress | None = None) -> None:
     progress = progress or Progress()
     folder = setting.contexts_folder
-    pair = pairs.pair(setting.cfg)
-    examples = pairs.examples(setting.cfg, pair.tokenizer)
+    pair = pairs.pair(setting.run)
+    examples = pairs.examples(setting.run, pair.tokenizer)
     if setting.contexts_key not in _CONTEXTS:  # settings that differ only by method, K or L share their contexts
         _CONTEXTS[setting.contexts_key] = contexts_of(pair, setting, examples)
     contexts = _CONTEXTS[setting.contexts_key]

@@ -10,12 +10,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any
 
-from omegaconf import DictConfig, OmegaConf
 from pydantic import BaseModel, Field, field_validator
 
 from spectr_repro.bias.estimators import TEST_VERSION
 from spectr_repro.errors import UsageError
-from spectr_repro.settings import SETTINGS, LoggerSettings, budget_field, logger_settings, read_settings
+from spectr_repro.settings import SETTINGS, LoggerSettings, RunConfig, budget_field, logger_settings, read_settings
 from spectr_repro.verify import VERIFIERS
 
 
@@ -43,24 +42,25 @@ class BiasSettings(BaseModel):
         return caps
 
 
-def bias_settings(cfg: DictConfig) -> BiasSettings:
-    """``cfg.bias`` checked (UsageError with one message)."""
-    if not isinstance(cfg.get("bias"), DictConfig):
+def bias_settings(run: RunConfig) -> BiasSettings:
+    """The config's ``bias`` section checked (UsageError with one message)."""
+    if not isinstance(run.values.get("bias"), dict):
         raise UsageError("the config has no `bias` section (conf/config.yaml)")
-    values = OmegaConf.to_container(cfg.bias, resolve=True)
+    values = run.group("bias")
     values["sample_cap"] = values.get("sample_cap") or {}
     return read_settings(BiasSettings, values, "bias")
 
 
-def bias_folder(cfg: DictConfig) -> Path:
+def bias_folder(run: RunConfig) -> Path:
     """``<output_dir>/<experiment>/bias``: the run's contexts and its table."""
-    return Path(cfg.output_dir).expanduser() / cfg.experiment / "bias"
+    return Path(run.output_dir).expanduser() / run.experiment / "bias"
 
 
 @dataclass(frozen=True)
 class BiasSetting:
     """One setting: what its draft sets depend on (:meth:`values`, whose JSON names its folder), the rules that judge
-    them, where it writes, and the cell config its pair and prompts are loaded from (``runner.pairs`` reads one)."""
+    them, where it writes, and the config read at the door that its pair and prompts are loaded from (``run``:
+    ``runner.pairs`` takes it)."""
 
     model_pair: str
     dataset: str
@@ -75,18 +75,16 @@ class BiasSetting:
     model_pair_config: dict[str, Any]
     folder: Path  # bias_folder
     logger: LoggerSettings
-    cfg: DictConfig = field(repr=False, compare=False)
+    run: RunConfig = field(repr=False, compare=False)
     methods: tuple[str, ...] = ()
 
     @classmethod
-    def of(cls, cfg: DictConfig, methods: tuple[str, ...] = ()) -> BiasSetting:
-        bias = bias_settings(cfg)
-        draft_temperature = cfg.temperature if bias.draft_temperature is None else bias.draft_temperature
-        return cls(str(cfg.choices.model_pair), str(cfg.choices.dataset), int(cfg.K), int(cfg.L),
-                   float(cfg.temperature), float(draft_temperature), int(cfg.seed), int(cfg.num_prompts), bias,
-                   OmegaConf.to_container(cfg.hardware, resolve=True),
-                   OmegaConf.to_container(cfg.model_pair, resolve=True), bias_folder(cfg),
-                   logger_settings(cfg.logger), cfg, methods)
+    def of(cls, run: RunConfig, methods: tuple[str, ...] = ()) -> BiasSetting:
+        bias = bias_settings(run)
+        draft_temperature = run.temperature if bias.draft_temperature is None else bias.draft_temperature
+        return cls(run.model_pair, run.dataset, run.K, run.L, run.temperature, float(draft_temperature), run.seed,
+                   run.num_prompts, bias, run.group("hardware"), run.group("model_pair"), bias_folder(run),
+                   logger_settings(run.logger or {}), run, methods)
 
     @property
     def prefill_chunk(self) -> int | None:
@@ -124,15 +122,15 @@ class BiasSetting:
         return self.folder / "contexts" / self.id
 
 
-def bias_setting_groups(cfgs: list[DictConfig]) -> list[BiasSetting]:
+def bias_setting_groups(runs: list[RunConfig]) -> list[BiasSetting]:
     """The run's settings in grid order, each with its rules in order (cells sharing all but the rule)."""
     groups: dict[str, tuple[BiasSetting, list[str]]] = {}
-    for cfg in cfgs:
-        setting = BiasSetting.of(cfg)
+    for run in runs:
+        setting = BiasSetting.of(run)
         setting, methods = groups.setdefault(setting.id, (setting, []))
-        if cfg.method.name not in methods:
-            methods.append(cfg.method.name)
-    return [BiasSetting.of(setting.cfg, tuple(methods)) for setting, methods in groups.values()]
+        if run.method not in methods:
+            methods.append(run.method)
+    return [BiasSetting.of(setting.run, tuple(methods)) for setting, methods in groups.values()]
 
 
 __all__ = ["BiasSetting", "BiasSettings", "bias_folder", "bias_setting_groups", "bias_settings"]

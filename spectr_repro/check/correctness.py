@@ -9,7 +9,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from omegaconf import OmegaConf
 
 import spectr_repro.check.architectures as architectures  # a module: tests swap its configs for small ones
 from spectr_repro.check.checker import Checker
@@ -41,8 +40,9 @@ def load_models(base, pair_cfg: dict, random_weights: bool) -> LoadedPair:
         vocab = min(m.get_output_embeddings().weight.shape[0] for m in (target, draft))
         return LoadedPair(target, draft, vocab, f"random weights from the configs, {str(dtype)[6:]}")
     # check reports offloading itself (its memory item), so the cache is told to allow it; the dtype is check's
-    cfg = OmegaConf.merge(base, {"hardware": {"dtype": str(dtype).removeprefix("torch."), "allow_offload": True}})
-    pair = PairCache(echo=lambda message: print(message, file=sys.stderr)).pair(cfg)
+    run = base.replace(hardware=base.group("hardware") | {"dtype": str(dtype).removeprefix("torch."),
+                                                          "allow_offload": True})
+    pair = PairCache(echo=lambda message: print(message, file=sys.stderr)).pair(run)
     what = "tiny random pair" if pair_cfg["source"] == "tiny" else f"real weights, {str(dtype)[6:]}"
     return LoadedPair(pair.target, pair.draft, pair.vocab_size, what,
                       None if pair_cfg["source"] == "tiny" else pair.tokenizer)

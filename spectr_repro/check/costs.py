@@ -15,7 +15,6 @@ from spectr_repro.check.correctness import LoadedPair, random_prompts
 from spectr_repro.cost import (
     Calibration,
     best_configuration,
-    calibration_dtype,
     describe_best,
     predict_tokens_per_s,
     read_replay_summary,
@@ -52,8 +51,8 @@ def calibration_item(checker: Checker, base, pair_cfg, loaded: LoadedPair, shape
         target = measure_forward_costs(loaded.target, wanted["target"], repeats, contexts, loaded.vocab_size)
         draft = measure_forward_costs(loaded.draft, wanted["draft"], repeats, contexts, loaded.vocab_size)
         calibration = Calibration(
-            hardware=str(base.choices.hardware), model_pair=str(base.choices.model_pair),
-            dtype=calibration_dtype(base), device=device_name, date=today(),
+            hardware=base.hardware_name, model_pair=base.model_pair,
+            dtype=base.dtype, device=device_name, date=today(),
             random_weights=loaded.what.startswith("random"), target=target, draft=draft,
             extra={"repeats": repeats, "shapes": shapes,
                    # this machine's two roofs, for the report's roofline against these calibrated forwards
@@ -74,12 +73,12 @@ def call_costs_item(checker: Checker, base, loaded: LoadedPair, calibration, sha
     Ks, Ls, methods = shapes["Ks"], shapes["Ls"], shapes.get("methods") or ["sd"]
     grid = [(rule, K, L) for rule in dict.fromkeys([*methods, "sd", "spectr"]) for K in Ks for L in Ls
             if not (VERIFIERS[rule].single_draft and K != 1)]
-    temperature = float(base.temperature)
+    temperature = base.temperature
     device = next(loaded.target.parameters()).device
     context = int(shapes.get("context") or 64)
     decode_contexts = [int(c) for c in shapes.get("decode_contexts") or shapes.get("contexts") or [context]]
     prompt, *decode_prompts = calibration_prompts(base, loaded, [context, *decode_contexts], device)
-    prefill_chunk = base.hardware.get("prefill_chunk")
+    prefill_chunk = base.hardware.prefill_chunk
 
     def rules():
         blocks = record_blocks(loaded.target, loaded.draft, prompt, max(Ks), max(Ls), 2 if quick else 3,
@@ -141,14 +140,14 @@ def prompt_contexts(base, loaded: LoadedPair, shapes: dict, most: int = 16) -> N
         return
 
     means = {}
-    for name in shapes.get("datasets") or [str(base.choices.dataset)]:
+    for name in shapes.get("datasets") or [base.dataset]:
         try:
-            examples = load_examples(name, min(int(base.num_prompts), most), seed=int(base.seed),
+            examples = load_examples(name, min(base.num_prompts, most), seed=base.seed,
                                      tokenizer=loaded.tokenizer)
         except (OSError, ValueError, KeyError):
             continue
         lengths = [encode_prompt(loaded.tokenizer, example).shape[-1] for example in examples]
-        means[name] = round(sum(lengths) / len(lengths)) + int(base.max_new_tokens) // 2
+        means[name] = round(sum(lengths) / len(lengths)) + base.max_new_tokens // 2
     if means:
         shapes["contexts"], shapes["decode_contexts"] = measured_contexts(means)
 
@@ -164,7 +163,7 @@ def calibration_prompts(base, loaded: LoadedPair, lengths: Sequence[int], device
     text = None
     if loaded.tokenizer is not None:
         try:
-            examples = load_examples(str(base.choices.dataset), CALIBRATION_PROMPTS, seed=0,
+            examples = load_examples(base.dataset, CALIBRATION_PROMPTS, seed=0,
                                      tokenizer=loaded.tokenizer)
             text = torch.cat([encode_prompt(loaded.tokenizer, example)[0] for example in examples]).to(device)
         except (OSError, ValueError) as error:  # no local copy of the dataset: random tokens, said in the item
@@ -176,16 +175,16 @@ def calibration_prompts(base, loaded: LoadedPair, lengths: Sequence[int], device
 def timing_item(checker: Checker, base, loaded: LoadedPair, calibration, quick: bool):
     """One prompt decoded at the configured method: sections vs wall time; the overhead per call that the
     forwards do not explain (sampling, verification, cache bookkeeping) goes into the calibration."""
-    method = base.method.name
-    K = 1 if method == "ar" or VERIFIERS[method].single_draft else int(base.K)
-    L = 1 if method == "ar" else int(base.L)
+    method = base.method
+    K = 1 if method == "ar" or VERIFIERS[method].single_draft else base.K
+    L = 1 if method == "ar" else base.L
     device = next(loaded.target.parameters()).device
     prompt = random_prompts(1, 48, loaded.vocab_size, device, seed=2)[0]
 
     def check():
         out = generate(loaded.target, loaded.draft, prompt, method=method, K=K, L=L, temperature=float(
             base.temperature), max_new_tokens=16 if quick else 32, seed=0, vocab_size=loaded.vocab_size,
-            prefill_chunk=base.hardware.get("prefill_chunk"))
+            prefill_chunk=base.hardware.prefill_chunk)
         times = out.stats["time_s"]
         sections = sum(v for k, v in times.items() if k != "total")
         gap = abs(times["total"] - sections) / times["total"]
@@ -207,7 +206,7 @@ def prediction_item(checker: Checker, base, calibration, replay_summary: str) ->
     def predict():
         table = read_replay_summary(replay_summary, _replay_filters(base, replay_summary))
         predictions = predict_tokens_per_s(table, CallCosts.from_calibration(calibration),
-                                           typical_prompt_tokens(base.choices.dataset), int(base.max_new_tokens))
+                                           typical_prompt_tokens(base.dataset), base.max_new_tokens)
         best = best_configuration(predictions)
         return None, describe_best(best), {"best": best, "predictions": predictions.to_dict("records")}
 
@@ -217,8 +216,7 @@ def prediction_item(checker: Checker, base, calibration, replay_summary: str) ->
 def _replay_filters(base, path: str) -> dict[str, Any]:
     """Select the replay rows of this command's pair, dataset and temperature where the CSV has those columns."""
     columns = set(pd.read_csv(path, nrows=0).columns)
-    wanted = {"model_pair": base.choices.model_pair, "dataset": base.choices.dataset,
-              "temperature": float(base.temperature)}
+    wanted = {"model_pair": base.model_pair, "dataset": base.dataset, "temperature": base.temperature}
     return {key: value for key, value in wanted.items() if key in columns}
 
 

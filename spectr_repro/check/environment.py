@@ -28,7 +28,8 @@ def environment_items(checker: Checker, base) -> dict[str, Any]:
     for dtype in (torch.bfloat16, torch.float16):
         checker.run("environment", f"{str(dtype).removeprefix('torch.')} matmul", lambda dtype=dtype: _dtype_works(
             device, dtype), required=False)
-    if bool(base.check.quick) and not base.hardware.compile:  # inductor's first build takes ~30 s on a small CPU
+    quick = bool(base.group("check").get("quick"))
+    if quick and not base.hardware.compile:  # inductor's first build takes ~30 s on a small CPU
         checker.add("environment", "torch.compile", "skip", "not checked in quick mode (hardware.compile is false)")
     else:
         checker.run("environment", "torch.compile", lambda: _compile_works(device),
@@ -114,7 +115,7 @@ def memory_item(checker: Checker, base, pair_cfg: dict, shapes: dict[str, Any], 
 
 def pair_dtype(base, pair_cfg: dict) -> torch.dtype:
     """The dtype the pair runs in here: ``hardware.dtype``, else the pair's own (float32 by default)."""
-    return as_dtype(base.hardware.get("dtype") or pair_cfg.get("dtype") or "float32")
+    return as_dtype(base.hardware.dtype or pair_cfg.get("dtype") or "float32")
 
 
 __all__ = ["CONTEXT_TOKENS", "environment_items", "free_memory", "memory_item", "pair_dtype"]

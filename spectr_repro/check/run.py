@@ -8,8 +8,6 @@ from collections.abc import Sequence
 from dataclasses import asdict
 from typing import Any
 
-from omegaconf import OmegaConf
-
 from spectr_repro import models
 from spectr_repro.check.checker import Checker
 from spectr_repro.check.correctness import correctness_items, correctness_models, load_models
@@ -26,46 +24,48 @@ from spectr_repro.cost import write_calibration
 from spectr_repro.data import typical_prompt_tokens
 from spectr_repro.errors import ResourceError
 from spectr_repro.runner.config import Composer, UsageError, check_before_loading, expand, parse_arguments
+from spectr_repro.settings import RunConfig, run_config
 from spectr_repro.verify import VERIFIERS
 
 
 def compose(argv: Sequence[str]):
-    """(base config, every cell config) of the command line, through the runner's Hydra machinery."""
+    """(base config, every cell config) of the command line, through the runner's Hydra machinery, read at the door
+    (``settings.RunConfig``)."""
     args = parse_arguments(argv)
     if args.sweeps:
         raise UsageError("check takes one value per key (an experiment gives it a grid's shapes)")
     if args.launcher_overrides:
         raise UsageError("hydra/launcher overrides apply to `sweep` only")
     with Composer() as composer:
-        cells = expand(composer, args, use_grid=True)  # first: it refuses unknown nested keys by name
-        base = composer.compose(args.fixed)
+        cells = [run_config(cfg) for cfg in expand(composer, args, use_grid=True)]  # first: it refuses unknown
+        base = run_config(composer.compose(args.fixed))                            # nested keys by name
     check_before_loading([base, *cells])  # the checks every command that loads models shares
     return base, cells
 
 
-def run_shapes(base, cells, quick: bool = False) -> dict[str, Any]:
+def run_shapes(base: RunConfig, cells: Sequence[RunConfig], quick: bool = False) -> dict[str, Any]:
     """K, L, prefill chunks and prompt batch sizes of the cells of the base config's pair and of the experiment's
     replay grid (the base config's alone without either), the rules the cells and the replay run (their calls are
     timed on real blocks), and the context the forwards are measured on: the experiment's typical prompt plus half
     its new tokens (the mean context of a decoding call), and ``contexts`` (that one and each long-input bucket's
     input plus half its new tokens) when the replay has buckets. ``quick``: only the smallest and largest L and prefill
     chunk (the costs between are interpolated, see ``cost.calibration``)."""
-    Ks, Ls, chunks, batches = {1, int(base.K)}, {int(base.L)}, set(), {1}
-    methods = {str(base.method.name)} - {"ar"}
-    prompts = [typical_prompt_tokens(base.choices.dataset)]
-    for cfg in cells:
-        if cfg.choices.model_pair != base.choices.model_pair:
+    Ks, Ls, chunks, batches = {1, base.K}, {base.L}, set(), {1}
+    methods = {base.method} - {"ar"}
+    prompts = [typical_prompt_tokens(base.dataset)]
+    for cell in cells:
+        if cell.model_pair != base.model_pair:
             continue
-        if cfg.method.name != "ar":
-            Ks.add(int(cfg.K))
-            Ls.add(int(cfg.L))
-            methods.add(str(cfg.method.name))
-        batches.add(int(cfg.hardware.get("batch_prompts") or 1))
-        prompt = typical_prompt_tokens(cfg.choices.dataset)
+        if cell.method != "ar":
+            Ks.add(cell.K)
+            Ls.add(cell.L)
+            methods.add(cell.method)
+        batches.add(cell.hardware.batch_prompts)
+        prompt = typical_prompt_tokens(cell.dataset)
         prompts.append(prompt)
-        chunk = int(cfg.hardware.get("prefill_chunk") or prompt)
+        chunk = cell.hardware.prefill_chunk or prompt
         chunks.update([min(chunk, prompt)] + ([prompt % chunk] if prompt > chunk and prompt % chunk else []))
-    replay = base.get("replay") or {}
+    replay = base.group("replay")
     if replay.get("datasets"):  # an experiment's replay (config.yaml's default block names none)
         Ks.update(int(k) for k in [*(replay.get("K") or []), replay.get("reference_K") or base.K])
         Ls.update(int(v) for v in [*(replay.get("L") or []), replay.get("reference_L") or base.L])
@@ -74,11 +74,11 @@ def run_shapes(base, cells, quick: bool = False) -> dict[str, Any]:
     chunks.add(32)  # the runner's warm-up prompt
     if quick:
         Ls, chunks = {min(Ls), max(Ls)}, {min(chunks), max(chunks)}
-    half = int(base.max_new_tokens) // 2
+    half = base.max_new_tokens // 2
     context = int(sorted(prompts)[len(prompts) // 2] + half)
     # the datasets the cells and the replay decode (the base config's alone without either)
-    datasets = sorted({*(str(c.choices.dataset) for c in cells if c.choices.model_pair == base.choices.model_pair),
-                       *(str(name) for name in replay.get("datasets") or [])} or {str(base.choices.dataset)})
+    datasets = sorted({*(c.dataset for c in cells if c.model_pair == base.model_pair),
+                       *(str(name) for name in replay.get("datasets") or [])} or {base.dataset})
     contexts, decode_contexts = measured_contexts({name: typical_prompt_tokens(name) + half for name in datasets})
     return {"Ks": sorted(Ks), "Ls": sorted(Ls), "prefill_chunks": sorted(chunks), "batch_sizes": sorted(batches),
             "methods": sorted(m for m in methods if m in VERIFIERS), "context": context,
@@ -89,13 +89,12 @@ def run_shapes(base, cells, quick: bool = False) -> dict[str, Any]:
 def run_check(argv: Sequence[str]) -> tuple[int, dict[str, Any]]:
     started = time.perf_counter()
     base, cells = compose(argv)
-    settings = base.check
-    quick, random_weights = bool(settings.quick), bool(settings.random_weights)
-    pair_cfg = models.pair_config(OmegaConf.to_container(base.model_pair, resolve=True)
-                                  | {"name": base.model_pair.get("name") or base.choices.model_pair})
+    settings = base.group("check")
+    quick, random_weights = bool(settings.get("quick")), bool(settings.get("random_weights"))
+    pair_cfg = models.pair_config(base.named_pair_values)
     shapes = run_shapes(base, cells, quick)
     checker = Checker()
-    print(f"check: model pair {base.choices.model_pair} on hardware={base.choices.hardware}"
+    print(f"check: model pair {base.model_pair} on hardware={base.hardware_name}"
           f"{' (random weights)' if random_weights else ''}{' (quick)' if quick else ''}", file=sys.stderr)
     env = environment_items(checker, base)
     try:
@@ -103,9 +102,9 @@ def run_check(argv: Sequence[str]) -> tuple[int, dict[str, Any]]:
     except ValueError as error:  # no config of the pair's architecture here: say so, load as usual
         fits = None
         checker.add("memory", "fits without offload", "skip", str(error))
-    result: dict[str, Any] = {"model_pair": base.choices.model_pair, "hardware": base.choices.hardware,
+    result: dict[str, Any] = {"model_pair": base.model_pair, "hardware": base.hardware_name,
                               "random_weights": random_weights, "quick": quick, "shapes": shapes,
-                              "output": str(settings.output), "environment": env}
+                              "output": str(settings.get("output")), "environment": env}
     loaded = None
     if fits is False:
         checker.add("models", "load", "skip", "the pair does not fit: nothing loaded, no calibration")
@@ -134,7 +133,7 @@ def run_check(argv: Sequence[str]) -> tuple[int, dict[str, Any]]:
             checker.add("calibration", "written", "info", f"{calibration.note} -> {path}")
             result["calibration"] = {"path": str(path), **calibration.to_json()}
             if settings.get("replay_summary"):
-                result["prediction"] = prediction_item(checker, base, calibration, str(settings.replay_summary))
+                result["prediction"] = prediction_item(checker, base, calibration, str(settings["replay_summary"]))
     result["items"] = [asdict(item) for item in checker.items]
     result["passed"] = checker.passed and loaded is not None
     result["wall_time_s"] = time.perf_counter() - started

@@ -16,7 +16,6 @@ from spectr_repro.cost.calibration import (
     CALIBRATION_ENV_VAR,
     Calibration,
     ForwardCosts,
-    calibration_dtype,
     calibration_for,
     calibration_path,
     find_calibration,
@@ -56,7 +55,7 @@ from spectr_repro.cost.roofline import (
 
 __all__ = ["CALIBRATION_ENV_VAR", "Calibration", "CellSpec", "ForwardCosts", "best_configuration",
            "calibrated_cell_seconds",
-           "calibrated_prompt_seconds", "calibration_dtype", "calibration_for", "calibration_path", "calls_to_emit",
+           "calibrated_prompt_seconds", "calibration_for", "calibration_path", "calls_to_emit",
            "cell_seconds", "describe_best", "expected_block_efficiency", "find_calibration", "forward_seconds",
            "model_calls_source", "predict_tokens_per_s", "prompt_seconds", "read_calibrations",
            "read_replay_summary", "rule_seconds_per_block", "seconds_per_call", "speculative_prompt_seconds",

@@ -28,9 +28,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig
-
 from spectr_repro.files import atomic_write_text
+from spectr_repro.settings import RunConfig
 
 CALIBRATION_ENV_VAR = "SPECTR_REPRO_CALIBRATION"
 
@@ -202,16 +201,11 @@ def today() -> str:
     return _dt.date.today().isoformat()
 
 
-def calibration_dtype(cfg: DictConfig) -> str:
-    """The dtype a cell's target runs in: ``hardware.dtype``, else the pair's own (float32 by default)."""
-    return str(cfg.hardware.get("dtype") or cfg.model_pair.get("dtype") or "float32")
-
-
-def calibration_for(cfg: DictConfig) -> Calibration | None:
+def calibration_for(run: RunConfig) -> Calibration | None:
     """This machine's calibration of the cell's hardware, pair and dtype (``check`` writes it), or None."""
-    return find_calibration(str(cfg.choices.hardware), str(cfg.choices.model_pair), calibration_dtype(cfg))
+    return find_calibration(run.hardware_name, run.model_pair, run.dtype)
 
 
-__all__ = ["CALIBRATION_ENV_VAR", "DEFAULT_CONTEXT", "Calibration", "ForwardCosts", "calibration_dtype",
+__all__ = ["CALIBRATION_ENV_VAR", "DEFAULT_CONTEXT", "Calibration", "ForwardCosts",
            "calibration_for", "calibration_path", "entry_key", "find_calibration", "read_calibrations", "today",
            "write_calibration"]

@@ -42,12 +42,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-from omegaconf import DictConfig, OmegaConf
 
 from spectr_repro.cost.calibration import Calibration, ForwardCosts, _interpolate
 from spectr_repro.cost.shapes import ModelledForwardCosts, Rates, model_shape
 from spectr_repro.data import typical_prompt_tokens
 from spectr_repro.paper import load_paper_numbers
+from spectr_repro.settings import RunConfig
 
 GB = 1e9
 
@@ -361,14 +361,12 @@ class CellSpec:
     estimate: dict[str, Any] | None = None
 
     @classmethod
-    def of(cls, cfg: DictConfig) -> CellSpec:
-        estimate = cfg.hardware.get("estimate")
-        chunk = cfg.hardware.get("prefill_chunk")
-        return cls(method=str(cfg.method.name), K=int(cfg.K), L=int(cfg.L), model_pair=str(cfg.choices.model_pair),
-                   dataset=str(cfg.choices.dataset), hardware=str(cfg.choices.hardware),
-                   num_prompts=int(cfg.num_prompts), max_new_tokens=int(cfg.max_new_tokens),
-                   dtype=cfg.hardware.get("dtype"), prefill_chunk=None if chunk is None else int(chunk),
-                   estimate=None if estimate is None else OmegaConf.to_container(estimate, resolve=True))
+    def of(cls, run: RunConfig) -> CellSpec:
+        hardware = run.hardware
+        return cls(method=run.method, K=run.K, L=run.L, model_pair=run.model_pair, dataset=run.dataset,
+                   hardware=run.hardware_name, num_prompts=run.num_prompts, max_new_tokens=run.max_new_tokens,
+                   dtype=hardware.dtype, prefill_chunk=hardware.prefill_chunk,
+                   estimate=None if hardware.estimate is None else dict(hardware.estimate))
 
 
 def model_calls_source(cell: CellSpec, calibration: Calibration | None) -> str:

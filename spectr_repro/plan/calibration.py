@@ -22,14 +22,13 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from omegaconf import DictConfig
-
 from spectr_repro import models
 from spectr_repro.cost import calibration_for, model_calls_source
 from spectr_repro.cost.measure import AR_DECODES, CONTEXT_TOKENS, plan_shapes
 from spectr_repro.cost.model import GB, CellSpec, estimate_forward_costs, prefill_pieces
 from spectr_repro.data import typical_prompt_tokens
 from spectr_repro.runner.plan import format_duration, pair_config_of
+from spectr_repro.settings import RunConfig
 
 CHECK_REPEATS = 3  # check.costs.calibration_item's rounds that are timed (medians of 3)
 CHECK_ROUNDS = CHECK_REPEATS + 1  # plus the warm-up round (kernel selection) measure_forward_costs runs first
@@ -67,37 +66,36 @@ class CalibrationPlan:
                 + self.load_seconds)
 
 
-def calibration_shapes(replay_configs: Sequence[DictConfig], replay_Ks: Iterable[int], replay_Ls: Iterable[int],
-                       cells: Iterable[DictConfig]) -> dict:
+def calibration_shapes(replay_configs: Sequence[RunConfig], replay_Ks: Iterable[int], replay_Ls: Iterable[int],
+                       cells: Iterable[RunConfig]) -> dict:
     """The K, L, prefill chunks and prompt batch sizes to calibrate for one pair: the replay's grid and the
     pair's timed cells (their K and L, AR's aside), the datasets' prefill chunks and the warm-up prompt."""
     base = replay_configs[0]
-    Ks, Ls = {1, int(base.K), *map(int, replay_Ks)}, {int(base.L), *map(int, replay_Ls)}
+    Ks, Ls = {1, base.K, *map(int, replay_Ks)}, {base.L, *map(int, replay_Ls)}
     chunks, batches = {WARMUP_TOKENS}, {1}
-    for cfg in cells:
-        if cfg.method.name != "ar":  # AR's K and L are placeholders: it calls the target on one token
-            Ks.add(int(cfg.K))
-            Ls.add(int(cfg.L))
-    for cfg in [*replay_configs, *cells]:
-        chunks.update(prefill_pieces(CellSpec.of(cfg)))
-        batches.add(int(cfg.hardware.get("batch_prompts") or 1))
+    for run in cells:
+        if run.method != "ar":  # AR's K and L are placeholders: it calls the target on one token
+            Ks.add(run.K)
+            Ls.add(run.L)
+    for run in [*replay_configs, *cells]:
+        chunks.update(prefill_pieces(CellSpec.of(run)))
+        batches.add(run.hardware.batch_prompts)
     return {"Ks": sorted(Ks), "Ls": sorted(Ls), "prefill_chunks": sorted(chunks), "batch_sizes": sorted(batches)}
 
 
-def plan_calibration(command: str, replay_configs: Sequence[DictConfig], replay_Ks: Iterable[int],
-                     replay_Ls: Iterable[int], cells: Sequence[DictConfig] = ()) -> CalibrationPlan:
+def plan_calibration(command: str, replay_configs: Sequence[RunConfig], replay_Ks: Iterable[int],
+                     replay_Ls: Iterable[int], cells: Sequence[RunConfig] = ()) -> CalibrationPlan:
     """The calibration of the pair and hardware of ``replay_configs`` (one replay's groups) at its K x L grid
     and at the shapes of ``cells`` (the timed cells of the same pair and hardware)."""
-    cfg = replay_configs[0]
-    mine = [c for c in cells if (c.choices.model_pair, c.choices.hardware) == (cfg.choices.model_pair,
-                                                                                cfg.choices.hardware)]
+    run = replay_configs[0]
+    mine = [c for c in cells if (c.model_pair, c.hardware_name) == (run.model_pair, run.hardware_name)]
     shapes = calibration_shapes(replay_configs, replay_Ks, replay_Ls, mine)
     wanted = plan_shapes(shapes["Ks"], shapes["Ls"], shapes["prefill_chunks"], shapes["batch_sizes"])
-    pair = pair_config_of(cfg)
-    calibration = calibration_for(cfg)
-    contexts = 2 if len({typical_prompt_tokens(str(c.choices.dataset)) for c in [*replay_configs, *mine]}) > 1 else 1
+    pair = pair_config_of(run)
+    calibration = calibration_for(run)
+    contexts = 2 if len({typical_prompt_tokens(c.dataset) for c in [*replay_configs, *mine]}) > 1 else 1
     seconds, decodes = 0.0, 0.0
-    costs = {role: _forward_cost(CellSpec.of(cfg), pair, role, calibration) for role in ("target", "draft")}
+    costs = {role: _forward_cost(CellSpec.of(run), pair, role, calibration) for role in ("target", "draft")}
     if None in costs.values():
         seconds = decodes = None
     else:
@@ -107,10 +105,10 @@ def plan_calibration(command: str, replay_configs: Sequence[DictConfig], replay_
                 one(rows, tokens, logits) for rows, tokens, logits in wanted[role]))
         decodes = _decode_seconds(costs["target"], costs["draft"], shapes["Ks"], shapes["Ls"], contexts)
     rules = _rule_seconds(calibration, shapes["Ks"], shapes["Ls"])
-    return CalibrationPlan(command=command, pair=str(cfg.choices.model_pair), hardware=str(cfg.choices.hardware),
+    return CalibrationPlan(command=command, pair=run.model_pair, hardware=run.hardware_name,
                            Ks=tuple(shapes["Ks"]), Ls=tuple(shapes["Ls"]), target_shapes=len(wanted["target"]),
                            draft_shapes=len(wanted["draft"]), forward_seconds=seconds,
-                           weight_bytes=_weight_bytes(pair), source=model_calls_source(CellSpec.of(cfg), calibration),
+                           weight_bytes=_weight_bytes(pair), source=model_calls_source(CellSpec.of(run), calibration),
                            contexts=contexts, decode_seconds=decodes, rule_seconds=rules)
 
 

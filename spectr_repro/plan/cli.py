@@ -22,10 +22,11 @@ from spectr_repro.errors import UsageError
 from spectr_repro.plan.calibration import CalibrationPlan, check_command, format_calibration, plan_calibration
 from spectr_repro.replay.plan import ReplayPlan, plan_replays, replay_lines, replay_only
 from spectr_repro.runner.cli import _take_cfg_flag, help_text
-from spectr_repro.runner.config import Composer, expand, parse_arguments, validate
+from spectr_repro.runner.config import Composer, expand, parse_arguments
 from spectr_repro.runner.execute import plan_cells
 from spectr_repro.runner.fit import check_batch_fits
 from spectr_repro.runner.plan import Plan, build_plan, format_duration, format_plan
+from spectr_repro.settings import run_config
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -88,16 +89,15 @@ def plan_parts(argv: list[str]) -> PlanParts:
             continue
         args = parse_arguments(arguments)
         with Composer() as composer:
-            cfgs = expand(composer, args, use_grid=True)
-        for cfg in cfgs:
-            validate(cfg)
-            check_batch_fits(cfg, int(cfg.hardware.get("batch_prompts") or 1), int(cfg.K),
-                             min(int(cfg.L), int(cfg.max_new_tokens)), "hardware.batch_prompts")
-        plans.extend(plan_cells(cfgs))
-        commands.append((arguments, cfgs[0].choices.experiment if cfgs else experiment))
+            runs = [run_config(cfg) for cfg in expand(composer, args, use_grid=True)]
+        for run in runs:
+            check_batch_fits(run, run.hardware.batch_prompts, run.K, min(run.L, run.max_new_tokens),
+                             "hardware.batch_prompts")
+        plans.extend(plan_cells(runs))
+        commands.append((arguments, runs[0].choices.get("experiment") if runs else experiment))
     plan = build_plan(plans)
     replays = plan_replays(commands, plan.measured_block_efficiency)  # the experiments' replay: blocks
-    cells = [cell.cfg for cell in plans if not cell.skip_note]
+    cells = [cell.run for cell in plans if not cell.skip_note]
     calibrations = [plan_calibration(check_command(replay.arguments), replay.configs, replay.K_values,
                                      replay.L_values, cells) for replay in replays if not replay.error]
     return PlanParts(plan, replays, calibrations)

@@ -43,7 +43,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from omegaconf import OmegaConf
 from tqdm.auto import tqdm
 
 from spectr_repro import tracking
@@ -65,11 +64,11 @@ from spectr_repro.runner.config import (
     expand,
     parse_arguments,
     print_help_if_asked,
-    validate,
 )
 from spectr_repro.runner.pairs import PairCache
 from spectr_repro.runner.signals import Budget, Terminated, stop_name, stop_on_signals, stop_status
 from spectr_repro.runner.stops import stop_checker
+from spectr_repro.settings import run_config
 from spectr_repro.units import SET_ASIDE, UnitState, claim_unit, unit_state, write_unit
 from spectr_repro.verify import Verifier, get_verifier
 
@@ -109,8 +108,8 @@ def parse(argv: Sequence[str]) -> list[GroupSettings]:
             cfgs = expand(composer, args, use_grid=False)
     groups = []
     for cfg in cfgs:
-        validate(cfg)
-        groups.append(GroupSettings.of(cfg, settings_of(cfg, grid)))
+        run = run_config(cfg)
+        groups.append(GroupSettings.of(run, settings_of(run, grid)))
     return groups
 
 
@@ -122,7 +121,7 @@ def check_groups(groups: Sequence[GroupSettings]) -> None:
     lengths = [s.L_max for s in settings]
     longest = settings[max(range(len(groups)), key=lambda i: lengths[i])]
     key = "L" if max(longest.L_values) >= longest.reference_L else "replay.reference_L"
-    check_before_loading([group.cfg for group in groups], num_prompts=[s.num_prompts for s in settings],
+    check_before_loading([group.run for group in groups], num_prompts=[s.num_prompts for s in settings],
                          block_L=lengths, L_key=key, rows=[s.K_max for s in settings],
                          batches=[(s.batch_prompts, "replay.batch_prompts") for s in settings])
     for group in groups:
@@ -370,8 +369,8 @@ def _run_group(pairs, runner, group: GroupSettings, progress: Progress) -> None:
         atomic_write_text(folder / "replay.json", json.dumps(group.meta(), indent=2) + "\n")
     except OSError as error:
         raise ResourceError(f"cannot write into {folder}: {error}") from error
-    pair = pairs.pair(group.cfg)
-    examples = pairs.examples(OmegaConf.merge(group.cfg, {"num_prompts": settings.num_prompts}), pair.tokenizer)
+    pair = pairs.pair(group.run)
+    examples = pairs.examples(group.run, pair.tokenizer, settings.num_prompts)
     label = f"replay {group.dataset} T={group.temperature:g}"
     claimed: list[tuple[int, Any, Path]] = []  # (index, example, folder) claimed and not replayed yet
     with tqdm(total=len(examples), desc=label, unit="prompt", file=sys.stderr, dynamic_ncols=True) as bar:

@@ -161,7 +161,7 @@ def parse(argv: Sequence[str]) -> tuple[argparse.Namespace, list[GroupSettings]]
     args, rest = _arguments(argv)
     groups = replay_groups([*rest, "method=spectr_gbv"])
     settings = [group.settings for group in groups]
-    check_before_loading([group.cfg for group in groups], num_prompts=[s.num_prompts for s in settings],
+    check_before_loading([group.run for group in groups], num_prompts=[s.num_prompts for s in settings],
                          block_L=[s.L_max for s in settings], rows=[s.K_max for s in settings])
     if args.out is not None:
         check_file_writable(args.out, "--out")
@@ -186,8 +186,8 @@ def count_trajectories(groups: Sequence[GroupSettings], arithmetic: str,
                 if seconds is not None and time.perf_counter() - start > seconds:
                     bar.update()  # skipped: out of time
                     continue
-                pair = pairs.pair(group.cfg)
-                example = pairs.examples(group.cfg, pair.tokenizer)[index]
+                pair = pairs.pair(group.run)
+                example = pairs.examples(group.run, pair.tokenizer)[index]
                 recorder = ExcursionRecorder(settings.K_values, settings.L_values, settings.reference,
                                              settings.reference_K, settings.reference_L, arithmetic)
                 generate(pair.target, pair.draft, encode_prompt(pair.tokenizer, example)[0].tolist(),

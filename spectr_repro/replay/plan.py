@@ -39,7 +39,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import OmegaConf
 
 from spectr_repro.cost import (
     CellSpec,
@@ -61,6 +61,7 @@ from spectr_repro.replay.driver import (
 from spectr_repro.runner.config import conf_dir
 from spectr_repro.runner.fit import check_batch_fits
 from spectr_repro.runner.plan import format_duration, pair_config_of
+from spectr_repro.settings import RunConfig
 
 
 @dataclass
@@ -99,7 +100,7 @@ class ReplayPlan:
     arguments: tuple[str, ...] = ()  # the command's arguments (``check`` calibrates the same experiment)
     K_values: tuple[int, ...] = ()  # the replay's grid of K and L (and its reference's): the shapes whose
     L_values: tuple[int, ...] = ()  # seconds per call its predictions need (``spectr_repro.plan.calibration``)
-    configs: list[DictConfig] = field(default_factory=list)  # one per group (dataset x temperature)
+    configs: list[RunConfig] = field(default_factory=list)  # one per group (dataset x temperature)
 
     @property
     def model_seconds(self) -> float:
@@ -154,7 +155,7 @@ def plan_replays(commands: Sequence[tuple[Sequence[str], str | None]], measured:
             continue
         by_pair: dict[tuple[str, str], list] = {}
         for group in groups:
-            by_pair.setdefault((group.model_pair, group.cfg.choices.hardware), []).append(group)
+            by_pair.setdefault((group.model_pair, group.run.hardware_name), []).append(group)
         plans.extend(_plan_pair(command, members, measured, tuple(argv)) for members in by_pair.values())
     return plans
 
@@ -163,18 +164,18 @@ def _plan_pair(command: str, groups: list, measured: dict[tuple, float], argumen
                ) -> ReplayPlan:
     """The replay groups of one pair and hardware (one experiment's folder)."""
     first = groups[0]
-    cfg, settings = first.cfg, first.settings
-    plan = ReplayPlan(command, pair=cfg.choices.model_pair, hardware=cfg.choices.hardware, K_max=settings.K_max,
+    run, settings = first.run, first.settings
+    plan = ReplayPlan(command, pair=run.model_pair, hardware=run.hardware_name, K_max=settings.K_max,
                       L_max=settings.L_max, reference=f"{settings.reference} K={settings.reference_K} "
                       f"L={settings.reference_L}", folder=first.root, arguments=arguments,
                       K_values=tuple(sorted({*settings.K_values, settings.reference_K})),
                       L_values=tuple(sorted({*settings.L_values, settings.reference_L})),
-                      configs=[group.cfg for group in groups])
+                      configs=[group.run for group in groups])
     for group in groups:  # a batch that cannot fit is refused here too, before any pricing
-        check_batch_fits(group.cfg, group.settings.batch_prompts, group.settings.K_max, group.settings.L_max,
+        check_batch_fits(group.run, group.settings.batch_prompts, group.settings.K_max, group.settings.L_max,
                          "replay.batch_prompts")
-    calibration = calibration_for(cfg)
-    plan.model_note = model_calls_source(CellSpec.of(cfg), calibration)
+    calibration = calibration_for(run)
+    plan.model_note = model_calls_source(CellSpec.of(run), calibration)
     if settings.batch_prompts > 1:
         plan.model_note += (f"; {settings.batch_prompts} prompts a batch ({settings.batch_prompts} x "
                             f"{settings.K_max} rows a call)")
@@ -187,7 +188,7 @@ def _plan_pair(command: str, groups: list, measured: dict[tuple, float], argumen
     plan.rule_seconds_per_block, plan.rules_note = rule_seconds_per_block(b for group in blocks for b in group)
     by_temperature: dict[float, list[dict]] = {}
     for member, own in zip(groups, blocks):
-        by_temperature.setdefault(float(member.cfg.temperature), []).extend(own)
+        by_temperature.setdefault(member.temperature, []).extend(own)
     per_temperature = {T: rule_seconds_per_block(own)[0] for T, own in by_temperature.items()}
     if sum(seconds is not None for seconds in per_temperature.values()) > 1:
         plan.rules_note += " (by temperature: " + ", ".join(
@@ -195,20 +196,20 @@ def _plan_pair(command: str, groups: list, measured: dict[tuple, float], argumen
         ) + (", the mean where a temperature has none)" if None in per_temperature.values() else ")")
     pooled = [b["reference_tokens"] for group in blocks for b in group if "reference_tokens" in b]
     for member, (folder, changed), own in zip(groups, folders, blocks):
-        cfg, settings = member.cfg, member.settings
-        cell = CellSpec.of(cfg)
-        group = ReplayGroup(str(cfg.choices.dataset), float(cfg.temperature), settings.num_prompts)
-        group.finished = _finished_prompts(folder, settings.num_prompts) if not (changed or cfg.force) else 0
+        run, settings = member.run, member.settings
+        cell = CellSpec.of(run)
+        group = ReplayGroup(run.dataset, run.temperature, settings.num_prompts)
+        group.finished = _finished_prompts(folder, settings.num_prompts) if not (changed or run.force) else 0
         if changed:
             group.note = (f"{folder.name} holds a replay with other settings ({', '.join(changed)}): the replay "
                           f"refuses it without force=true")
         group.block_efficiency, group.block_efficiency_source = _reference_block_efficiency(
             cell, settings, own, pooled, measured)
-        group.iterations = math.ceil(int(cfg.max_new_tokens) / group.block_efficiency)
+        group.iterations = math.ceil(run.max_new_tokens / group.block_efficiency)
         group.blocks = group.to_replay * group.iterations
-        pair = pair_config_of(cfg) if calibration is None else None
+        pair = pair_config_of(run) if calibration is None else None
         group.model_seconds = _model_seconds(cell, pair, settings, calibration, group.to_replay, group.iterations)
-        group.rule_seconds_per_block = per_temperature[float(cfg.temperature)]
+        group.rule_seconds_per_block = per_temperature[run.temperature]
         plan.groups.append(group)
     return plan
 

@@ -10,13 +10,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig, OmegaConf
 from pydantic import BaseModel, Field, field_validator, model_validator
 
 from spectr_repro.errors import UsageError
 from spectr_repro.replay.core import ROW_GROUPS, check_grid
 from spectr_repro.replay.support import SUPPORT_TAIL_MASS
-from spectr_repro.settings import SETTINGS, LoggerSettings, budget_field, logger_settings, read_settings
+from spectr_repro.settings import SETTINGS, LoggerSettings, RunConfig, budget_field, logger_settings, read_settings
 from spectr_repro.verify import VERIFIERS
 
 _LOSSLESS = ", ".join(name for name, spec in VERIFIERS.items() if spec.lossless)
@@ -94,8 +93,8 @@ class ReplaySettings(BaseModel):
 @dataclass(frozen=True)
 class GroupSettings:
     """One group of a replay command (a pair, dataset and temperature: one folder): its trajectories' settings,
-    typed, and the replay's. ``cfg``, the composed config, is kept only for what takes one below the door: the
-    runner's pair cache and prompt loader, and the checks every command shares."""
+    typed, and the replay's. ``run``, the composed config read at the door, is what the runner's pair cache, prompt
+    loader and the checks every command shares take."""
 
     model_pair: str
     dataset: str
@@ -110,17 +109,15 @@ class GroupSettings:
     experiment: str
     logger: LoggerSettings  # the logger group
     settings: ReplaySettings
-    cfg: DictConfig = field(repr=False, compare=False)
+    run: RunConfig = field(repr=False, compare=False)
 
     @classmethod
-    def of(cls, cfg: DictConfig, settings: ReplaySettings) -> GroupSettings:
-        chunk = cfg.hardware.get("prefill_chunk")
-        return cls(model_pair=str(cfg.choices.model_pair), dataset=str(cfg.choices.dataset),
-                   temperature=float(cfg.temperature), max_new_tokens=int(cfg.max_new_tokens), seed=int(cfg.seed),
-                   dtype=str(cfg.hardware.get("dtype")), device=str(cfg.hardware.get("device")),
-                   prefill_chunk=None if chunk is None else int(chunk), force=bool(cfg.force),
-                   output_dir=Path(cfg.output_dir), experiment=str(cfg.experiment), logger=logger_settings(cfg.logger),
-                   settings=settings, cfg=cfg)
+    def of(cls, run: RunConfig, settings: ReplaySettings) -> GroupSettings:
+        return cls(model_pair=run.model_pair, dataset=run.dataset, temperature=run.temperature,
+                   max_new_tokens=run.max_new_tokens, seed=run.seed, dtype=str(run.hardware.dtype),
+                   device=run.hardware.device, prefill_chunk=run.hardware.prefill_chunk, force=run.force,
+                   output_dir=Path(run.output_dir), experiment=run.experiment,
+                   logger=logger_settings(run.logger or {}), settings=settings, run=run)
 
     @property
     def root(self) -> Path:
@@ -164,16 +161,16 @@ def _integers(key: str, values: Sequence[Any]) -> tuple[int, ...]:
     return tuple(dict.fromkeys(numbers))
 
 
-def settings_of(cfg: DictConfig, grid: dict[str, list[str]]) -> ReplaySettings:
+def settings_of(run: RunConfig, grid: dict[str, list[str]]) -> ReplaySettings:
     """The replay's grid and reference, checked (UsageError with one message). ``grid``: the command line's
     method=/K=/L= values, which override the experiment's replay.methods/K/L."""
-    replay = OmegaConf.to_container(cfg.replay, resolve=True) if cfg.get("replay") else {}
+    replay = run.group("replay")
     methods = grid.get("method") or replay.get("methods") or list(VERIFIERS)
     values = {**replay,
               "methods": tuple(dict.fromkeys(str(m) for m in methods)),
               "K_values": _integers("K", grid.get("K") or replay.get("K") or [1]),
-              "L_values": _integers("L", grid.get("L") or replay.get("L") or [cfg.L]),
-              "num_prompts": replay.get("num_prompts") or cfg.num_prompts,
+              "L_values": _integers("L", grid.get("L") or replay.get("L") or [run.L]),
+              "num_prompts": replay.get("num_prompts") or run.num_prompts,
               "sampled": tuple(str(m) for m in replay.get("sampled") or ())}
     return read_settings(ReplaySettings, values, "replay")
 

@@ -26,7 +26,6 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
-from omegaconf import OmegaConf
 
 from spectr_repro import tracking
 from spectr_repro.committed import BLOCKS_FILE, ENVIRONMENT_KEYS, MANIFEST_FILE, SETTINGS_FILE, groups_under
@@ -158,8 +157,8 @@ def rerun(pairs, folder: Path, batch: list[int], methods: Sequence[str], support
           ) -> dict[int, list[dict]]:
     """The blocks of each prompt of ``batch``, replayed again as the replay did (one call, the recorded seeds)."""
     group = _config_of(folder, max(batch), methods, support_mass, logger)
-    pair = pairs.pair(group.cfg)
-    examples = pairs.examples(OmegaConf.merge(group.cfg, {"num_prompts": group.settings.num_prompts}), pair.tokenizer)
+    pair = pairs.pair(group.run)
+    examples = pairs.examples(group.run, pair.tokenizer, group.settings.num_prompts)
     inputs = [encode_prompt(pair.tokenizer, examples[i])[0].tolist() for i in batch]
     stops = [stop_checker(pair.tokenizer, tuple(getattr(examples[i], "stop_strings", ()) or ())) for i in batch]
     seeds = [group.prompt_seed(i) for i in batch]

@@ -21,11 +21,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from omegaconf import DictConfig
 from tqdm.auto import tqdm
 
 from spectr_repro.engine import generate_batch
 from spectr_repro.engine.timing import SectionTimer
+from spectr_repro.settings import RunConfig
 
 
 @dataclass(frozen=True)
@@ -35,28 +35,20 @@ class PromptSplit:
     batches: tuple[tuple[int, ...], ...]  # prompt indices decoded together, B at a time (the last may be fewer)
 
 
-def split_prompts(hardware: DictConfig | dict, num_prompts: int) -> PromptSplit:
-    """Which prompts are timed alone and which are batched, from ``hardware.batch_prompts`` and
-    ``hardware.timed_prompts`` (ValueError naming the key when one is not a valid count)."""
-    batch = hardware.get("batch_prompts", 1)
-    batch = 1 if batch is None else batch
-    if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
-        raise ValueError(f"hardware.batch_prompts must be an integer >= 1, got {batch!r}")
-    if batch == 1:
+def split_prompts(batch_prompts: int, timed_prompts: int, num_prompts: int) -> PromptSplit:
+    """Which prompts are timed alone and which are batched, from ``hardware.batch_prompts`` (B >= 1) and
+    ``hardware.timed_prompts`` (>= 0; checked at the door: settings.HardwareSettings)."""
+    if batch_prompts == 1:
         return PromptSplit(1, tuple(range(num_prompts)), ())
-    timed = hardware.get("timed_prompts", 0)
-    timed = 0 if timed is None else timed
-    if isinstance(timed, bool) or not isinstance(timed, int) or timed < 0:
-        raise ValueError(f"hardware.timed_prompts must be an integer >= 0, got {timed!r}")
-    timed = min(timed, num_prompts)
+    timed = min(timed_prompts, num_prompts)
     rest = list(range(timed, num_prompts))
-    batches = tuple(tuple(rest[i:i + batch]) for i in range(0, len(rest), batch))
-    return PromptSplit(batch, tuple(range(timed)), batches)
+    batches = tuple(tuple(rest[i:i + batch_prompts]) for i in range(0, len(rest), batch_prompts))
+    return PromptSplit(batch_prompts, tuple(range(timed)), batches)
 
 
 def decode_batches(
     pair,
-    cfg: DictConfig,
+    run: RunConfig,
     method: str,
     options: dict[str, Any],
     prompts: Sequence[list[int]],
@@ -75,11 +67,11 @@ def decode_batches(
     with timer("batched"):
         for indices in bar:
             out = generate_batch(
-                pair.target, pair.draft, [prompts[i] for i in indices], method=method, K=cfg.K, L=cfg.L,
-                temperature=float(cfg.temperature), max_new_tokens=cfg.max_new_tokens,
+                pair.target, pair.draft, [prompts[i] for i in indices], method=method, K=run.K, L=run.L,
+                temperature=run.temperature, max_new_tokens=run.max_new_tokens,
                 seeds=[seed_of(i) for i in indices], eos_token_ids=pair.eos_token_ids,
                 should_stop=[should_stop_of(i) for i in indices], verifier_options=options or None,
-                vocab_size=pair.vocab_size, prefill_chunk=cfg.hardware.get("prefill_chunk"))
+                vocab_size=pair.vocab_size, prefill_chunk=run.hardware.prefill_chunk)
             outputs.update(zip(indices, out.outputs))
     bar.close()
     return outputs, timer.seconds["batched"]

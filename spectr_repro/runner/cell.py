@@ -14,7 +14,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig, OmegaConf
 from tqdm.auto import tqdm
 
 from spectr_repro.data import encode_prompt
@@ -24,6 +23,7 @@ from spectr_repro.environment import environment
 from spectr_repro.records import CellSummary, PromptRecord, as_json, pooled_metrics, records_digest
 from spectr_repro.runner import batched, claims, store
 from spectr_repro.runner.stops import stop_checker, truncate_at_stop
+from spectr_repro.settings import RunConfig
 
 WARMUP_TOKENS = 8
 WARMUP_PROMPT_TOKENS = 32  # warm-up needs the kernels, not the whole prompt (CPU prefill is slow)
@@ -31,7 +31,7 @@ WARMUP_PROMPT_TOKENS = 32  # warm-up needs the kernels, not the whole prompt (CP
 
 @dataclass
 class CellPlan:
-    cfg: DictConfig
+    run: RunConfig
     cell_id: str
     directory: Path
     ar_cell_id: str | None  # None for the AR cell itself
@@ -39,7 +39,7 @@ class CellPlan:
 
     @property
     def method(self) -> str:
-        return self.cfg.method.name
+        return self.run.method
 
 
 @dataclass(frozen=True)
@@ -68,9 +68,9 @@ class Decoded:
 def compute_cell(plan: CellPlan, pair, examples: Sequence[Any], baseline: Baseline, watch: claims.ContentionWatch,
                  progress: bool = True) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """Decode the cell's prompts, then its records, then its summary: (record rows, summary) as JSON."""
-    options = method_options(plan.cfg)
+    options = plan.run.method_options
     decoded = decode_prompts(plan, pair, examples, options, watch, progress)
-    records = prompt_records(plan.cfg, pair.tokenizer, examples, decoded, baseline.times)
+    records = prompt_records(plan.run, pair.tokenizer, examples, decoded, baseline.times)
     rows = [as_json(r) for r in records]
     caveats = timing_caveats(bool(pair.offloaded), decoded.contention)
     caveats += [f"AR baseline: {caveat}" for caveat in baseline.caveats]
@@ -78,45 +78,38 @@ def compute_cell(plan: CellPlan, pair, examples: Sequence[Any], baseline: Baseli
     return rows, summary
 
 
-def method_options(cfg: DictConfig) -> dict[str, Any]:
-    """The rule's options (``method.options``) as a plain dict; {} when it has none."""
-    options = cfg.method.get("options")
-    return OmegaConf.to_container(options, resolve=True) if options is not None else {}
-
-
 def decode_prompts(plan: CellPlan, pair, examples: Sequence[Any], options: dict[str, Any],
                    watch: claims.ContentionWatch, progress: bool = True) -> Decoded:
     """A warm-up, the batched prompts (block efficiency only), then every other prompt alone, timed."""
-    cfg = plan.cfg
+    run = plan.run
     method = plan.method
 
     def decode(input_ids, max_new_tokens, seed, should_stop=None):
-        return generate(pair.target, pair.draft, input_ids, method=method, K=cfg.K, L=cfg.L,
-                        temperature=float(cfg.temperature), max_new_tokens=max_new_tokens, seed=seed,
+        return generate(pair.target, pair.draft, input_ids, method=method, K=run.K, L=run.L,
+                        temperature=run.temperature, max_new_tokens=max_new_tokens, seed=seed,
                         eos_token_ids=pair.eos_token_ids, should_stop=should_stop,
                         verifier_options=options or None, vocab_size=pair.vocab_size,
-                        prefill_chunk=cfg.hardware.get("prefill_chunk"),
-                        compile=bool(cfg.hardware.get("compile", False)))
+                        prefill_chunk=run.hardware.prefill_chunk, compile=run.hardware.compile)
 
     prompts = [encode_prompt(pair.tokenizer, example)[0].tolist() for example in examples]
     # One checker per prompt (each generation needs a fresh one), built before anything is timed: the first
     # one of a tokenizer builds the stop-string tables from its whole vocabulary.
     checkers = [stop_checker(pair.tokenizer, stop_strings(example)) for example in examples]
     # Warm-up (kernels, allocator, lazy init) so the first timed prompt is not charged for it.
-    decode(prompts[0][-WARMUP_PROMPT_TOKENS:], min(WARMUP_TOKENS, cfg.max_new_tokens), seed=cfg.seed + 10**9)
+    decode(prompts[0][-WARMUP_PROMPT_TOKENS:], min(WARMUP_TOKENS, run.max_new_tokens), seed=run.seed + 10**9)
 
     def seed_of(index):
-        return cfg.seed * 100_003 + index
+        return run.seed * 100_003 + index
 
     # Batched block efficiency (hardware.batch_prompts > 1, runner.batched): all but the timed prompts.
-    split = batched.split_prompts(cfg.hardware, len(prompts))
-    batched_outputs, batched_wall = batched.decode_batches(pair, cfg, method, options, prompts, split, seed_of,
+    split = batched.split_prompts(run.hardware.batch_prompts, run.hardware.timed_prompts, len(prompts))
+    batched_outputs, batched_wall = batched.decode_batches(pair, run, method, options, prompts, split, seed_of,
                                                            checkers.__getitem__, progress)
 
     timer = SectionTimer(pair.device)
     watch.sample()
     outputs, walls = [], []
-    bar = tqdm(prompts, desc=f"{method} K={cfg.K} L={cfg.L}", unit="prompt",
+    bar = tqdm(prompts, desc=f"{method} K={run.K} L={run.L}", unit="prompt",
                leave=False, file=sys.stderr, disable=not progress, dynamic_ncols=True)
     tokens = calls = 0
     for index, input_ids in enumerate(bar):
@@ -125,7 +118,7 @@ def decode_prompts(plan: CellPlan, pair, examples: Sequence[Any], options: dict[
             out, wall = batched_outputs[index], None  # decoded in a batch: BE only, never timed
         else:
             with timer(key):
-                out = decode(input_ids, cfg.max_new_tokens, seed=seed_of(index), should_stop=checkers[index])
+                out = decode(input_ids, run.max_new_tokens, seed=seed_of(index), should_stop=checkers[index])
             wall = timer.seconds.pop(key)
             watch.sample()
         outputs.append(out)
@@ -141,10 +134,10 @@ def stop_strings(example) -> tuple[str, ...]:
     return tuple(getattr(example, "stop_strings", ()) or ())
 
 
-def prompt_records(cfg: DictConfig, tokenizer, examples: Sequence[Any], decoded: Decoded,
+def prompt_records(run: RunConfig, tokenizer, examples: Sequence[Any], decoded: Decoded,
                    ar_times: dict[str, float]) -> list[PromptRecord]:
     """One record per prompt: the decoded output, its wall time and the AR baseline's on the same prompt."""
-    method = cfg.method.name
+    method = run.method
     records = []
     for example, input_ids, out, wall in zip(examples, decoded.prompts, decoded.outputs, decoded.walls):
         text = tokenizer.decode(out.new_tokens, skip_special_tokens=True)
@@ -152,10 +145,10 @@ def prompt_records(cfg: DictConfig, tokenizer, examples: Sequence[Any], decoded:
         records.append(PromptRecord(
             prompt_id=prompt_id,
             method=method,
-            K=cfg.K,
-            L=cfg.L,
-            temperature=float(cfg.temperature),
-            seed=cfg.seed,
+            K=run.K,
+            L=run.L,
+            temperature=run.temperature,
+            seed=run.seed,
             prompt_tokens=len(input_ids),
             new_tokens=len(out.new_tokens),
             target_calls=out.target_calls,
@@ -166,8 +159,8 @@ def prompt_records(cfg: DictConfig, tokenizer, examples: Sequence[Any], decoded:
             reference=getattr(example, "reference", None),
             accepted_lengths=list(out.stats.get("accepted_lengths", [])),
             block_lengths=list(out.stats.get("block_lengths", [])),
-            dataset=cfg.choices.dataset,
-            model_pair=cfg.choices.model_pair,
+            dataset=run.dataset,
+            model_pair=run.model_pair,
             batch_prompts=out.stats.get("batch_prompts", 1),
         ))
     return records
@@ -177,7 +170,7 @@ def cell_summary(plan: CellPlan, pair, options: dict[str, Any], decoded: Decoded
                  ar_same_process: bool, caveats: list[str]) -> CellSummary:
     """The cell's summary: its settings, the metrics pooled over ``rows``, acceptance by position, the time
     split, the environment and what makes its wall times incomparable (``caveats``)."""
-    cfg, method = plan.cfg, plan.method
+    run, method = plan.run, plan.method
     pooled_accepted = [a for out in decoded.outputs for a in out.stats.get("accepted_lengths", [])]
     pooled_blocks = [b for out in decoded.outputs for b in out.stats.get("block_lengths", [])]
     time_split: dict[str, float] = {}
@@ -185,21 +178,21 @@ def cell_summary(plan: CellPlan, pair, options: dict[str, Any], decoded: Decoded
         for section, seconds in out.stats.get("time_s", {}).items():
             time_split[section] = time_split.get(section, 0.0) + seconds
     return CellSummary(
-        experiment=cfg.experiment,
+        experiment=run.experiment,
         cell_id=plan.cell_id,
         method=method,
         method_options=options,
-        dataset=cfg.choices.dataset,
-        model_pair=cfg.choices.model_pair,
-        hardware=cfg.choices.hardware,
-        K=cfg.K,
-        L=cfg.L,
-        temperature=float(cfg.temperature),
-        seed=cfg.seed,
-        max_new_tokens=cfg.max_new_tokens,
+        dataset=run.dataset,
+        model_pair=run.model_pair,
+        hardware=run.hardware_name,
+        K=run.K,
+        L=run.L,
+        temperature=run.temperature,
+        seed=run.seed,
+        max_new_tokens=run.max_new_tokens,
         **pooled_metrics(rows),  # tokens, target calls, pooled BE, wall times, speed-up, tokens/s
         acceptance_by_position=(
-            [] if method == "ar" else acceptance_by_position(pooled_accepted, cfg.L, pooled_blocks)),
+            [] if method == "ar" else acceptance_by_position(pooled_accepted, run.L, pooled_blocks)),
         time_split=time_split,
         ar_cell_id=plan.ar_cell_id or plan.cell_id,
         ar_same_process=ar_same_process,
@@ -227,5 +220,5 @@ def timing_caveats(offloaded: bool, contention: dict[str, Any]) -> list[str]:
     return caveats
 
 
-__all__ = ["Baseline", "CellPlan", "Decoded", "cell_summary", "compute_cell", "decode_prompts", "method_options",
+__all__ = ["Baseline", "CellPlan", "Decoded", "cell_summary", "compute_cell", "decode_prompts",
            "prompt_records", "stop_strings", "timing_caveats"]

@@ -47,13 +47,14 @@ from spectr_repro.runner.config import (
     group_options,
     needs_single_draft,
     parse_arguments,
+    run_config,
     run_folders,
     single_draft_message,
-    validate,
 )
 from spectr_repro.runner.execute import CellOutcome, CellPlan, ResourceError, Session, plan_cells
 from spectr_repro.runner.signals import Terminated, stop_name, stop_on_signals, stop_status
 from spectr_repro.runner.store import cell_id
+from spectr_repro.settings import RunConfig
 
 USAGE = """\
 usage: python -m spectr_repro {command} [key=value ...]
@@ -84,49 +85,53 @@ def _main(command: str, argv: list[str]) -> int:
         args = parse_arguments(argv)
         if command == "sweep" and args.launcher_overrides:
             return _hydra_multirun(args)
-        cfgs, plans = _compose_and_check(command, args, show_config)
+        runs, plans = _compose_and_check(command, args, show_config)
     except (UsageError, ResourceError) as error:  # bad input, or a dataset that cannot be read: before any model loads
         return exit_at_the_door(error)
     if show_config:  # Hydra's `--cfg job`: print the composed config of every cell, run nothing
-        print_configs(cfgs)
+        print_configs(runs)
         return 0
-    return _run_plans(cfgs, plans)
+    return _run_plans(runs, plans)
 
 
 def _compose_and_check(command: str, args, show_config: bool) -> tuple[list, list[CellPlan] | None]:
-    """The cells' configs and (unless only shown) their plans; UsageError for anything that cannot run."""
+    """The cells' settings and (unless only shown) their plans; UsageError for anything that cannot run."""
     if args.launcher_overrides:
         raise UsageError("hydra/launcher overrides apply to `sweep` only")
     if command == "run" and args.sweeps:
         keys = ", ".join(key for key, _ in args.sweeps)
         raise UsageError(f"`run` takes one value per key; use `sweep` for lists ({keys})")
     with Composer() as composer:
-        cfgs = expand(composer, args, use_grid=command == "sweep")
-    for cfg in cfgs:
-        validate(cfg)
-        if command == "run" and needs_single_draft(cfg):
-            raise UsageError(single_draft_message(cfg))
+        runs = [run_config(cfg) for cfg in expand(composer, args, use_grid=command == "sweep")]
+    for run in runs:
+        if command == "run" and needs_single_draft(run):
+            raise UsageError(single_draft_message(run))
         if not show_config:
-            check_device(cfg.hardware.get("device"))
+            check_device(run.hardware.device)
     if show_config:
-        return cfgs, None
-    plans = plan_cells(cfgs)
+        return runs, None
+    plans = plan_cells(runs)
     check_something_to_run(plans)
-    check_before_loading([plan.cfg for plan in plans if not plan.skip_note])  # the one path every command takes
-    _check_folders(cfgs, plans)
-    return cfgs, plans
+    check_before_loading([plan.run for plan in plans if not plan.skip_note])  # the one path every command takes
+    _check_folders(plans)
+    return runs, plans
 
 
-def _run_plans(cfgs: list, plans: list[CellPlan]) -> int:
+def _session(runs: Sequence[RunConfig], progress: bool = True) -> Session:
+    """One session over the runs' cells, with the ``runner:`` settings of the first (claims, polling)."""
+    settings = runs[0].group("runner")
+    return Session(force=any(run.force for run in runs), progress=progress,
+                   poll_s=float(settings.get("poll_s", 5)),
+                   runner=Runner(heartbeat_s=float(settings.get("heartbeat_s", 30)),
+                                 stale_after_s=float(settings.get("stale_after_s", 600))))
+
+
+def _run_plans(runs: list[RunConfig], plans: list[CellPlan]) -> int:
     """Run the planned cells in one session (SIGTERM unwinds like Ctrl-C) and print what happened."""
-    force = any(bool(cfg.force) for cfg in cfgs)
-    _prepare_logging(cfgs)
-    settings = cfgs[0].get("runner") or {}
-    session = Session(force=force, poll_s=float(settings.get("poll_s", 5)),
-                      runner=Runner(heartbeat_s=float(settings.get("heartbeat_s", 30)),
-                                    stale_after_s=float(settings.get("stale_after_s", 600))))
+    _prepare_logging(runs)
+    session = _session(runs)
     finished: list[CellOutcome] = []
-    folder = plans[0].directory.parent.parent if plans else cfgs[0].output_dir
+    folder = plans[0].directory.parent.parent if plans else runs[0].output_dir
     try:
         with stop_on_signals():
             outcomes = session.run(plans, on_cell=finished.append)
@@ -179,18 +184,18 @@ def check_something_to_run(plans) -> None:
 
 def check_prompt_counts(plans) -> None:
     """UsageError when a cell asks for more prompts than its dataset has, before any model pair loads."""
-    check_dataset_sizes((plan.cfg, int(plan.cfg.num_prompts)) for plan in plans if not plan.skip_note)
+    check_dataset_sizes((plan.run, plan.run.num_prompts) for plan in plans if not plan.skip_note)
 
 
-def _check_folders(cfgs, plans) -> None:
+def _check_folders(plans) -> None:
     """Every folder the run writes (experiment, cells, existing cell folders, W&B) must be writable."""
     by_output: dict[tuple, list] = {}
     for plan in plans:
-        key = (plan.cfg.output_dir, plan.cfg.experiment)
-        by_output.setdefault(key, [plan.cfg, []])[1].append(plan.directory)
-    for cfg, directories in by_output.values():
+        key = (plan.run.output_dir, plan.run.experiment)
+        by_output.setdefault(key, [plan.run, []])[1].append(plan.directory)
+    for run, directories in by_output.values():
         existing = [d for d in directories if d.exists()]
-        check_writable(cfg.output_dir, run_folders(cfg, existing))
+        check_writable(run.output_dir, run_folders(run, existing))
 
 
 def _take_cfg_flag(argv: list[str]) -> tuple[list[str], bool]:
@@ -211,31 +216,32 @@ def _take_cfg_flag(argv: list[str]) -> tuple[list[str], bool]:
     return rest, show
 
 
-def print_configs(cfgs) -> None:
+def print_configs(runs: Sequence[RunConfig]) -> None:
     """The resolved config of each cell, as YAML (what config.yaml beside each summary will hold)."""
-    for number, cfg in enumerate(cfgs, 1):
-        if len(cfgs) > 1:
-            print(f"# cell {number}/{len(cfgs)}: {cell_id(cfg)}")
-        print(OmegaConf.to_yaml(cfg, resolve=True))
+    for number, run in enumerate(runs, 1):
+        if len(runs) > 1:
+            print(f"# cell {number}/{len(runs)}: {cell_id(run)}")
+        print(OmegaConf.to_yaml(OmegaConf.create(run.values)))
 
 
-def _prepare_logging(cfgs) -> None:
-    for cfg in cfgs:
-        tracking.prepare(tracking.logger_settings(cfg.logger))
+def _prepare_logging(runs: Sequence[RunConfig]) -> None:
+    for run in runs:
+        if run.logger is not None:
+            tracking.prepare(run.logger)
 
 
 def summary_table(outcomes: Sequence[CellOutcome]) -> str:
     """Markdown table of the cells: method, K, L, T, block efficiency, speed-up, tokens/s."""
     rows = []
     for outcome in outcomes:
-        cfg, summary = outcome.plan.cfg, outcome.summary or {}
+        run, summary = outcome.plan.run, outcome.summary or {}
         rows.append({
-            "model_pair": cfg.choices.model_pair,
-            "dataset": cfg.choices.dataset,
-            "method": cfg.method.name,
-            "K": cfg.K,
-            "L": cfg.L,
-            "T": float(cfg.temperature),
+            "model_pair": run.model_pair,
+            "dataset": run.dataset,
+            "method": run.method,
+            "K": run.K,
+            "L": run.L,
+            "T": run.temperature,
             "BE": _number(summary.get("block_efficiency")),
             "speedup": _number(summary.get("speedup")),
             "tokens/s": _number(summary.get("tokens_per_s"), digits=1),
@@ -290,18 +296,16 @@ def _hydra_multirun(args: ParsedArgs) -> int:
     """
     with Composer() as composer:
         base = composer.compose(args.fixed)
-        cfgs = expand(composer, args, use_grid=True)
-    for cfg in cfgs:
-        validate(cfg)
-    plans = plan_cells(cfgs)
-    _check_folders(cfgs, plans)
+        runs = [run_config(cfg) for cfg in expand(composer, args, use_grid=True)]
+    plans = plan_cells(runs)
+    _check_folders(plans)
     jobs = str((base.get("runner") or {}).get("jobs", "per_pair"))
     argv = _argv_without_launcher(args)
     if jobs == "per_cell":
         runs = [([f"{key}={','.join(values)}" for key, values in list(args.sweeps) + axes], hydra_task)
                 for axes in grid_axes(base.get("grid"), args.user_keys)]
     elif jobs == "per_pair":
-        pairs = list(dict.fromkeys(cfg.choices.model_pair for cfg in cfgs))
+        pairs = list(dict.fromkeys(run.model_pair for run in runs))
         runs = [([f"model_pair={','.join(pairs)}"], functools.partial(sweep_task, tuple(argv), "model_pair"))]
     elif jobs.startswith("workers_") and jobs.removeprefix("workers_").isdigit():
         count = int(jobs.removeprefix("workers_"))
@@ -347,12 +351,8 @@ def hydra_task(cfg) -> float | None:
     choices = HydraConfig.get().runtime.choices
     with open_dict(cfg):
         cfg["choices"] = {group: choices.get(group) for group in GROUPS}
-    validate(cfg)
-    settings = cfg.get("runner") or {}
-    session = Session(force=bool(cfg.force), progress=False, poll_s=float(settings.get("poll_s", 5)),
-                      runner=Runner(heartbeat_s=float(settings.get("heartbeat_s", 30)),
-                                    stale_after_s=float(settings.get("stale_after_s", 600))))
-    outcomes = session.run(plan_cells([cfg]))
+    run = run_config(cfg)
+    outcomes = _session([run], progress=False).run(plan_cells([run]))
     print(summary_table(outcomes))
     summary = outcomes[-1].summary or {}
     return summary.get("speedup")

@@ -33,12 +33,11 @@ from spectr_repro import conf as _conf
 from spectr_repro.data import get_dataset
 from spectr_repro.errors import ResourceError, UsageError
 from spectr_repro.models.offline import models_dir
-from spectr_repro.settings import logger_settings
+from spectr_repro.settings import RunConfig, run_config
 from spectr_repro.verify import VERIFIERS, multi_draft_methods
 
 # Groups that hold a choice; their options are the yaml files in conf/<group>/.
 GROUPS = ("method", "model_pair", "dataset", "experiment", "hardware", "logger")
-INTEGER_KEYS = ("K", "L", "num_prompts", "max_new_tokens", "seed")
 
 
 
@@ -291,37 +290,12 @@ def expand(composer: Composer, args: ParsedArgs, use_grid: bool) -> list[DictCon
 # Validation
 
 
-def validate(cfg: DictConfig) -> None:
-    """Raise UsageError for values no cell can run with (K/L < 1, T < 0, unknown method, ...)."""
-    for key in INTEGER_KEYS:
-        value = cfg.get(key)
-        if not isinstance(value, int) or isinstance(value, bool):
-            raise UsageError(f"{key} must be an integer, got {value!r}")
-    for key in ("K", "L", "num_prompts", "max_new_tokens"):
-        if cfg[key] < 1:
-            raise UsageError(f"{key} must be >= 1, got {cfg[key]}")
-    temperature = cfg.get("temperature")
-    if isinstance(temperature, bool) or not isinstance(temperature, int | float) or not temperature >= 0:
-        raise UsageError(f"temperature must be a number >= 0 (0 = greedy), got {temperature!r}")
-    method = cfg.method.get("name") if isinstance(cfg.get("method"), DictConfig) else None
-    if method != "ar" and method not in VERIFIERS:
-        raise UsageError(f"method config must name a known rule (ar, {', '.join(VERIFIERS)}), got {method!r}")
-    if not isinstance(cfg.get("output_dir"), str) or not cfg.output_dir:
-        raise UsageError(f"output_dir must be a path, got {cfg.get('output_dir')!r}")
-    if not isinstance(cfg.get("experiment"), str) or not cfg.experiment or "/" in cfg.experiment:
-        raise UsageError(f"experiment must be a plain name, got {cfg.get('experiment')!r}")
-    if cfg.get("logger") is not None:
-        logger_settings(cfg.logger)  # logger.mode=ofline would otherwise log nothing, silently
+def needs_single_draft(run: RunConfig) -> bool:
+    return run.method in VERIFIERS and VERIFIERS[run.method].single_draft and run.K != 1
 
 
-def needs_single_draft(cfg: DictConfig) -> bool:
-    method = cfg.method.name
-    return method in VERIFIERS and VERIFIERS[method].single_draft and cfg.K != 1
-
-
-def single_draft_message(cfg: DictConfig) -> str:
-    method = cfg.method.name
-    return (f"method {method} verifies a single draft (K=1), got K={cfg.K}: its rule is defined for one "
+def single_draft_message(run: RunConfig) -> str:
+    return (f"method {run.method} verifies a single draft (K=1), got K={run.K}: its rule is defined for one "
             f"draft only. Use K=1, or a multi-draft method ({', '.join(multi_draft_methods())}).")
 
 
@@ -378,10 +352,11 @@ def check_device(device, instead: str = "hardware=cpu") -> None:
                              f"({torch.__version__}); use {instead}")
 
 
-def context_window(pair_cfg: DictConfig | dict) -> tuple[int, str] | None:
+def context_window(pair_values: dict | None) -> tuple[int, str] | None:
     """(positions, which model) of the pair's shorter context window (``max_position_embeddings``), read from
-    its config files without loading a weight; None when no config is here yet (a hub pair not downloaded)."""
-    pair = OmegaConf.to_container(pair_cfg, resolve=True) if isinstance(pair_cfg, DictConfig) else dict(pair_cfg)
+    its config files without loading a weight (``pair_values``: the ``model_pair`` node resolved); None when no
+    config is here yet (a hub pair not downloaded)."""
+    pair = dict(pair_values or {})
     if pair.get("source") == "tiny":
         from spectr_repro.models.tiny import tiny_config  # transformers (~1 s): refusals exit first
 
@@ -414,27 +389,26 @@ def _max_positions(pair: dict, role: str) -> int | None:
     return int(value) if isinstance(value, int) and value > 0 else None
 
 
-def check_block_fits(cfg: DictConfig, block_L: int, key: str = "L") -> None:
+def check_block_fits(run: RunConfig, block_L: int, key: str = "L") -> None:
     """A block of ``block_L`` drafted tokens needs at least one context token before it and must fit in the pair's
     context window: refuse an L no block of this pair can hold, with the bound (before any model loads)."""
-    window = context_window(cfg.model_pair)
+    window = context_window(run.pair_values)
     if window is not None and block_L > window[0] - 1:
         size, which = window
-        raise UsageError(f"{key}={block_L} cannot fit in a block of model pair {cfg.choices.model_pair}: "
+        raise UsageError(f"{key}={block_L} cannot fit in a block of model pair {run.model_pair}: "
                          f"{which} hold at most {size} positions (max_position_embeddings), a block needs L + 1 "
                          f"(its drafts after at least one context token); use {key} <= {size - 1}")
 
 
-def check_dataset_sizes(wanted: Iterable[tuple[DictConfig, int]]) -> None:
-    """UsageError when a config asks for more prompts than its dataset has (``wanted``: (cfg, num_prompts));
+def check_dataset_sizes(wanted: Iterable[tuple[RunConfig, int]]) -> None:
+    """UsageError when a config asks for more prompts than its dataset has (``wanted``: (run, num_prompts));
     ResourceError (exit 1) when a dataset cannot be read at all (no data folder, damaged file, hub offline).
 
     Reading a dataset's records needs no tokenizer (prompts are formatted later), so both are found before any
     model loads (a missing dataset once surfaced only after the Qwen pair's 4 GB had loaded)."""
     largest: dict[str, tuple[dict, int]] = {}
-    for cfg, num_prompts in wanted:
-        dataset = OmegaConf.to_container(cfg.dataset, resolve=True)
-        dataset.setdefault("name", cfg.choices.dataset)
+    for run, num_prompts in wanted:
+        dataset = run.dataset_values
         key = repr(sorted(dataset.items()))
         largest[key] = (dataset, max(largest.get(key, (dataset, 0))[1], int(num_prompts)))
     for dataset, num_prompts in largest.values():
@@ -447,13 +421,13 @@ def check_dataset_sizes(wanted: Iterable[tuple[DictConfig, int]]) -> None:
                              f"records; use num_prompts <= {len(records)}")
 
 
-def check_before_loading(cfgs: Sequence[DictConfig], num_prompts: Sequence[int] | None = None,
+def check_before_loading(runs: Sequence[RunConfig], num_prompts: Sequence[int] | None = None,
                          block_L: Sequence[int] | None = None, L_key: str = "L",
                          rows: Sequence[int] | None = None,
                          batches: Sequence[tuple[int, str]] | None = None) -> None:
-    """The one validation of every command that loads models (run, sweep, replay, bias, check, bench): each
-    config's values (:func:`validate`), its hardware, its dataset's size and the block length it drafts, as
-    UsageError (one message; the command exits 2) before any model loads.
+    """The one validation of every command that loads models (run, sweep, replay, bias, check, bench), after each
+    config was read at its door (:func:`spectr_repro.settings.run_config`: its values): its device, its dataset's
+    size and the block length it drafts, as UsageError (one message; the command exits 2) before any model loads.
 
     ``num_prompts[i]``/``block_L[i]``/``rows[i]``: what config i really asks (a replay's replay.num_prompts, L_max
     and K_max); by default its num_prompts, min(L, max_new_tokens) (a cell's blocks never run past max_new_tokens)
@@ -464,32 +438,30 @@ def check_before_loading(cfgs: Sequence[DictConfig], num_prompts: Sequence[int] 
     # runner.fit pulls the cost model (pandas): check, replay and bias start without it
     from spectr_repro.runner.fit import check_batch_fits, check_context_fits
 
-    for cfg in cfgs:
-        validate(cfg)
-    for cfg in cfgs:
-        check_device(cfg.hardware.get("device"))
-    prompts = num_prompts or [int(cfg.num_prompts) for cfg in cfgs]
-    check_dataset_sizes(zip(cfgs, prompts))
-    lengths = block_L or [min(int(cfg.L), int(cfg.max_new_tokens)) for cfg in cfgs]
+    for run in runs:
+        check_device(run.hardware.device)
+    prompts = num_prompts or [run.num_prompts for run in runs]
+    check_dataset_sizes(zip(runs, prompts))
+    lengths = block_L or [min(run.L, run.max_new_tokens) for run in runs]
     checked = set()
-    for cfg, length in zip(cfgs, lengths):
-        if (cfg.choices.model_pair, length) not in checked:
-            checked.add((cfg.choices.model_pair, length))
-            check_block_fits(cfg, length, L_key)
-    for cfg, length, K in zip(cfgs, lengths, rows or [int(cfg.K) for cfg in cfgs]):
-        check_context_fits(cfg, int(K), int(length), context_window(cfg.model_pair))
-    sizes = batches or [(int(cfg.hardware.get("batch_prompts") or 1), "hardware.batch_prompts") for cfg in cfgs]
-    for cfg, length, K, (batch, key) in zip(cfgs, lengths, rows or [int(cfg.K) for cfg in cfgs], sizes):
-        check_batch_fits(cfg, int(batch), int(K), int(length), key)
+    for run, length in zip(runs, lengths):
+        if (run.model_pair, length) not in checked:
+            checked.add((run.model_pair, length))
+            check_block_fits(run, length, L_key)
+    for run, length, K in zip(runs, lengths, rows or [run.K for run in runs]):
+        check_context_fits(run, int(K), int(length), context_window(run.pair_values))
+    sizes = batches or [(run.hardware.batch_prompts, "hardware.batch_prompts") for run in runs]
+    for run, length, K, (batch, key) in zip(runs, lengths, rows or [run.K for run in runs], sizes):
+        check_batch_fits(run, int(batch), int(K), int(length), key)
 
 
-def run_folders(cfg: DictConfig, cell_dirs: Iterable[Path] = ()) -> list[Path]:
-    """Every folder a run of ``cfg`` writes: the experiment's cells/ (and each existing cell folder), the
+def run_folders(run: RunConfig, cell_dirs: Iterable[Path] = ()) -> list[Path]:
+    """Every folder a run of ``run`` writes: the experiment's cells/ (and each existing cell folder), the
     W&B folder when logging is on, and Hydra's multirun folder (launcher path)."""
-    experiment = Path(cfg.output_dir).expanduser() / cfg.experiment
+    experiment = Path(run.output_dir).expanduser() / run.experiment
     folders = [experiment, experiment / "cells", *cell_dirs]
-    logger = cfg.get("logger")
-    if logger is not None and logger.get("backend") == "wandb" and logger.get("mode") in ("offline", "online"):
+    logger = run.logger
+    if logger is not None and logger.backend == "wandb" and logger.mode in ("offline", "online"):
         folders.append(experiment / "wandb")
     return folders
 
@@ -498,5 +470,5 @@ __all__ = [
     "GROUPS", "Composer", "ParsedArgs", "UsageError", "check_before_loading", "check_block_fits",
     "check_dataset_sizes", "check_device", "context_window", "check_nested_keys", "check_top_level_keys",
     "check_writable", "conf_dir", "expand", "grid_axes", "group_options", "needs_single_draft", "parse_arguments",
-    "run_folders", "schema_keys", "single_draft_message", "validate",
+    "run_config", "run_folders", "schema_keys", "single_draft_message",
 ]

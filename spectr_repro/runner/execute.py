@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf import OmegaConf
 from tqdm.auto import tqdm
 
 from spectr_repro import tracking
@@ -26,6 +26,7 @@ from spectr_repro.runner import claims, store
 from spectr_repro.runner.cell import Baseline, CellPlan, compute_cell
 from spectr_repro.runner.config import conf_dir, needs_single_draft, single_draft_message
 from spectr_repro.runner.pairs import PairCache, echo_above_bars, pair_key
+from spectr_repro.settings import RunConfig
 
 # --------------------------------------------------------------------------------------------------
 # Planning
@@ -39,42 +40,37 @@ class CellOutcome:
     note: str | None = None
 
 
-def ar_config(cfg: DictConfig) -> DictConfig:
-    """The AR baseline cell of ``cfg``'s group: method ar, K=1, L=1, everything else equal."""
-    ar = OmegaConf.create(OmegaConf.to_container(cfg, resolve=False))
-    with open_dict(ar):
-        ar.method = OmegaConf.load(conf_dir() / "method" / "ar.yaml")
-        ar.choices.method = "ar"
-        ar.K = 1
-        ar.L = 1
-    return ar
+def ar_config(run: RunConfig) -> RunConfig:
+    """The AR baseline cell of ``run``'s group: method ar, K=1, L=1, everything else equal."""
+    ar = OmegaConf.to_container(OmegaConf.load(conf_dir() / "method" / "ar.yaml"), resolve=True)
+    return run.replace(method=ar, K=1, L=1)
 
 
-def plan_cells(cfgs: Sequence[DictConfig]) -> list[CellPlan]:
+def plan_cells(runs: Sequence[RunConfig]) -> list[CellPlan]:
     """Plans in run order: pair by pair (all cells of one pair together, so that each pair is loaded once),
     per group the AR cell first; K>1 single-draft cells skipped."""
     plans: dict[str, CellPlan] = {}
-    for cfg in cfgs:
-        if cfg.method.name == "ar":
-            cfg = ar_config(cfg)
-        identifier = store.cell_id(cfg)
+    for run in runs:
+        if run.method == "ar":
+            run = ar_config(run)
+        identifier = store.cell_id(run)
         if identifier in plans:
             continue
-        if needs_single_draft(cfg):
-            plans[identifier] = CellPlan(cfg, identifier, store.cell_dir(cfg, identifier), None,
-                                         skip_note=single_draft_message(cfg))
+        if needs_single_draft(run):
+            plans[identifier] = CellPlan(run, identifier, store.cell_dir(run, identifier), None,
+                                         skip_note=single_draft_message(run))
             continue
         ar_id = None
-        if cfg.method.name != "ar":
-            ar = ar_config(cfg)
+        if run.method != "ar":
+            ar = ar_config(run)
             ar_id = store.cell_id(ar)
             if ar_id not in plans:
                 plans[ar_id] = CellPlan(ar, ar_id, store.cell_dir(ar, ar_id), None)
-        plans[identifier] = CellPlan(cfg, identifier, store.cell_dir(cfg, identifier), ar_id)
+        plans[identifier] = CellPlan(run, identifier, store.cell_dir(run, identifier), ar_id)
 
     def order(plan: CellPlan):
         group = plan.ar_cell_id or plan.cell_id
-        return (*pair_key(plan.cfg), group, plan.method != "ar")
+        return (*pair_key(plan.run), group, plan.method != "ar")
 
     return sorted(plans.values(), key=order)  # sorted() is stable: grid order within a group
 
@@ -149,7 +145,7 @@ class Session:
             if len(blocked) == len(pending):
                 for plan in blocked:
                     holder = claims.read_holder(plan.directory if plan.method == "ar"
-                                                else store.cell_dir(plan.cfg, plan.ar_cell_id))
+                                                else store.cell_dir(plan.run, plan.ar_cell_id))
                     key = plan.ar_cell_id or plan.cell_id
                     if key not in announced:
                         announced.add(key)
@@ -180,7 +176,7 @@ class Session:
             return CellOutcome(plan, "finished earlier", state.summary)
         self._unfinished.add(plan.cell_id)
         if plan.ar_cell_id is not None and plan.ar_cell_id not in self._ar_times:
-            if not self._state_of(plan.cfg, plan.ar_cell_id).finished:
+            if not self._state_of(plan.run, plan.ar_cell_id).finished:
                 # Another runner computes it (or its runner just died: the AR cell, earlier in this command's
                 # order, is taken over on the next pass). Either way: not yet.
                 return None
@@ -220,11 +216,11 @@ class Session:
                 if plan.cell_id in self._unfinished and store.cell_state(plan.directory).finished}
 
     def _state(self, plan: CellPlan) -> store.CellState:
-        return self._state_of(plan.cfg, plan.cell_id)
+        return self._state_of(plan.run, plan.cell_id)
 
-    def _state_of(self, cfg: DictConfig, identifier: str) -> store.CellState:
+    def _state_of(self, run: RunConfig, identifier: str) -> store.CellState:
         """The cell's state; a damaged cell is warned about once (file and problem) and counts as unfinished."""
-        state = store.cell_state(store.cell_dir(cfg, identifier))
+        state = store.cell_state(store.cell_dir(run, identifier))
         if state.status == "damaged" and identifier not in self._warned:
             self._warned.add(identifier)
             self.echo(f"warning: {state.problem}; the cell will be computed again")
@@ -234,7 +230,7 @@ class Session:
         """The AR baseline of the plan's group: measured in this process, or read from its finished cell."""
         if plan.ar_cell_id in self._ar_times:
             return self._ar_times[plan.ar_cell_id]
-        state = self._state_of(plan.cfg, plan.ar_cell_id)
+        state = self._state_of(plan.run, plan.ar_cell_id)
         if not state.finished:
             raise ResourceError(f"AR baseline {plan.ar_cell_id} is not finished ({state.problem or state.status}); "
                                 f"it must run before {plan.cell_id}")
@@ -244,11 +240,11 @@ class Session:
 
     def _compute(self, plan: CellPlan) -> dict[str, Any]:
         """Compute the cell (decode, records, summary), write it and log it; return the summary."""
-        cfg = plan.cfg
-        pair = self.pairs.pair(cfg)
-        examples = self.pairs.examples(cfg, pair.tokenizer)
+        run = plan.run
+        pair = self.pairs.pair(run)
+        examples = self.pairs.examples(run, pair.tokenizer)
         if not examples:
-            raise RuntimeError(f"dataset {cfg.choices.dataset} gave no prompts")
+            raise RuntimeError(f"dataset {run.dataset} gave no prompts")
         baseline = Baseline() if plan.method == "ar" else self._baseline(plan)
         missing_ar = [str(e.id) for e in examples if plan.method != "ar" and str(e.id) not in baseline.times]
         if missing_ar:  # checked before any decoding: no work is lost to a baseline that cannot serve it
@@ -256,7 +252,7 @@ class Session:
         watch = claims.ContentionWatch(self.runner, plan.directory.parent)
         rows, summary = compute_cell(plan, pair, examples, baseline, watch, self.progress)
         try:
-            store.write_cell(plan.directory, rows, summary, config=plan.cfg)
+            store.write_cell(plan.directory, rows, summary, config=plan.run)
         except OSError as error:
             raise ResourceError(f"cannot write cell {plan.cell_id} into {plan.directory}: {error}") from error
         if plan.method == "ar":
@@ -266,14 +262,13 @@ class Session:
         return summary
 
     def _log(self, plan: CellPlan, summary: dict[str, Any], records: list[dict[str, Any]]) -> None:
-        logger = tracking.logger_settings(plan.cfg.logger)
-        if not tracking.enabled(logger):
+        logger = plan.run.logger
+        if logger is None or not tracking.enabled(logger):
             return
         started = time.perf_counter()
-        config = OmegaConf.to_container(plan.cfg, resolve=True)
-        config["cell_id"] = plan.cell_id
+        config = plan.run.as_dict() | {"cell_id": plan.cell_id}
         try:
-            run_dir = tracking.log_cell(logger, store.experiment_dir(plan.cfg), plan.cfg.experiment,
+            run_dir = tracking.log_cell(logger, store.experiment_dir(plan.run), plan.run.experiment,
                                         plan.cell_id, config, summary, records)
         except Exception as error:  # records are safe on disk; a tracker hiccup must not end a sweep
             self.echo(f"warning: W&B logging failed for {plan.cell_id}: {type(error).__name__}: {error}")
@@ -286,7 +281,7 @@ def _by_pair(plans: Sequence[CellPlan]) -> list[list[CellPlan]]:
     """Plans grouped by (pair, hardware), in first-appearance order (plan_cells already sorts by pair)."""
     groups: dict[tuple, list[CellPlan]] = {}
     for plan in plans:
-        groups.setdefault(pair_key(plan.cfg), []).append(plan)
+        groups.setdefault(pair_key(plan.run), []).append(plan)
     return list(groups.values())
 
 

@@ -20,13 +20,14 @@ from dataclasses import dataclass
 
 import psutil
 import torch
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import OmegaConf
 
 from spectr_repro.conf import conf_dir
 from spectr_repro.cost.shapes import batch_memory_bytes, largest_batch, model_shape, width_of
 from spectr_repro.data import declared_prompt_tokens, get_dataset, typical_prompt_tokens
 from spectr_repro.errors import UsageError
 from spectr_repro.models import pair_config
+from spectr_repro.settings import RunConfig
 
 HEADROOM = 0.15  # of the free memory, kept for activations, the allocator and the rest of the process
 
@@ -82,24 +83,21 @@ def packaged_buckets() -> list[tuple[str, int]]:
     return sorted(buckets, key=lambda item: (item[1], item[0]))
 
 
-def check_context_fits(cfg: DictConfig, rows: int, block_L: int, window: tuple[int, str] | None,
+def check_context_fits(run: RunConfig, rows: int, block_L: int, window: tuple[int, str] | None,
                        free: int | None = None) -> None:
-    """UsageError (one message naming the largest packaged bucket that fits) when ``cfg``'s dataset fixes a prompt
+    """UsageError (one message naming the largest packaged bucket that fits) when ``run``'s dataset fixes a prompt
     length that the pair's context ``window`` ((positions, which model): ``runner.config.context_window``; None:
     unknown) or the device's free memory (``free``: bytes; None: measured) cannot hold at ``rows`` drafts of
-    ``block_L`` tokens and ``cfg.max_new_tokens``; nothing for other datasets."""
-    dataset = OmegaConf.to_container(cfg.dataset, resolve=True)
-    dataset.setdefault("name", cfg.choices.dataset)
+    ``block_L`` tokens and ``run.max_new_tokens``; nothing for other datasets."""
     try:
-        prompt = declared_prompt_tokens(dataset)
+        prompt = declared_prompt_tokens(run.dataset_values)
     except ValueError as error:
         raise UsageError(str(error)) from None
     if prompt is None:
         return
-    pair = pair_config(OmegaConf.to_container(cfg.model_pair, resolve=True)
-                       | {"name": cfg.model_pair.get("name") or cfg.choices.model_pair})
-    width = width_of(str(cfg.hardware.get("dtype") or pair.get("dtype") or "float32"))
-    new_tokens = int(cfg.max_new_tokens)
+    pair = pair_config(run.named_pair_values)
+    width = width_of(str(run.hardware.dtype or pair.get("dtype") or "float32"))
+    new_tokens = run.max_new_tokens
     available = None
 
     def fits(tokens: int) -> tuple[bool, str]:
@@ -112,7 +110,7 @@ def check_context_fits(cfg: DictConfig, rows: int, block_L: int, window: tuple[i
         if need is None:
             return True, ""
         if available is None:
-            available = free if free is not None else free_bytes(cfg.hardware.get("device"))
+            available = free if free is not None else free_bytes(run.hardware.device)
         usable = int(available * (1 - HEADROOM))
         if need.total_bytes > usable:
             return False, (f"{need.total_bytes / 2**30:.1f} GiB (weights {need.weight_bytes / 2**30:.1f} + KV caches "
@@ -127,11 +125,11 @@ def check_context_fits(cfg: DictConfig, rows: int, block_L: int, window: tuple[i
     fitting = [name for name, tokens in packaged_buckets() if fits(tokens)[0]]
     instead = (f"the largest bucket that fits is dataset={fitting[-1]}" if fitting
                else "no packaged bucket fits: use fewer rows (K), a shorter L or max_new_tokens, or a larger device")
-    raise UsageError(f"dataset {cfg.choices.dataset} ({prompt:,}-token prompts) does not fit model pair "
-                     f"{cfg.choices.model_pair} at K={rows}: it needs {why}; {instead}")
+    raise UsageError(f"dataset {run.dataset} ({prompt:,}-token prompts) does not fit model pair "
+                     f"{run.model_pair} at K={rows}: it needs {why}; {instead}")
 
 
-def check_batch_fits(cfg: DictConfig, batch: int, K: int, L: int, key: str, free: int | None = None) -> None:
+def check_batch_fits(run: RunConfig, batch: int, K: int, L: int, key: str, free: int | None = None) -> None:
     """UsageError naming the largest batch that fits when ``batch`` prompts decoded together at K drafts of L tokens
     (``cost.shapes.batch_memory_bytes``: weights, both KV caches on B x (K + 1) rows, a target call's logits and
     activations) need more than the device's memory: ``hardware.memory_gb`` when set (the device's whole memory,
@@ -141,17 +139,15 @@ def check_batch_fits(cfg: DictConfig, batch: int, K: int, L: int, key: str, free
     if int(batch) <= 1:
         return
 
-    pair = pair_config(OmegaConf.to_container(cfg.model_pair, resolve=True)
-                       | {"name": cfg.model_pair.get("name") or cfg.choices.model_pair})
+    pair = pair_config(run.named_pair_values)
     try:
         target, draft = model_shape(pair, "target"), model_shape(pair, "draft")
     except (ValueError, OSError, KeyError):
         return
-    width = width_of(str(cfg.hardware.get("dtype") or pair.get("dtype") or "float32"))
-    prompt, new_tokens = typical_prompt_tokens(str(cfg.choices.dataset)), int(cfg.max_new_tokens)
-    memory_gb = cfg.hardware.get("memory_gb")
-    available = float(memory_gb) * 1e9 if memory_gb else (free if free is not None else free_bytes(
-        cfg.hardware.get("device")))
+    width = width_of(str(run.hardware.dtype or pair.get("dtype") or "float32"))
+    prompt, new_tokens = typical_prompt_tokens(run.dataset), run.max_new_tokens
+    memory_gb = run.hardware.memory_gb
+    available = memory_gb * 1e9 if memory_gb else (free if free is not None else free_bytes(run.hardware.device))
     usable = int(available * (1 - HEADROOM))
 
     def need(size: int) -> int:

@@ -4,8 +4,8 @@
 :class:`PairCache` each and ask it for the pair of every config they run::
 
     pairs = PairCache()
-    pair = pairs.pair(cfg)                          # loaded once; another pair is released first
-    examples = pairs.examples(cfg, pair.tokenizer)  # the cfg's prompts, read once per pair and prompt set
+    pair = pairs.pair(run)                          # a settings.RunConfig's pair: loaded once, another released first
+    examples = pairs.examples(run, pair.tokenizer)  # the run's prompts, read once per pair and prompt set
     pairs.release()                                 # memory freed (the GPU rule: release before loading another)
 
 A config's pair is its ``model_pair`` node (or just its name) and its ``hardware`` (device, dtype,
@@ -20,12 +20,12 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from omegaconf import DictConfig, OmegaConf
 from tqdm.auto import tqdm
 
 from spectr_repro import models
 from spectr_repro.data import load_examples
 from spectr_repro.errors import ResourceError
+from spectr_repro.settings import RunConfig
 
 
 def echo_above_bars(message: str) -> None:
@@ -46,11 +46,11 @@ class PairCache:
     _key: tuple | None = None  # the pair (config, hardware) this cache holds in memory
     _examples: dict[tuple, list] = field(default_factory=dict)
 
-    def pair(self, cfg: DictConfig):
+    def pair(self, run: RunConfig):
         """The config's pair (a ``models.ModelPair``): released and reloaded only when the pair changes;
         refused when offloaded."""
-        wanted = cfg.choices.model_pair
-        key = pair_key(cfg)
+        wanted = run.model_pair
+        key = pair_key(run)
         if self._key is not None and self._key != key:
             self.release()
         if models.loaded_pair_name() is None or self._key != key:
@@ -58,10 +58,10 @@ class PairCache:
             self.on_load(wanted)
             self._key = key
         try:
-            pair = models.load_pair(_pair_argument(cfg), device=cfg.hardware.device, dtype=cfg.hardware.dtype)
+            pair = models.load_pair(_pair_argument(run), device=run.hardware.device, dtype=run.hardware.dtype)
         except (ValueError, OSError, ImportError) as error:  # missing weights, unreachable hub, bad config
             raise ResourceError(f"cannot load model pair {wanted}: {error}") from error
-        if pair.offloaded and not cfg.hardware.get("allow_offload", False):
+        if pair.offloaded and not run.hardware.allow_offload:
             raise ResourceError(models.offload_message(pair))
         return pair
 
@@ -72,34 +72,27 @@ class PairCache:
         if name is not None:
             self.echo(f"released model pair {name} (memory freed before the next pair)")
 
-    def examples(self, cfg: DictConfig, tokenizer) -> list:
-        """The config's prompts (dataset, num_prompts, seed), read once per pair and prompt set."""
-        dataset = OmegaConf.to_container(cfg.dataset, resolve=True)
-        dataset.setdefault("name", cfg.choices.dataset)
-        key = (cfg.choices.model_pair, repr(dataset), cfg.num_prompts, cfg.seed)
+    def examples(self, run: RunConfig, tokenizer, num_prompts: int | None = None) -> list:
+        """The config's prompts (dataset, ``num_prompts`` (default the config's), seed), read once per pair and
+        prompt set."""
+        dataset, count = run.dataset_values, num_prompts or run.num_prompts
+        key = (run.model_pair, repr(dataset), count, run.seed)
         if key not in self._examples:
             try:
-                self._examples[key] = load_examples(dataset, cfg.num_prompts, seed=cfg.seed,
-                                                    tokenizer=tokenizer)
+                self._examples[key] = load_examples(dataset, count, seed=run.seed, tokenizer=tokenizer)
             except (ValueError, OSError, ImportError) as error:  # missing data folder or file
-                raise ResourceError(f"cannot load dataset {cfg.choices.dataset}: {error}") from error
+                raise ResourceError(f"cannot load dataset {run.dataset}: {error}") from error
         return self._examples[key]
 
 
-def pair_key(cfg: DictConfig) -> tuple:
+def pair_key(run: RunConfig) -> tuple:
     """What fixes the models in memory: the pair's resolved config and the hardware (device, dtype)."""
-    pair = OmegaConf.to_container(cfg.model_pair, resolve=True) if cfg.get("model_pair") else None
-    hardware = OmegaConf.to_container(cfg.hardware, resolve=True)
-    return (cfg.choices.model_pair, repr(pair), repr(hardware))
+    return (run.model_pair, repr(run.pair_values), repr(run.values["hardware"]))
 
 
-def _pair_argument(cfg: DictConfig):
+def _pair_argument(run: RunConfig):
     """What models.load_pair receives: the pair's config (with its name) or just the name."""
-    node = OmegaConf.to_container(cfg.model_pair, resolve=True) if cfg.get("model_pair") else {}
-    if isinstance(node, dict) and node:
-        node.setdefault("name", cfg.choices.model_pair)
-        return node
-    return cfg.choices.model_pair
+    return run.named_pair_values if run.pair_values else run.model_pair
 
 
 __all__ = ["PairCache", "echo_above_bars", "pair_key"]

@@ -27,16 +27,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import OmegaConf
 
 from spectr_repro import models
 from spectr_repro.cost import CellSpec, calibration_for, cell_seconds, expected_block_efficiency
 from spectr_repro.cost.model import GB
+from spectr_repro.errors import UsageError
 from spectr_repro.models import DISK_MARGIN_BYTES
 from spectr_repro.models.offline import OFFLINE_MODELS, models_dir
 from spectr_repro.runner import claims, store
 from spectr_repro.runner.batched import split_prompts
 from spectr_repro.runner.cell import CellPlan
+from spectr_repro.settings import RunConfig
 
 
 @dataclass
@@ -95,19 +97,19 @@ def build_plan(plans: Sequence[CellPlan]) -> Plan:
     hardware_notes = []
     batched_cells = 0
     for plan in plans:
-        cfg = plan.cfg
-        pair_cfg = pair_config_of(cfg)
-        key = (cfg.choices.model_pair, cfg.choices.hardware)
+        run = plan.run
+        pair_cfg = pair_config_of(run)
+        key = (run.model_pair, run.hardware_name)
         entry = pairs.get(key)
         if entry is None:
-            entry = pairs[key] = PairPlan(cfg.choices.model_pair, cfg.choices.hardware)
+            entry = pairs[key] = PairPlan(run.model_pair, run.hardware_name)
             entry.downloads, entry.weights_note = _weights(pair_cfg)
             for hub_id, revision, size in entry.downloads:
                 downloads[(hub_id, revision)] = size
-            estimate = cfg.hardware.get("estimate") or {}
-            calibrated = calibration_for(cfg)
-            model = f"{cfg.choices.model_pair} {calibrated.note}" if calibrated else None
-            note = f"hardware={cfg.choices.hardware}: {model or estimate.get('device', 'no cost model')}"
+            estimate = run.hardware.estimate or {}
+            calibrated = calibration_for(run)
+            model = f"{run.model_pair} {calibrated.note}" if calibrated else None
+            note = f"hardware={run.hardware_name}: {model or estimate.get('device', 'no cost model')}"
             if note not in hardware_notes:
                 hardware_notes.append(note)
         entry.cells += 1
@@ -124,39 +126,40 @@ def build_plan(plans: Sequence[CellPlan]) -> Plan:
         if holder is not None and state.status != "damaged" and observer.is_live(holder):
             entry.elsewhere += 1
             continue
-        cell = CellSpec.of(cfg)
+        cell = CellSpec.of(run)
         be, _ = expected_block_efficiency(cell, measured_be)
-        calibrated = calibration_for(cfg)
-        seconds = cell_seconds(cell, pair_cfg, be, calibrated, _batches(cfg) if calibrated else ())
+        calibrated = calibration_for(run)
+        seconds = cell_seconds(cell, pair_cfg, be, calibrated, _batches(run) if calibrated else ())
         if seconds is None:
-            entry.calibration = f"no cost model (hardware {cfg.choices.hardware} has no `estimate`)"
+            entry.calibration = f"no cost model (hardware {run.hardware_name} has no `estimate`)"
         factor = ar_speed.get(key)
         entry.seconds += (seconds or 0.0) * (factor[0] if factor else 1.0)
         model = calibrated.note if calibrated else "cost model"
         if seconds is not None:
             entry.calibration = (f"measured: {factor[1]} finished AR cell(s) of this pair here, x{factor[0]:.2f} on "
                                  f"the {model}" if factor else f"{model} (no finished AR cell of this pair here)")
-        entry.generations += cfg.num_prompts
-        batched_cells += int(cfg.hardware.get("batch_prompts", 1) or 1) > 1
-        entry.new_tokens += cfg.num_prompts * cfg.max_new_tokens
+        entry.generations += run.num_prompts
+        batched_cells += run.hardware.batch_prompts > 1
+        entry.new_tokens += run.num_prompts * run.max_new_tokens
     cache = models.hub.hub_cache_dir()
-    experiments = list(dict.fromkeys(plan.cfg.experiment for plan in plans))
-    folders = list(dict.fromkeys(store.experiment_dir(plan.cfg) for plan in plans))
+    experiments = list(dict.fromkeys(plan.run.experiment for plan in plans))
+    folders = list(dict.fromkeys(store.experiment_dir(plan.run) for plan in plans))
     return Plan(experiments=experiments, folders=folders, pairs=list(pairs.values()),
                 hardware_note="; ".join(hardware_notes), download_bytes=sum(downloads.values()),
                 free_bytes=models.hub.free_disk_bytes(cache), cache_dir=cache, batched_cells=batched_cells,
                 measured_block_efficiency=measured_be)
 
 
-def pair_config_of(cfg: DictConfig) -> dict:
+def pair_config_of(run: RunConfig) -> dict:
     """The cell's resolved model pair config (``models.pair_config``), named."""
-    return models.pair_config(OmegaConf.to_container(cfg.model_pair, resolve=True)
-                              | {"name": cfg.model_pair.get("name") or cfg.choices.model_pair})
+    return models.pair_config(run.named_pair_values)
 
 
-def _batches(cfg: DictConfig) -> list[int]:
+def _batches(run: RunConfig) -> list[int]:
     """The sizes of the groups in which the cell's untimed prompts are decoded (``hardware.batch_prompts``)."""
-    return [len(batch) for batch in split_prompts(cfg.hardware, cfg.num_prompts).batches]
+    hardware = run.hardware
+    return [len(batch) for batch in split_prompts(hardware.batch_prompts, hardware.timed_prompts,
+                                                  run.num_prompts).batches]
 
 
 def _weights(pair_cfg: dict) -> tuple[list[tuple[str, str, int]], str]:
@@ -182,7 +185,7 @@ def _measured(plans: Sequence[CellPlan]) -> tuple[dict[tuple, float], dict[tuple
     ratios: dict[tuple, list[float]] = {}
     seen: set[Path] = set()
     for plan in plans:
-        cells = store.experiment_dir(plan.cfg) / "cells"
+        cells = store.experiment_dir(plan.run) / "cells"
         if cells in seen or not cells.is_dir():
             continue
         seen.add(cells)
@@ -198,16 +201,18 @@ def _measured(plans: Sequence[CellPlan]) -> tuple[dict[tuple, float], dict[tuple
             config_path = directory / "config.yaml"
             if not config_path.is_file() or not summary.get("wall_time_s"):
                 continue
-            cfg = OmegaConf.load(config_path)
-            if cfg.get("hardware") is None or cfg.hardware.get("estimate") is None:
+            try:
+                values = OmegaConf.to_container(OmegaConf.load(config_path), resolve=True)
+                # the cost model of this very cell, at the tokens it really produced
+                run = RunConfig.of_values(values | {"max_new_tokens": max(1, round(
+                    summary["tokens"] / max(1, summary["num_prompts"])))})
+            except (UsageError, ValueError, TypeError):  # a config.yaml from before the settings it needs
                 continue
-            calibrated = calibration_for(cfg) if cfg.get("choices") is not None else None
-            pair = OmegaConf.to_container(cfg.model_pair, resolve=True)
-            # the cost model of this very cell, at the tokens it really produced
-            with_tokens = OmegaConf.merge(cfg, {"max_new_tokens": max(1, round(summary["tokens"] /
-                                                                                max(1, summary["num_prompts"])))})
-            modelled = cell_seconds(CellSpec.of(with_tokens), pair, 1.0, calibrated,
-                                    _batches(with_tokens) if calibrated else ())
+            if run.hardware.estimate is None or not run.choices.get("model_pair"):
+                continue
+            calibrated = calibration_for(run)
+            modelled = cell_seconds(CellSpec.of(run), run.pair_values, 1.0, calibrated,
+                                    _batches(run) if calibrated else ())
             if not modelled:
                 continue
             ratios.setdefault((summary["model_pair"], summary["hardware"]), []).append(

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import OmegaConf
 
 from spectr_repro.files import atomic_write_text
 from spectr_repro.records import (
@@ -30,20 +30,21 @@ from spectr_repro.records import (
     summary_disagreements,
     summary_from_json,
 )
+from spectr_repro.settings import RunConfig
 from spectr_repro.units import write_last
 
 
-def cell_identity(cfg: DictConfig) -> dict[str, Any]:
+def cell_identity(run: RunConfig) -> dict[str, Any]:
     """Everything that changes what a cell measures (not where it is written or logged)."""
+    values = run.values
     return {
-        "method": OmegaConf.to_container(cfg.method, resolve=True),
-        "model_pair": _without_sizes(OmegaConf.to_container(cfg.model_pair, resolve=True)),
-        "dataset": OmegaConf.to_container(cfg.dataset, resolve=True),
+        "method": values["method"],
+        "model_pair": _without_sizes(values.get("model_pair")),
+        "dataset": values["dataset"],
         # The plan's cost model and the offload switch do not change what is measured (offload is recorded).
-        "hardware": {k: v for k, v in OmegaConf.to_container(cfg.hardware, resolve=True).items()
-                     if k not in ("estimate", "allow_offload")},
-        "choices": {k: cfg.choices[k] for k in ("model_pair", "dataset", "hardware")},
-        **{k: cfg[k] for k in ("K", "L", "temperature", "num_prompts", "max_new_tokens", "seed")},
+        "hardware": {k: v for k, v in values["hardware"].items() if k not in ("estimate", "allow_offload")},
+        "choices": {k: run.choices[k] for k in ("model_pair", "dataset", "hardware")},
+        **{k: values[k] for k in ("K", "L", "temperature", "num_prompts", "max_new_tokens", "seed")},
     }
 
 
@@ -55,24 +56,24 @@ def _without_sizes(pair: dict | None) -> dict | None:
             for key, value in pair.items()}
 
 
-def cell_id(cfg: DictConfig) -> str:
+def cell_id(run: RunConfig) -> str:
     """Readable and unique: method-pair-dataset-K-L-T-n-m-s plus a hash of the full identity.
 
     The hash covers method options, dataset/pair configs and hardware, so changing any of them
     gives a new cell instead of silently reusing an old one.
     """
-    identity = json.dumps(cell_identity(cfg), sort_keys=True, default=str)
+    identity = json.dumps(cell_identity(run), sort_keys=True, default=str)
     digest = hashlib.sha1(identity.encode()).hexdigest()[:8]
-    return (f"{cfg.method.name}-{cfg.choices.model_pair}-{cfg.choices.dataset}-K{cfg.K}-L{cfg.L}"
-            f"-T{float(cfg.temperature):g}-n{cfg.num_prompts}-m{cfg.max_new_tokens}-s{cfg.seed}-{digest}")
+    return (f"{run.method}-{run.model_pair}-{run.dataset}-K{run.K}-L{run.L}"
+            f"-T{run.temperature:g}-n{run.num_prompts}-m{run.max_new_tokens}-s{run.seed}-{digest}")
 
 
-def experiment_dir(cfg: DictConfig) -> Path:
-    return Path(cfg.output_dir).expanduser() / cfg.experiment
+def experiment_dir(run: RunConfig) -> Path:
+    return Path(run.output_dir).expanduser() / run.experiment
 
 
-def cell_dir(cfg: DictConfig, identifier: str) -> Path:
-    return experiment_dir(cfg) / "cells" / identifier
+def cell_dir(run: RunConfig, identifier: str) -> Path:
+    return experiment_dir(run) / "cells" / identifier
 
 
 @dataclass(frozen=True)
@@ -142,12 +143,12 @@ def records_text(records: list[dict[str, Any]]) -> str:
 
 
 def write_cell(directory: Path, records: list[dict[str, Any]], summary: dict[str, Any],
-               config: DictConfig | None = None) -> None:
+               config: RunConfig | None = None) -> None:
     """Records first, then the resolved config, summary last: the summary's presence marks the cell finished (a
     forced rerun is unfinished until done: its old summary goes first)."""
     files = {"records.jsonl": records_text(records)}
     if config is not None:
-        files["config.yaml"] = OmegaConf.to_yaml(config, resolve=True)
+        files["config.yaml"] = OmegaConf.to_yaml(OmegaConf.create(config.values))
     write_last(directory, files, "summary.json", json.dumps(summary, indent=2) + "\n")
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 
 import pytest
-from omegaconf import OmegaConf
 
 from spectr_repro.cost.calibration import (
     Calibration,
@@ -60,10 +59,11 @@ def cpu_quick_cells(tmp_path_factory):
     """The cells of `plan experiment=cpu_quick` (composed once: composition is the slow part)."""
     from spectr_repro.runner.config import Composer, expand, parse_arguments
     from spectr_repro.runner.execute import plan_cells
+    from spectr_repro.settings import run_config
 
     args = parse_arguments(["experiment=cpu_quick", f"output_dir={tmp_path_factory.mktemp('plan') / 'results'}"])
     with Composer() as composer:
-        return plan_cells(expand(composer, args, use_grid=True))
+        return plan_cells([run_config(cfg) for cfg in expand(composer, args, use_grid=True)])
 
 
 def test_plan_uses_the_calibration_and_says_so(cpu_quick_cells):
@@ -90,18 +90,20 @@ def test_calibrated_batched_cells_decode_their_untimed_prompts_together():
     from spectr_repro.cost.model import CellSpec, calibrated_cell_seconds
     from spectr_repro.runner.batched import split_prompts
     from spectr_repro.runner.config import Composer
+    from spectr_repro.settings import run_config
 
     calibration = _calibration("qwen25coder_1.5b_0.5b")
     cell = ["experiment=cpu_quick", "method=sbv", "num_prompts=8"]
     with Composer() as composer:
-        alone = composer.compose([*cell, "hardware.batch_prompts=1"])
-        batched = composer.compose([*cell, "hardware.batch_prompts=8", "hardware.timed_prompts=2"])
+        alone = run_config(composer.compose([*cell, "hardware.batch_prompts=1"]))
+        batched = run_config(composer.compose([*cell, "hardware.batch_prompts=8", "hardware.timed_prompts=2"]))
     per_prompt = (calibrated_cell_seconds(CellSpec.of(alone), calibration, 3.0)
-                  - calibrated_cell_seconds(CellSpec.of(OmegaConf.merge(alone, {"num_prompts": 7})), calibration, 3.0))
-    groups = [len(batch) for batch in split_prompts(batched.hardware, 8).batches]  # as the plan passes them
-    assert groups == [6]
+                  - calibrated_cell_seconds(CellSpec.of(alone.replace(num_prompts=7)), calibration, 3.0))
+    hardware = batched.hardware
+    groups = [len(batch) for batch in split_prompts(hardware.batch_prompts, hardware.timed_prompts, 8).batches]
+    assert groups == [6]  # as the plan passes them
     seconds = calibrated_cell_seconds(CellSpec.of(batched), calibration, 3.0, groups)
-    two_alone = calibrated_cell_seconds(CellSpec.of(OmegaConf.merge(alone, {"num_prompts": 2})), calibration, 3.0)
+    two_alone = calibrated_cell_seconds(CellSpec.of(alone.replace(num_prompts=2)), calibration, 3.0)
     assert two_alone + per_prompt < seconds < two_alone + 6 * per_prompt
 
 
@@ -113,7 +115,7 @@ def test_check_calibrates_the_shapes_of_the_experiments_replay():
     base, cells = compose(["experiment=paper_main", "hardware=cpu", "model_pair=deepseek_33b_1.3b",
                            "dataset=humaneval"])
     shapes = run_shapes(base, cells)
-    replay = OmegaConf.to_container(base.replay)
+    replay = base.group("replay")
     assert set(shapes["Ks"]) == {1, *replay["K"]} and set(shapes["Ls"]) == set(replay["L"])
     assert set(replay["L"]) - {c.L for c in cells}, "the replay's L grid is wider than the timed cells'"
     plain, plain_cells = compose(["hardware=cpu", "K=3", "L=8"])  # config.yaml's replay names no dataset
@@ -129,7 +131,7 @@ def test_check_measures_at_the_shortest_and_the_longest_typical_context():
 
     base, cells = compose(["experiment=speedup_qwen", "hardware=cpu"])
     shapes = run_shapes(base, cells)
-    datasets = {c.choices.dataset for c in cells} | set(base.replay.datasets)
+    datasets = {c.dataset for c in cells} | set(base.group("replay")["datasets"])
     typical = [typical_prompt_tokens(d) + int(base.max_new_tokens) // 2 for d in datasets]
     assert shapes["contexts"] == sorted({min(typical), max(typical)}) and len(shapes["contexts"]) == 2
     assert typical_prompt_tokens("humaneval") + int(base.max_new_tokens) // 2 == shapes["contexts"][-1]

@@ -40,7 +40,7 @@ GRID_SECONDS_A_PROMPT, GRID_BLOCKS_A_PROMPT, GRID_RULES_A_BLOCK = 42.0, 8, 2.66
 
 
 def _groups(experiment: str, *extra: str):
-    return {group.dataset: (group.cfg, group.settings) for group in parse([f"experiment={experiment}", *extra])}
+    return {group.dataset: (group.run, group.settings) for group in parse([f"experiment={experiment}", *extra])}
 
 
 @pytest.fixture(scope="module")

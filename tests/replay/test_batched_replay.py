@@ -22,7 +22,7 @@ import pytest
 
 from spectr_repro.analysis.replay import read_summaries
 from spectr_repro.cost import Calibration, CellSpec, ForwardCosts, calibrated_prompt_seconds, write_calibration
-from spectr_repro.cost.calibration import CALIBRATION_ENV_VAR, calibration_dtype
+from spectr_repro.cost.calibration import CALIBRATION_ENV_VAR
 from spectr_repro.cost.measure import plan_shapes
 from spectr_repro.replay import driver
 from spectr_repro.replay.driver import main, parse, prompt_state
@@ -173,11 +173,11 @@ def test_plan_prices_a_batch_of_prompts_at_b_times_the_rows(tmp_path, monkeypatc
     assert 0 < modelled[1].model_seconds < modelled[0].model_seconds
     assert "4 prompts a batch (4 x 7 rows a call)" in modelled[1].model_note and "batch" not in modelled[0].model_note
 
-    cfg = parse(argv)[0].cfg
+    cfg = parse(argv)[0].run
     shapes = plan_shapes([1, 3, 5, 7], [6, 12], [512, 2048], [1, 4])
     costs = {role: ForwardCosts(tuple((r, t, k, a + b * r * t) for r, t, k in shapes[role]))
              for role, a, b in (("target", 0.2, 0.007), ("draft", 0.1, 0.003))}
-    calibration = Calibration("cpu", "qwen25coder_1.5b_0.5b", calibration_dtype(cfg), "Test CPU", "2026-12-03",
+    calibration = Calibration("cpu", "qwen25coder_1.5b_0.5b", cfg.dtype, "Test CPU", "2026-12-03",
                               False, costs["target"], costs["draft"], extra={"overhead_s_per_call": 0.01})
     write_calibration(calibration)
     alone, batched = model_seconds(1), model_seconds(4)

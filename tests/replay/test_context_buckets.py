@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 
 import pytest
-from omegaconf import OmegaConf
 
 from spectr_repro.analysis.replay import read_blocks
 from spectr_repro.replay.driver import main
@@ -76,11 +75,12 @@ def test_the_largest_fitting_bucket_is_named_from_the_pairs_config():
     # 4-5 GiB (an untied head when converted), KV caches ~41 kB a position on 8 rows: 9 GiB free (85 % usable) hold the
     # 8K bucket, not the 16K one.
     from spectr_repro.runner.config import Composer, context_window, expand, parse_arguments
+    from spectr_repro.settings import run_config
 
     with Composer() as composer:
-        cfg = expand(composer, parse_arguments(["dataset=longcode_16k", "max_new_tokens=256", "K=7", "L=6",
-                                                "method=sbv"]), use_grid=False)[0]
-    window = context_window(cfg.model_pair) or (32768, "the Qwen models")
+        cfg = run_config(expand(composer, parse_arguments(["dataset=longcode_16k", "max_new_tokens=256", "K=7",
+                                                           "L=6", "method=sbv"]), use_grid=False)[0])
+    window = context_window(cfg.pair_values) or (32768, "the Qwen models")
     with pytest.raises(fit.UsageError, match="the largest bucket that fits is dataset=longcode_8k"):
         fit.check_context_fits(cfg, 7, 6, window, free=9 * 2**30)
     fit.check_context_fits(cfg, 7, 6, window, free=32 * 2**30)  # fits with room
@@ -91,4 +91,4 @@ def test_the_largest_fitting_bucket_is_named_from_the_pairs_config():
 def fit_pair(cfg):
     from spectr_repro.models import pair_config
 
-    return pair_config(OmegaConf.to_container(cfg.model_pair, resolve=True) | {"name": cfg.choices.model_pair})
+    return pair_config(cfg.named_pair_values)

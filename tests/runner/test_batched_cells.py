@@ -7,26 +7,37 @@ import math
 from pathlib import Path
 
 import pytest
-from omegaconf import OmegaConf
 
+from spectr_repro.errors import UsageError
 from spectr_repro.runner.batched import split_prompts
 from spectr_repro.runner.cli import main_sweep
+from spectr_repro.settings import HardwareSettings, read_settings
 
 # gbv (single draft, carry-over state) at K=1, sbv at K=1 and 2; gbv at K=2 is skipped.
 SWEEP = ["model_pair=tiny_random", "dataset=gsm8k", "method=gbv,sbv", "K=1,2", "L=3", "num_prompts=4",
          "max_new_tokens=8", "temperature=0.7", "logger=disabled"]
 
 
+def hardware(**values) -> HardwareSettings:
+    return read_settings(HardwareSettings, values, "hardware")
+
+
+def split_of(settings: HardwareSettings, num_prompts: int):
+    return split_prompts(settings.batch_prompts, settings.timed_prompts, num_prompts)
+
+
 def test_split_prompts():
-    assert split_prompts(OmegaConf.create({"batch_prompts": 1, "timed_prompts": 3}), 4).timed == (0, 1, 2, 3)
-    split = split_prompts(OmegaConf.create({"batch_prompts": 3, "timed_prompts": 2}), 7)
+    assert split_of(hardware(batch_prompts=1, timed_prompts=3), 4).timed == (0, 1, 2, 3)
+    split = split_of(hardware(batch_prompts=3, timed_prompts=2), 7)
     assert split.timed == (0, 1) and split.batches == ((2, 3, 4), (5, 6)) and split.batch_prompts == 3
-    assert split_prompts({"batch_prompts": 4}, 2).batches == ((0, 1),)  # timed_prompts defaults to 0
-    assert split_prompts({}, 2).timed == (0, 1)  # a hardware config from before batching: all timed
-    assert split_prompts({"batch_prompts": 2, "timed_prompts": 9}, 3).timed == (0, 1, 2)
+    assert split_of(hardware(batch_prompts=4), 2).batches == ((0, 1),)  # timed_prompts defaults to 0
+    assert split_of(hardware(), 2).timed == (0, 1)  # a hardware config from before batching: all timed
+    assert split_of(hardware(batch_prompts=None, timed_prompts=None), 2).timed == (0, 1)  # null: the defaults
+    assert split_of(hardware(batch_prompts=2, timed_prompts=9), 3).timed == (0, 1, 2)
+    # bad counts are refused at the door (settings.HardwareSettings), naming the key
     for bad in ({"batch_prompts": 0}, {"batch_prompts": 2.5}, {"batch_prompts": 2, "timed_prompts": -1}):
-        with pytest.raises(ValueError, match="hardware\\."):
-            split_prompts(bad, 3)
+        with pytest.raises(UsageError, match="^hardware\\.(batch|timed)_prompts must be an integer"):
+            hardware(**bad)
 
 
 def by_method(root: Path) -> dict[str, tuple[dict, list[dict]]]:

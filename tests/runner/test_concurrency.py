@@ -11,6 +11,7 @@ import time
 from spectr_repro.runner import execute
 from spectr_repro.runner.claims import CLAIM_FILE, Runner, process_start
 from spectr_repro.runner.cli import main_sweep
+from spectr_repro.settings import run_config
 from tests.runner.runner_helpers import cells_computed, cli
 
 # 7 cells: the AR baseline and six methods of one group.
@@ -52,7 +53,7 @@ def test_cells_claimed_by_a_live_runner_are_left_to_it(tmp_path, capsys):
 
         with Composer() as composer:
             cfgs = expand(composer, parse_arguments(argv), use_grid=True)
-        plans = execute.plan_cells(cfgs)
+        plans = execute.plan_cells([run_config(cfg) for cfg in cfgs])
         sd = next(p for p in plans if p.method == "sd")
         sd.directory.mkdir(parents=True)
         (sd.directory / CLAIM_FILE).write_text(json.dumps({
@@ -79,7 +80,7 @@ def test_a_live_claim_on_the_ar_baseline_is_waited_for(tmp_path, capsys, monkeyp
     from spectr_repro.runner.config import Composer, expand, parse_arguments
 
     with Composer() as composer:
-        plans = execute.plan_cells(expand(composer, parse_arguments(argv), use_grid=True))
+        plans = execute.plan_cells([run_config(cfg) for cfg in expand(composer, parse_arguments(argv), use_grid=True)])
     ar = next(p for p in plans if p.method == "ar")
     ar.directory.mkdir(parents=True)
     (ar.directory / CLAIM_FILE).write_text(json.dumps({

@@ -17,6 +17,7 @@ from spectr_repro.runner.config import (
 )
 from spectr_repro.runner.execute import plan_cells
 from spectr_repro.runner.store import cell_id
+from spectr_repro.settings import run_config
 from spectr_repro.verify import VERIFIERS
 
 BASE = ["model_pair=tiny_random", "logger=disabled"]
@@ -119,24 +120,25 @@ def test_experiment_grid_and_user_axes(composer):
 
 def test_plan_adds_one_ar_cell_per_group_and_skips_single_draft_at_k_above_1(composer):
     args = parse_arguments([*BASE, "method=sd,spectr_gbv", "K=1,3", "dataset=humaneval,gsm8k"])
-    plans = plan_cells(expand(composer, args, use_grid=True))
+    plans = plan_cells([run_config(cfg) for cfg in expand(composer, args, use_grid=True)])
     ar = [p for p in plans if p.method == "ar"]
-    assert len(ar) == 2 and all(p.cfg.K == 1 and p.cfg.L == 1 for p in ar)
+    assert len(ar) == 2 and all(p.run.K == 1 and p.run.L == 1 for p in ar)
+    assert all(p.run.choices["method"] == "ar" and p.run.values["method"]["name"] == "ar" for p in ar)
     skipped = [p for p in plans if p.skip_note]
-    assert {(p.method, p.cfg.K) for p in skipped} == {("sd", 3)}
+    assert {(p.method, p.run.K) for p in skipped} == {("sd", 3)}
     assert "single draft" in skipped[0].skip_note
     for plan in plans:
         if plan.method != "ar" and not plan.skip_note:
             (group_ar,) = [p for p in ar if p.cell_id == plan.ar_cell_id]
-            assert group_ar.cfg.choices.dataset == plan.cfg.choices.dataset
+            assert group_ar.run.dataset == plan.run.dataset
             assert plans.index(group_ar) < plans.index(plan), "the AR baseline runs first"
 
 
 def test_cell_ids_are_distinct_for_method_options(composer):
-    default = composer.compose([*BASE, "method=gbv", "K=1"])
-    changed = composer.compose([*BASE, "method=gbv", "K=1", "method.options.carry_over=false"])
+    default = run_config(composer.compose([*BASE, "method=gbv", "K=1"]))
+    changed = run_config(composer.compose([*BASE, "method=gbv", "K=1", "method.options.carry_over=false"]))
     assert cell_id(default) != cell_id(changed)
-    assert cell_id(default) == cell_id(composer.compose([*BASE, "method=gbv", "K=1"]))
+    assert cell_id(default) == cell_id(run_config(composer.compose([*BASE, "method=gbv", "K=1"])))
     assert cell_id(default).startswith("gbv-tiny_random-humaneval-K1-")
 
 

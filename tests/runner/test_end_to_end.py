@@ -10,6 +10,7 @@ import pytest
 from spectr_repro.records import CellSummary, PromptRecord, field_names
 from spectr_repro.runner import execute, store
 from spectr_repro.runner.cli import main_run, main_sweep
+from spectr_repro.settings import RunConfig
 
 # The schema is the contract: every summary and record carries exactly its fields.
 SUMMARY_KEYS = set(field_names(CellSummary))
@@ -65,7 +66,7 @@ def test_each_cell_keeps_its_resolved_config(swept):
     _, out = swept
     for summary_path in out.glob("default/cells/*/summary.json"):
         config = OmegaConf.load(summary_path.parent / "config.yaml")
-        assert store.cell_id(config) == summary_path.parent.name
+        assert store.cell_id(RunConfig.of_values(OmegaConf.to_container(config))) == summary_path.parent.name
         summary = json.loads(summary_path.read_text())
         assert config.method.name == summary["method"] and config.K == summary["K"]
         assert config.dataset.name == "humaneval" and config.model_pair.name == "tiny_random"

@@ -79,5 +79,5 @@ def test_a_long_L_bounded_by_max_new_tokens_is_still_accepted_by_run(tmp_path):
     from spectr_repro.runner.config import parse_arguments
 
     args = parse_arguments([*COMMON, "K=2", "L=100000", "max_new_tokens=8", f"output_dir={tmp_path}"])
-    cfgs, plans = _compose_and_check("run", args, show_config=False)
-    assert [plan.cfg.L for plan in plans if plan.method != "ar"] == [100000]
+    _, plans = _compose_and_check("run", args, show_config=False)
+    assert [plan.run.L for plan in plans if plan.method != "ar"] == [100000]

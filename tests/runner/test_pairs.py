@@ -8,13 +8,14 @@ from spectr_repro import models
 from spectr_repro.errors import ResourceError
 from spectr_repro.runner.config import Composer, expand, parse_arguments
 from spectr_repro.runner.pairs import PairCache
+from spectr_repro.settings import run_config
 
 ARGS = ["dataset=humaneval", "method=sd", "num_prompts=1", "max_new_tokens=2", "logger=disabled"]
 
 
 def composed(*overrides: str):
     with Composer() as composer:
-        return expand(composer, parse_arguments([*ARGS, *overrides]), use_grid=True)[0]
+        return run_config(expand(composer, parse_arguments([*ARGS, *overrides]), use_grid=True)[0])
 
 
 def test_a_pair_is_loaded_once_and_released_before_the_next(two_tiny_conf):
@@ -36,7 +37,7 @@ def test_a_pair_is_loaded_once_and_released_before_the_next(two_tiny_conf):
 
 
 def test_a_pair_that_cannot_load_is_a_resource_error(tmp_path):
-    cfg = composed("model_pair=tiny_random")
-    cfg.model_pair.source = "hub"  # a hub pair without pinned revisions: refused before any download
+    run = composed("model_pair=tiny_random")
+    run = run.replace(model_pair=run.pair_values | {"source": "hub"})  # no pinned revisions: refused before download
     with pytest.raises(ResourceError, match="cannot load model pair tiny_random"):
-        PairCache(echo=lambda message: None).pair(cfg)
+        PairCache(echo=lambda message: None).pair(run)

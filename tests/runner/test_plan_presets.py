@@ -108,7 +108,7 @@ def test_the_calibration_is_priced_from_its_shapes_rounds_and_loading(offline):
 
     argv = ["experiment=paper_main", "dataset=humaneval", "temperature=0.4", f"output_dir={offline / 'results'}"]
     (group,) = parse(argv)
-    cfg, settings = group.cfg, group.settings
+    cfg, settings = group.run, group.settings
     wide = plan_calibration("check", [cfg], settings.K_values, settings.L_values)
     narrow = plan_calibration("check", [cfg], [3], [12])
     assert wide.target_shapes > narrow.target_shapes and wide.forward_seconds > narrow.forward_seconds > 0
@@ -120,7 +120,7 @@ def test_the_calibration_is_priced_from_its_shapes_rounds_and_loading(offline):
     from spectr_repro.runner.plan import pair_config_of
 
     pair = pair_config_of(cfg)
-    estimate = OmegaConf.to_container(cfg.hardware.estimate, resolve=True)
+    estimate = cfg.hardware.estimate
     width = bytes_per_parameter(CellSpec.of(cfg), pair)
     largest = forward_seconds(estimate, model_parameters(pair, "target"), width, 7 * 25)
     assert CHECK_ROUNDS * largest < wide.forward_seconds < 200 * largest

@@ -98,11 +98,11 @@ def test_finished_replay_prompts_are_counted_and_measure_the_estimate(offline, c
     assert "rules 20 s per block, mean of 2 finished replay block(s) here" in line
     rules = 99 * 20.0
     model = sum((g.settings.num_prompts - (g.dataset == "humaneval")) * speculative_prompt_seconds(
-        CellSpec.of(g.cfg), pair_config_of(g.cfg), 7, 6, per_prompt) for g in groups)
+        CellSpec.of(g.run), pair_config_of(g.run), 7, 6, per_prompt) for g in groups)
     assert (f"est. {format_duration(model + rules)} (model calls {format_duration(model)} + rules "
             f"{format_duration(rules)};") in line
     # the model calls shrink (9 prompts left, 99 blocks instead of 10 and 100); the rules are now counted
-    fresh_model = sum(2 * speculative_prompt_seconds(CellSpec.of(g.cfg), pair_config_of(g.cfg), 7, 6, 10)
+    fresh_model = sum(2 * speculative_prompt_seconds(CellSpec.of(g.run), pair_config_of(g.run), 7, 6, 10)
                       for g in groups)
     assert f"(model calls {format_duration(fresh_model)} + rules 0 s;" in _replay_line(fresh)
     assert model < fresh_model
@@ -160,17 +160,17 @@ def test_paper_main_plan_prints_its_replay_and_the_total(offline, capsys):
 
 
 def test_the_calibration_prices_the_replay_calls(offline, capsys, no_calibration):
-    from spectr_repro.cost import Calibration, ForwardCosts, calibration_dtype, write_calibration
+    from spectr_repro.cost import Calibration, ForwardCosts, write_calibration
     from spectr_repro.cost.measure import plan_shapes
 
     argv = ["experiment=cpu_quick", *PINNED, "dataset=humaneval", f"output_dir={offline / 'results'}"]
-    cfg = parse(argv)[0].cfg
+    cfg = parse(argv)[0].run
     shapes = plan_shapes([1, 3, 7], [6], [32, 180], [1, 8])
 
     def calibration(scale):
         costs = {role: ForwardCosts(tuple((r, t, k, scale * (a + b * r * t)) for r, t, k in shapes[role]))
                  for role, a, b in (("target", 0.2, 0.007), ("draft", 0.1, 0.003))}
-        return Calibration("cpu", "qwen25coder_1.5b_0.5b", calibration_dtype(cfg), "Test CPU", "2026-12-01",
+        return Calibration("cpu", "qwen25coder_1.5b_0.5b", cfg.dtype, "Test CPU", "2026-12-01",
                            False, costs["target"], costs["draft"], extra={"overhead_s_per_call": 0.01 * scale})
 
     from spectr_repro.replay.plan import plan_replays

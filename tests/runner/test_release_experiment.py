@@ -49,8 +49,9 @@ def test_the_qwen_release_setting_has_its_replay():
     from spectr_repro.replay.driver import parse
 
     (group,) = parse(["experiment=release_humaneval_qwen"])
-    cfg, settings = group.cfg, group.settings
+    cfg, settings = group.run, group.settings
     assert (settings.K_values, settings.L_values, settings.num_prompts) == ((1, 3, 5, 7), (6,), 31)
     assert "spectr_gbv" in settings.methods and "mpbv" in settings.methods and settings.reference == "sbv"
-    assert (float(cfg.temperature), cfg.max_new_tokens, cfg.seed) == (0.7, 64, 1001)
-    assert (cfg.dataset.name, cfg.dataset.prompt_order, cfg.dataset.skip_prompts) == ("humaneval", "file", 1)
+    assert (cfg.temperature, cfg.max_new_tokens, cfg.seed) == (0.7, 64, 1001)
+    dataset = cfg.dataset_values
+    assert (dataset["name"], dataset["prompt_order"], dataset["skip_prompts"]) == ("humaneval", "file", 1)
