@@ -9,7 +9,7 @@ from spectr_repro.__main__ import main as cli_main
 from spectr_repro.analysis.load import QUALITY_OUTCOMES_FILE, load_audit, load_quality
 from spectr_repro.analysis.report import ReportContext, main
 from spectr_repro.analysis.report import quality as quality_module
-from spectr_repro.analysis.report.context import find_audit
+from spectr_repro.analysis.report.context import find_audit, find_theory
 from spectr_repro.analysis.report.quality import quality_section
 from spectr_repro.analysis.stats import RESAMPLES
 
@@ -98,6 +98,13 @@ def test_audit_is_found_next_to_the_results_and_read_in_the_shape_its_writer_wri
     (tmp_path / "results" / "audit").mkdir()
     (tmp_path / "results" / "audit" / "audit.json").write_text("[]")
     assert find_audit([folder]) == tmp_path / "results" / "audit" / "audit.json"
+    # a folder elsewhere never takes the working directory's ./results/audit (nor its theory)
+    elsewhere = tmp_path / "elsewhere" / "cpu_quick"
+    elsewhere.mkdir(parents=True)
+    (tmp_path / "results" / "theory").mkdir()
+    (tmp_path / "results" / "theory" / "THEORY.md").write_text("# theory\n")
+    assert find_audit([elsewhere]) is None and find_theory([elsewhere]) is None
+    assert find_theory([folder]) == tmp_path / "results" / "theory" / "THEORY.md"
     row = {"rule": "sd", "K": 1, "verdict": "lossless"}
     path = tmp_path / "audit.json"
     path.write_text(json.dumps({"quick": True, "rows": [row], "peers": [{"peer": "x"}]}))

@@ -96,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--output", help="report path (default: <first results_dir>/REPORT.md)")
     parser.add_argument("--paper", help="paper numbers CSV (default: the one shipped in the package)")
-    parser.add_argument("--audit", help="audit.json (default: results/audit/audit.json when present)")
+    parser.add_argument("--audit", help="audit.json (default: audit/audit.json beside or inside the results folder)")
     parser.add_argument(
         "--allow-incomplete",
         action="store_true",

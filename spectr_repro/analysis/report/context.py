@@ -96,18 +96,17 @@ class ReportContext:
 
 
 def find_audit(results_dirs: list[Path]) -> Path | None:
-    """audit.json next to or above the results folders (results/audit/audit.json), or in ./results/audit."""
+    """audit.json next to or above the results folders (results/audit/audit.json). Never the working directory's:
+    a report of results elsewhere would show this checkout's audit as theirs (``--audit`` names one)."""
     candidates = []
     for folder in results_dirs:
         candidates += [folder / "audit" / "audit.json", folder.parent / "audit" / "audit.json", folder / "audit.json"]
-    candidates.append(Path("results") / "audit" / "audit.json")
     return next((c for c in candidates if c.is_file()), None)
 
 
 def find_theory(results_dirs: list[Path]) -> Path | None:
-    """THEORY.md beside the results folders (results/theory/THEORY.md), or in ./results/theory."""
-    candidates = [c for folder in results_dirs for c in (folder.parent / "theory" / "THEORY.md",
-                                                         Path("results") / "theory" / "THEORY.md")]
+    """THEORY.md beside the results folders (results/theory/THEORY.md); never the working directory's."""
+    candidates = [folder.parent / "theory" / "THEORY.md" for folder in results_dirs]
     return next((c for c in candidates if c.is_file()), None)
 
 
