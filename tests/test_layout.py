@@ -75,3 +75,18 @@ def test_committed_results_are_sealed_small_and_packed():
         problems = [p for p in problems if "finished but not in" not in p
                     or str(Path(p.split(":")[0]).relative_to(REPO) / "done.json") in tracked]
         assert problems == [], group  # a group a stopped round only began may hold no prompt yet
+
+
+def test_the_readme_results_block_is_the_committed_grids_table():
+    """README.md's results table is regenerated from the committed grid (T=0.4), not from a run a reader lacks: after
+    a round of the grid is committed, `python -m spectr_repro.analysis.readme results/replay_qwen_grid/replay
+    --temperature 0.4` must be rerun. Negative control: a README whose table differs by one value is caught."""
+    from spectr_repro.analysis import readme
+    from spectr_repro.docblocks import read_block
+
+    text = (REPO / "README.md").read_text()
+    table = readme.render(REPO / "results" / "replay_qwen_grid" / "replay", REPO, temperature=0.4)
+    assert read_block(text, readme.BLOCK, "README.md") == table
+    value = re.search(r"\| SBV +\| +3 \| (\d\.\d\d)", text).group(1)
+    altered = text.replace(f"| {value} [", f"| {float(value) + 0.01:.2f} [", 1)
+    assert altered != text and read_block(altered, readme.BLOCK, "README.md") != table

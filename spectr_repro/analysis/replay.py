@@ -128,12 +128,13 @@ def summary(frame: pd.DataFrame, resamples: int = RESAMPLES) -> pd.DataFrame:
                                      "ci_low", "ci_high", "estimator", "first_iteration"])
     per_prompt = _per_prompt(frame)
     estimators = frame.groupby(CELL_KEYS)["estimator"].agg(lambda s: "+".join(sorted(set(s)))).to_dict()
+    datasets = _datasets_of_groups(per_prompt)
     rows = []
     for keys, cell in per_prompt.groupby([*GROUP_KEYS, *CELL_KEYS], sort=False):
         group, (method, K, L) = dict(zip(GROUP_KEYS, keys[:2])), keys[2:]
         strata = {dataset: part for dataset, part in cell.groupby("dataset", sort=False)}
         entries = [(dataset, [part]) for dataset, part in strata.items()]
-        if len(strata) > 1:
+        if len(strata) > 1 and set(strata) == datasets[keys[:2]]:
             entries.append((AVERAGE, list(strata.values())))
         for dataset, parts in entries:
             interval = mean_of_ratios([(p["tokens"], p["blocks"]) for p in parts], resamples=resamples)
@@ -144,6 +145,13 @@ def summary(frame: pd.DataFrame, resamples: int = RESAMPLES) -> pd.DataFrame:
                          "estimator": estimators[(method, K, L)],
                          "first_iteration": VERIFIERS[method].carries_state})
     return pd.DataFrame(rows)
+
+
+def _datasets_of_groups(per_prompt: pd.DataFrame) -> dict[tuple, set[str]]:
+    """Every dataset of each group (pair, temperature). A cell's average over datasets is given only where it
+    covers all of them: a rule registered after a grid began (hsd) lacks the datasets replayed before it, and an
+    average over fewer datasets would set it beside the others' averages as if it were the same mean."""
+    return {keys: set(part["dataset"]) for keys, part in per_prompt.groupby(GROUP_KEYS, sort=False)}
 
 
 def _comparator_cell(comparator: str, K: int, L: int) -> tuple[str, int, int]:
@@ -172,6 +180,7 @@ def differences(frame: pd.DataFrame, comparators=COMPARATORS, resamples: int = R
     if frame.empty:
         return pd.DataFrame(columns=columns)
     per_prompt = _per_prompt(frame)
+    datasets = _datasets_of_groups(per_prompt)
     indexed = per_prompt.set_index([*GROUP_KEYS, *CELL_KEYS, "dataset", "prompt_id"])
     rows = []
     for keys, cell in per_prompt.groupby([*GROUP_KEYS, *CELL_KEYS], sort=False):
@@ -188,7 +197,8 @@ def differences(frame: pd.DataFrame, comparators=COMPARATORS, resamples: int = R
                     strata[dataset] = (part["tokens"].to_numpy()[keep], part["blocks"].to_numpy()[keep],
                                        theirs["tokens"].to_numpy()[keep], theirs["blocks"].to_numpy()[keep])
             entries = [(d, [s]) for d, s in strata.items()] + ([(AVERAGE, list(strata.values()))]
-                                                                if len(strata) > 1 else [])
+                                                                if len(strata) > 1 and set(strata) == datasets[group]
+                                                                else [])
             for dataset, parts in entries:
                 interval = paired_comparison(parts, "difference", resamples=resamples)
                 rows.append({**dict(zip(GROUP_KEYS, group)), "dataset": dataset, "method": method, "K": K, "L": L,

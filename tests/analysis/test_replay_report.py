@@ -202,3 +202,29 @@ def test_k1_equality_with_a_sampled_release_is_not_refuted_by_its_draws(estimato
                           "temperature": [0.4, 0.4], "model_pair": ["p", "p"]})
     rows = {row["claim"]: row for row in verdict_rows(blocks, table, None, main=(1, 6))}
     assert rows["K=1 reduces to GBV"]["verdict"] == verdict
+
+
+def test_an_average_over_datasets_needs_every_dataset_of_the_group():
+    """hsd, registered after the grid began, has no humaneval prompts: its mean over the other datasets is not the
+    others' average (it would read 4.28 beside 5.0 because humaneval, the easy one, is missing). It gets no average
+    row and no averaged difference; sbv, on every dataset, keeps both (the negative control)."""
+    from spectr_repro.analysis.replay import AVERAGE, differences, summary
+
+    rows = []
+    for dataset, tokens in (("humaneval", 6.0), ("lm1b", 3.0), ("gsm8k", 5.0)):
+        for index in range(4):
+            base = {"model_pair": "p", "dataset": dataset, "temperature": 0.4, "prompt_id": f"{dataset}{index}",
+                    "iteration": 0, "reference_tokens": 2, "K": 1, "L": 6, "draws": 0, "output_position": 0,
+                    "prompt_tokens": 10, "estimator": "exact"}
+            rows.append({**base, "method": "sd", "tokens": tokens + index / 10})
+            rows.append({**base, "method": "sbv", "tokens": tokens + 0.1 + index / 10})
+            if dataset != "humaneval":
+                rows.append({**base, "method": "hsd", "tokens": tokens + 0.05 + index / 10})
+    frame = pd.DataFrame(rows)
+    table = summary(frame, resamples=200)
+    averaged = set(table.loc[table["dataset"] == AVERAGE, "method"])
+    assert averaged == {"sd", "sbv"}
+    assert set(table.loc[table["method"] == "hsd", "dataset"]) == {"lm1b", "gsm8k"}
+    paired = differences(frame, comparators=("sd",), resamples=200)
+    assert set(paired.loc[paired["dataset"] == AVERAGE, "method"]) == {"sbv"}
+    assert set(paired.loc[paired["method"] == "hsd", "dataset"]) == {"lm1b", "gsm8k"}
