@@ -40,7 +40,8 @@ MANIFEST_FILE, MANIFEST_VERSION = "manifest.json", 1
 BLOCKS_FILE, DONE_FILE, SETTINGS_FILE = "blocks.jsonl", "done.json", "replay.json"
 # Environment keys that decide whether a re-run can match a record token for token (bf16 rounding follows the
 # CPU's kernels and the thread count's reduction order; the library versions pick the kernels).
-ENVIRONMENT_KEYS = ("device", "device_name", "torch", "transformers", "python", "num_threads", "git_commit")
+# dtype: the models' (done.json records it since 2026-12-06; before, the folder's name held it: the pair's own)
+ENVIRONMENT_KEYS = ("device", "device_name", "dtype", "torch", "transformers", "python", "num_threads", "git_commit")
 
 
 def sha256_bytes(data: bytes) -> str:

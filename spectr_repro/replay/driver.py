@@ -442,7 +442,8 @@ def _replay_claimed(pair, runner, group: GroupSettings, claimed: Sequence[tuple[
         else:
             results = replay_prompts(pair, inputs, group, seeds, stops)
         settings = group.settings
-        recorded = {**provenance(settings.methods, settings.sampled, str(pair.device)),
+        recorded = {**provenance(settings.methods, settings.sampled, str(pair.device),
+                                 str(pair.dtype).removeprefix("torch.")),
                     "batch": [index for index, _, _ in claimed],
                     "finished_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
         for (index, example, directory), input_ids, (blocks, summary) in zip(claimed, inputs, results):

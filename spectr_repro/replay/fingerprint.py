@@ -105,11 +105,11 @@ def rules_fingerprint(methods: Iterable[str] | None = None, sampled: Sequence[st
     return fingerprints
 
 
-def provenance(methods: Sequence[str], sampled: Sequence[str], device: str) -> dict[str, Any]:
+def provenance(methods: Sequence[str], sampled: Sequence[str], device: str, dtype: str) -> dict[str, Any]:
     """What each finished prompt's done.json records of how it was replayed: the environment (device and its model,
-    library versions, threads, commit) and the fingerprint of every rule it evaluated (the report pools prompts
-    rule by rule on it; the spot check compares it)."""
-    return {"environment": environment(device),
+    the models' dtype, library versions, threads, commit) and the fingerprint of every rule it evaluated (the report
+    pools prompts rule by rule on it; the spot check compares it and re-runs in the recorded dtype)."""
+    return {"environment": {**environment(device), "dtype": dtype},
             "rules_fingerprint": dict(_cached_fingerprint(tuple(methods), tuple(sampled)))}
 
 

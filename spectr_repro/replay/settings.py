@@ -101,7 +101,7 @@ class GroupSettings:
     temperature: float
     max_new_tokens: int
     seed: int
-    dtype: str  # hardware.dtype as the folder's name has always spelled it ("None": the pair's own)
+    dtype: str  # hardware.dtype ("None": the pair's own): how the models run, recorded per prompt, not the folder's
     device: str
     prefill_chunk: int | None
     force: bool
@@ -126,14 +126,16 @@ class GroupSettings:
 
     @property
     def name(self) -> str:
-        """One folder per (pair, dataset, temperature, length, seed, reference, dtype). Not the number of prompts:
+        """One folder per (pair, dataset, temperature, length, seed, reference, device). Not the number of prompts:
         a larger num_prompts extends a smaller one (the seeded selection keeps its first prompts), so a replay
-        grows in its folder, prompt by prompt."""
+        grows in its folder, prompt by prompt. Not the dtype either: which dtype is fast depends on the CPU (bfloat16
+        on AVX512-BF16, float32 on AVX2 only, 3-4x apart on the verify forward), and a folder accumulates prompts
+        over sessions on machines of either kind, as it does over CPU models. Each prompt's done.json records the
+        dtype it ran in (its environment); the report compares laws, which rounding does not move."""
         s = self.settings
         identity = {"model_pair": self.model_pair, "dataset": self.dataset, "temperature": self.temperature,
                     "max_new_tokens": self.max_new_tokens, "seed": self.seed,
-                    "reference": [s.reference, s.reference_K, s.reference_L], "dtype": self.dtype,
-                    "device": self.device}
+                    "reference": [s.reference, s.reference_K, s.reference_L], "device": self.device}
         digest = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:8]
         return f"{self.model_pair}__{self.dataset}__T{self.temperature:g}__{digest}"
 
@@ -142,10 +144,11 @@ class GroupSettings:
         return self.root / self.name
 
     def meta(self) -> dict[str, Any]:
-        """replay.json: the settings the group's folder is tied to (num_prompts aside, which a later run extends)."""
+        """replay.json: the settings the group's folder is tied to (num_prompts aside, which a later run extends;
+        the dtype is each prompt's, in its done.json)."""
         return {"model_pair": self.model_pair, "dataset": self.dataset, "temperature": self.temperature,
                 "num_prompts": self.settings.num_prompts, "max_new_tokens": self.max_new_tokens, "seed": self.seed,
-                "dtype": self.dtype, **self.settings.as_dict()}
+                **self.settings.as_dict()}
 
     def prompt_seed(self, index: int) -> int:
         """The engine's seed of prompt ``index`` (the replay's own draws derive from it: driver.replay_generator)."""

@@ -112,8 +112,9 @@ def choose(folders: Sequence[Path], k: int, seed: int) -> list[tuple[Path, str]]
 
 
 def rebuild_arguments(meta: dict[str, Any], experiment: str | None, index: int, methods: Sequence[str],
-                      support_mass: Any) -> list[str]:
-    """The replay's command line that rebuilds a group's recorded settings (replay.json) up to prompt ``index``."""
+                      support_mass: Any, dtype: str | None = None) -> list[str]:
+    """The replay's command line that rebuilds a group's recorded settings (replay.json) up to prompt ``index``, in
+    the prompt's recorded ``dtype`` (None: not recorded, so the replay.json of before 2026-12-06 names it)."""
     def listed(values) -> str:
         return ",".join(str(v) for v in values)
 
@@ -126,23 +127,26 @@ def rebuild_arguments(meta: dict[str, Any], experiment: str | None, index: int, 
              f"replay.reference_L={meta['reference_L']}", f"replay.draws={meta['draws']}",
              f"replay.row_groups={meta['row_groups']}", f"replay.sampled=[{listed(meta.get('sampled', []))}]",
              f"replay.support_mass={'null' if support_mass is None else support_mass}"]
-    if meta.get("dtype") not in (None, "None"):  # "None": the pair's own dtype (replay.json writes it as a string)
-        argv.append(f"hardware.dtype={meta['dtype']}")
+    dtype = dtype or meta.get("dtype")
+    if dtype not in (None, "None"):  # "None": the pair's own dtype (replay.json wrote it as a string)
+        argv.append(f"hardware.dtype={dtype}")
     return argv
 
 
-def _config_of(folder: Path, index: int, methods: Sequence[str], support_mass: Any, logger: str) -> GroupSettings:
+def _config_of(folder: Path, index: int, methods: Sequence[str], support_mass: Any, logger: str,
+               dtype: str | None) -> GroupSettings:
     """The group's settings that replay the group in ``folder`` up to prompt ``index`` with the rules its record holds
     (``methods``: a rule registered later is not re-run), refused when this code's config does not rebuild the
     recorded settings."""
     meta = json.loads((folder / SETTINGS_FILE).read_text(encoding="utf-8"))
     experiment = folder.parent.parent.name  # results/<experiment>/replay/<group>: its config sets the hardware
     known = (Path(conf_dir()) / "experiment" / f"{experiment}.yaml").exists()
-    argv = [*rebuild_arguments(meta, experiment if known else None, index, methods, support_mass),
+    argv = [*rebuild_arguments(meta, experiment if known else None, index, methods, support_mass, dtype),
             f"logger={logger}"]
     [group] = parse(argv)
     rebuilt = group.meta()
-    differ = [key for key in meta if key not in ("num_prompts", "methods") and rebuilt.get(key) != meta[key]]
+    # dtype: replay.json held it before it became each prompt's (the argument above passes it on)
+    differ = [key for key in meta if key not in ("num_prompts", "methods", "dtype") and rebuilt.get(key) != meta[key]]
     if differ:
         raise UsageError(f"{folder}: `{' '.join(argv)}` does not rebuild the recorded settings ({', '.join(differ)})")
     return group
@@ -153,10 +157,11 @@ def recorded_methods(blocks: Sequence[dict]) -> list[str]:
     return list(dict.fromkeys(value[0] for block in blocks[:1] for value in block.get("values", [])))
 
 
-def rerun(pairs, folder: Path, batch: list[int], methods: Sequence[str], support_mass: Any, logger: str
-          ) -> dict[int, list[dict]]:
-    """The blocks of each prompt of ``batch``, replayed again as the replay did (one call, the recorded seeds)."""
-    group = _config_of(folder, max(batch), methods, support_mass, logger)
+def rerun(pairs, folder: Path, batch: list[int], methods: Sequence[str], support_mass: Any, logger: str,
+          dtype: str | None = None) -> dict[int, list[dict]]:
+    """The blocks of each prompt of ``batch``, replayed again as the replay did (one call, the recorded seeds and
+    dtype)."""
+    group = _config_of(folder, max(batch), methods, support_mass, logger, dtype)
     pair = pairs.pair(group.run)
     examples = pairs.examples(group.run, pair.tokenizer, group.settings.num_prompts)
     inputs = [encode_prompt(pair.tokenizer, examples[i])[0].tolist() for i in batch]
@@ -169,12 +174,18 @@ def rerun(pairs, folder: Path, batch: list[int], methods: Sequence[str], support
     return {i: [{k: v for k, v in b.items() if k != UNTIMED} for b in blocks] for i, (blocks, _) in zip(batch, results)}
 
 
-def _differences(folder: Path, index: str, here: dict[str, Any], current: dict[str, str]) -> tuple[list, list]:
+def recorded_environment(folder: Path, index: str) -> tuple[dict[str, Any], dict[str, str]]:
+    """The environment and rules' fingerprint the group's manifest records for prompt ``index``."""
     manifest = json.loads((folder / MANIFEST_FILE).read_text(encoding="utf-8"))
     entry = manifest["prompts"][index]
-    recorded = manifest["environments"][entry["environment"]]
-    versions = manifest["rules_fingerprints"][entry["rules_fingerprint"]]
-    environment_keys = [key for key in ENVIRONMENT_KEYS if key != "git_commit"
+    return (manifest["environments"][entry["environment"]],
+            manifest["rules_fingerprints"][entry["rules_fingerprint"]])
+
+
+def _differences(recorded: dict[str, Any], versions: dict[str, str], here: dict[str, Any],
+                 current: dict[str, str]) -> tuple[list, list]:
+    # not the commit (the code may move on while the rules' fingerprint holds), nor the dtype (re-run in it)
+    environment_keys = [key for key in ENVIRONMENT_KEYS if key not in ("git_commit", "dtype")
                         and str(recorded.get(key)) != str(here.get(key))]
     rules = [rule for rule, version in versions.items() if current.get(rule) != version]
     return environment_keys, rules
@@ -189,9 +200,11 @@ def spot_check(folders: Sequence[Path], k: int, seed: int, logger: str = "disabl
         settings = json.loads((folder / SETTINGS_FILE).read_text(encoding="utf-8"))
         recorded = blocks_of(read_record_text(directory / BLOCKS_FILE))
         current = rules_fingerprint(recorded_methods(recorded), sampled=settings.get("sampled", []))
-        new = rerun(pairs, folder, batch, recorded_methods(recorded), done.get("support_mass"), logger)[int(index)]
+        environment_then, versions = recorded_environment(folder, index)
+        new = rerun(pairs, folder, batch, recorded_methods(recorded), done.get("support_mass"), logger,
+                    environment_then.get("dtype"))[int(index)]
         identical, same, shift = compare_blocks(recorded, new)
-        env_keys, rules = _differences(folder, index, here, current)
+        env_keys, rules = _differences(environment_then, versions, here, current)
         comparisons.append(Comparison(folder.name, index, batch, identical, len(recorded), len(new), same, shift,
                                       env_keys, rules))
         print(_line(comparisons[-1]), flush=True)

@@ -67,6 +67,7 @@ def test_seal_records_every_prompt_with_its_environment_and_fingerprint(replayed
         assert manifest["rules_fingerprints"][entry["rules_fingerprint"]] == done["rules_fingerprint"]
         assert set(done["rules_fingerprint"]) == {"sd", "bv", "sbv"}
         assert manifest["environments"][entry["environment"]]["torch"] == done["environment"]["torch"]
+        assert manifest["environments"][entry["environment"]]["dtype"] == done["environment"]["dtype"] == "float32"
         assert entry["backfilled"] is False
         text = (replayed / "prompts" / index / "blocks.jsonl").read_text()
         packed = (replayed / "prompts" / index / "blocks.jsonl.gz").read_bytes()
@@ -191,6 +192,23 @@ def test_spotcheck_finds_committed_prompts_identical_and_an_edited_one(replayed,
     assert seal.main([str(replayed)]) == 0
     assert spotcheck.main([str(replayed.parent), "-k", "1", "--logger", "disabled"]) == 1
     assert "DIFFERS, unexplained" in capsys.readouterr().out
+
+
+def test_spotcheck_reruns_a_prompt_in_its_recorded_dtype():
+    """A prompt's done.json names its dtype; a replay.json of before 2026-12-06 named the folder's; neither: the
+    pair's own (no override)."""
+    meta = {"model_pair": "tiny_random", "dataset": "humaneval", "temperature": 0.7, "num_prompts": 2,
+            "max_new_tokens": 8, "seed": 0, "K": [1], "L": [2], "reference": "sbv", "reference_K": 1,
+            "reference_L": 2, "draws": 2, "row_groups": "disjoint", "sampled": []}
+
+    def dtype_argument(meta, dtype):
+        argv = spotcheck.rebuild_arguments(meta, None, 1, ["sd"], None, dtype)
+        return [a for a in argv if a.startswith("hardware.dtype=")]
+
+    assert dtype_argument(meta, "bfloat16") == ["hardware.dtype=bfloat16"]
+    assert dtype_argument({**meta, "dtype": "float32"}, None) == ["hardware.dtype=float32"]
+    assert dtype_argument({**meta, "dtype": "float32"}, "bfloat16") == ["hardware.dtype=bfloat16"]
+    assert dtype_argument({**meta, "dtype": "None"}, None) == dtype_argument(meta, None) == []
 
 
 def test_spotcheck_bad_input_is_exit_2(tmp_path, capsys):

@@ -159,3 +159,20 @@ def test_more_prompts_extend_a_replay_in_its_folder(tmp_path, capsys):
     assert run(tmp_path, *args, "num_prompts=2") == 0
     assert "1 prompt(s) replayed, 1 finished earlier" in capsys.readouterr().out
     assert len(block_files(tmp_path)) == 2
+
+
+def test_a_folder_goes_on_in_another_dtype_and_each_prompt_records_its_own(tmp_path, capsys):
+    """The dtype that is fast depends on the CPU (bfloat16 with AVX512-BF16, float32 on AVX2 only): a folder
+    accumulates prompts over machines of either kind, so the dtype is each prompt's (done.json), not the folder's.
+    Control: another seed is another folder."""
+    args = ["method=sd", "K=1", "L=2", "max_new_tokens=4"]
+    assert run(tmp_path, *args, "num_prompts=1") == 0
+    assert run(tmp_path, *args, "num_prompts=2", "hardware.dtype=bfloat16") == 0
+    assert "1 prompt(s) replayed, 1 finished earlier" in capsys.readouterr().out
+    [folder] = (tmp_path / "out" / "default" / "replay").glob("*/")
+    dtypes = [json.loads((folder / "prompts" / i / "done.json").read_text())["environment"]["dtype"]
+              for i in ("0000", "0001")]
+    assert dtypes == ["float32", "bfloat16"]
+    assert "dtype" not in json.loads((folder / "replay.json").read_text())
+    assert run(tmp_path, *args, "num_prompts=1", "seed=1") == 0
+    assert len(list((tmp_path / "out" / "default" / "replay").glob("*/replay.json"))) == 2
