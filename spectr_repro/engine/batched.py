@@ -34,7 +34,7 @@ Wall time of a batch is not a per-prompt wall time: speed-ups stay batch-1 measu
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Generator, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -43,6 +43,9 @@ from transformers import DynamicCache
 
 from spectr_repro.engine.batch_cache import BatchCache, to_device
 from spectr_repro.engine.common import (
+    BlockStep,
+    Decoding,
+    DraftedBlock,
     block_efficiency,
     block_length,
     check_arguments,
@@ -50,6 +53,7 @@ from spectr_repro.engine.common import (
     model_device,
     prompt_tensor,
     read_outcomes,
+    verify_each,
 )
 from spectr_repro.engine.forward import forward_chunked
 from spectr_repro.engine.loop import TIME_SECTIONS, GenerationOutput, acceptance_by_position
@@ -139,7 +143,7 @@ def generate_batch(
                                       max_new_tokens if isinstance(max_new_tokens, int) else 0, verifier_options)
     verifier = verifiers[0]  # what every prompt's rule shares: AR or not, the device and vocabulary checks
     budgets, seeds, stops = _prompt_arguments(count, max_new_tokens, seeds, should_stop)
-    device, prefill_chunk, vocab_size, eos = check_setup(target, draft, verifier, prefill_chunk, vocab_size,
+    device, prefill_chunk, vocab_size, eos = check_setup(target, draft, verifier is not None, prefill_chunk, vocab_size,
                                                           eos_token_ids)
     rows = []
     for index, (ids, budget, seed, stop, rule) in enumerate(zip(prompts, budgets, seeds, stops, verifiers)):
@@ -154,11 +158,34 @@ def generate_batch(
         if running and verifier is None:
             _decode_ar(target, running, temperature, eos, vocab_size, timer, prefill_chunk)
         elif running:
-            _decode_speculative(target, draft, running, K, L, temperature, eos, vocab_size, timer, prefill_chunk)
+            steps = batched_steps(target, draft, running, K, temperature, eos, vocab_size, timer, prefill_chunk,
+                                  lambda row: _rule_block_length(row, L), repr(verifier))
+            verify_each(steps, lambda index: rows[index].verifier)
     timer.sync()
     timer.seconds["total"] = time.perf_counter() - start
     outputs = [row.output(0 if verifier is None else L, count) for row in rows]
     return BatchOutput(outputs, {"time_s": dict(timer.seconds), "batch_prompts": count})
+
+
+def _rule_block_length(row: _Prompt, L: int) -> int:
+    """The next block's draft length for the row's own rule (``common.block_length``)."""
+    return block_length(row.verifier, row.state, L, row.budget - len(row.new_tokens))
+
+
+def batch_decoding(target, draft, prompts: Sequence[torch.Tensor], K: int, L: int, temperature: float,
+                   max_new_tokens: int, seeds: Sequence[int], eos: frozenset[int], should_stop: Sequence,
+                   vocab_size: int, prefill_chunk: int | None) -> Decoding:
+    """The prompts' decoding together (checked prompt tensors, one seed and stop each) with whole blocks of L and
+    the rule left to the caller: the blocks ``generate_batch`` would hand a rule that is not lossless."""
+    device = model_device(target)
+    rows = [_Prompt(index, prompt, max_new_tokens, torch.Generator(device=device).manual_seed(int(seed)), stop,
+                    committed=prompt.tolist()) for index, (prompt, seed, stop) in enumerate(zip(prompts, seeds,
+                                                                                              should_stop))]
+    timer = SectionTimer(device, TIME_SECTIONS, events=True)
+    running = [row for row in rows if row.budget > 0]
+    steps = batched_steps(target, draft, running, K, temperature, eos, vocab_size, timer, prefill_chunk,
+                          lambda row: L) if running else iter(())
+    return Decoding(steps, lambda _: [row.output(L, len(rows)) for row in rows])
 
 
 def _prompt_arguments(count: int, max_new_tokens, seeds, should_stop) -> tuple[list[int], list[int], list]:
@@ -256,7 +283,12 @@ def _decode_ar(target, rows, temperature, eos, vocab_size, timer, prefill_chunk)
             tokens = _sample_per_prompt(probs_from_logits(logits[:, -1], temperature), rows)
 
 
-def _decode_speculative(target, draft, rows, K, L, temperature, eos, vocab_size, timer, prefill_chunk):
+def batched_steps(target, draft, rows: list[_Prompt], K, temperature, eos, vocab_size, timer, prefill_chunk,
+                  lengths: Callable[[_Prompt], int], rule: str = "the rule") -> Generator[BlockStep, None, None]:
+    """The prompts' speculative decoding, a step per iteration: each yields the R running prompts' blocks, drafted
+    and scored in one batch (a ``BlockStep``, block i being prompt ``rows[i].index``'s); whoever drives it sets each
+    block's result before the next step. The rows hold each prompt's output at the end. ``lengths(row)``: the
+    row's next draft length (``common.block_length``); ``rule``: how contract errors name the rule."""
     device = model_device(target)
     with timer("prefill"):
         draft_cache, first_logits = _prefill(draft, rows, vocab_size, prefill_chunk, drop_last=False)
@@ -265,7 +297,7 @@ def _decode_speculative(target, draft, rows, K, L, temperature, eos, vocab_size,
     first = True
     while rows:
         R = len(rows)
-        blocks = [block_length(row.verifier, row.state, L, row.budget - len(row.new_tokens)) for row in rows]
+        blocks = [lengths(row) for row in rows]
         width = max(blocks)
         with timer("draft"):
             if not first:
@@ -278,14 +310,15 @@ def _decode_speculative(target, draft, rows, K, L, temperature, eos, vocab_size,
             target_cache.repeat_rows(K)
             logits = target_cache.forward(target, inputs, [width + 1] * (R * K), vocab_size, keep_last=width + 1)
             target_probs = probs_from_logits(logits, temperature).view(R, K, width + 1, -1)
-        with timer("verify"):
-            results = [
-                row.verifier(draft_tokens[i, :, :block], draft_probs[i, :, :block], target_probs[i, :, :block + 1],
-                             generator=row.generator, state=row.state)
+        with timer("verify"):  # the rules run while the step is out (their time is the verify section's)
+            step = BlockStep([
+                DraftedBlock(row.index, draft_tokens[i, :, :block], draft_probs[i, :, :block],
+                             target_probs[i, :, :block + 1], row.generator, row.state, len(row.new_tokens))
                 for i, (row, block) in enumerate(zip(rows, blocks))
-            ]
-            # the one host read (the verifier only names the rule in a contract error's message)
-            emitted = read_outcomes(results, draft_tokens, blocks, K, rows[0].verifier)
+            ])
+            yield step
+            results = step.verified()
+            emitted = read_outcomes(results, draft_tokens, blocks, K, rule)  # the one host read
         keep_rows, target_lengths, draft_lengths, still = [], [], [], []
         for i, (row, result, block, tokens) in enumerate(zip(rows, results, blocks, emitted)):
             tau, chosen = len(tokens) - 1, int(result.draft_index)
@@ -344,4 +377,4 @@ def _draft_blocks(draft, cache: BatchCache, first_probs, rows, K, blocks, temper
     return draft_tokens, draft_probs
 
 
-__all__ = ["BatchOutput", "generate_batch"]
+__all__ = ["BatchOutput", "batch_decoding", "batched_steps", "generate_batch"]

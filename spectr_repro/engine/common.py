@@ -1,24 +1,26 @@
 """What the batch-1 loop (:mod:`~spectr_repro.engine.loop`) and the batched one
 (:mod:`~spectr_repro.engine.batched`) share: argument checks, the prompt tensor, the verifier results read to
-the host, each block's draft length and the block efficiency."""
+the host, each block's draft length, the block efficiency, and the step of a decoding (``BlockStep``: the blocks a
+rule verifies, one per running prompt) through which both hand their blocks to whoever verifies them."""
 
 from __future__ import annotations
 
 import math
 import numbers
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Generator, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from spectr_repro.engine.forward import resolve_vocab_size
-from spectr_repro.verify import VERIFIERS, Verifier, get_verifier
+from spectr_repro.verify import VERIFIERS, Verifier, VerifyResult, get_verifier
 
 
-def read_outcomes(results, draft_tokens: torch.Tensor, blocks: Sequence[int], K: int, verifier: Verifier
-                   ) -> list[list[int]]:
+def read_outcomes(results, draft_tokens: torch.Tensor, blocks: Sequence[int], K: int, rule: str) -> list[list[int]]:
     """The emitted tokens of each verifier result, read to the host in ONE transfer together with the
-    draft prefix each result claims to accept, which must match (the verifier contract).
+    draft prefix each result claims to accept, which must match (the verifier contract; ``rule`` names the rule in
+    the error).
 
     draft_tokens: [R, K, >= block] (R = len(results); batch 1: R = 1).
     """
@@ -26,7 +28,7 @@ def read_outcomes(results, draft_tokens: torch.Tensor, blocks: Sequence[int], K:
     for i, (result, block) in enumerate(zip(results, blocks)):
         tau, chosen = int(result.num_accepted), int(result.draft_index)
         if not 0 <= chosen < K or not 0 <= tau <= block or result.tokens.numel() != tau + 1:
-            raise RuntimeError(f"{verifier!r} returned {result.tokens.numel()} tokens, num_accepted={tau}, "
+            raise RuntimeError(f"{rule} returned {result.tokens.numel()} tokens, num_accepted={tau}, "
                                f"draft_index={chosen} for K={K}, L={block}")
         pieces += [result.tokens.to(draft_tokens.device), draft_tokens[i, chosen, :tau]]
         sizes.append(tau)
@@ -35,10 +37,66 @@ def read_outcomes(results, draft_tokens: torch.Tensor, blocks: Sequence[int], K:
     for tau in sizes:
         tokens, prefix = flat[offset:offset + tau + 1], flat[offset + tau + 1:offset + 2 * tau + 1]
         if tokens[:tau] != prefix:
-            raise RuntimeError(f"{verifier!r}: accepted tokens are not a prefix of the chosen draft")
+            raise RuntimeError(f"{rule}: accepted tokens are not a prefix of the chosen draft")
         emitted.append(tokens)
         offset += 2 * tau + 1
     return emitted
+
+
+@dataclass
+class DraftedBlock:
+    """One prompt's block at one iteration: what its rule verifies, with the generator and carry-over state the
+    rule is called with (``rule(draft_tokens, draft_probs, target_probs, generator=, state=)``)."""
+
+    prompt: int  # the prompt's place in the prompts decoded
+    draft_tokens: torch.Tensor  # [K, block]
+    draft_probs: torch.Tensor  # [K, block, V]
+    target_probs: torch.Tensor  # [K, block + 1, V]
+    generator: torch.Generator  # the prompt's own: the rule's draws come from it, after the drafts'
+    state: Any  # what the prompt's previous verification carried over (None on the first)
+    output_position: int  # tokens the prompt emitted before this block
+
+
+@dataclass
+class BlockStep:
+    """One iteration of a decoding: a block for each prompt still running. Whoever drives the decoding sets
+    ``results[i]`` to the rule's VerifyResult on ``blocks[i]`` before asking for the next step."""
+
+    blocks: list[DraftedBlock]
+    results: list[VerifyResult | None] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.results = [None] * len(self.blocks)
+
+    def verified(self) -> list[VerifyResult]:
+        missing = [block.prompt for block, result in zip(self.blocks, self.results) if result is None]
+        if missing:
+            raise RuntimeError(f"the blocks of prompt(s) {missing} were not verified before the next step")
+        return list(self.results)
+
+
+class Decoding:
+    """A decoding whose rule is its caller's: iterate it for the steps (``BlockStep``), verify each step's blocks,
+    then read ``outputs`` (one ``GenerationOutput`` per prompt, in the order given). The steps run under
+    ``torch.inference_mode``, the caller's verification included, as inside ``generate``."""
+
+    def __init__(self, steps: Generator[BlockStep, None, Any], finish: Callable[[Any], list]) -> None:
+        self._steps, self._finish = steps, finish
+        self.outputs: list | None = None  # set once every step has been verified
+
+    def __iter__(self) -> Iterator[BlockStep]:
+        if self.outputs is not None:
+            raise RuntimeError("a decoding runs once")
+        with torch.inference_mode():
+            returned = yield from self._steps
+        self.outputs = self._finish(returned)
+
+
+def verify_each(steps: Iterable[BlockStep], rule_of: Callable[[int], Verifier]) -> None:
+    """Drive a decoding's steps with each prompt's rule (``rule_of(prompt)``), as ``generate`` does."""
+    for step in steps:
+        step.results = [rule_of(b.prompt)(b.draft_tokens, b.draft_probs, b.target_probs, generator=b.generator,
+                                          state=b.state) for b in step.blocks]
 
 
 def block_length(verifier: Verifier, state: Any, L: int, remaining: int) -> int:
@@ -106,18 +164,19 @@ def eos_ids(eos_token_ids) -> frozenset[int]:
     return frozenset(int(t) for t in ids)
 
 
-def check_setup(target, draft, verifier, prefill_chunk, vocab_size, eos_token_ids):
-    """(device, prefill_chunk, vocab_size, eos ids) checked and resolved: what generate and generate_batch share."""
+def check_setup(target, draft, speculative: bool, prefill_chunk, vocab_size, eos_token_ids):
+    """(device, prefill_chunk, vocab_size, eos ids) checked and resolved: what generate and generate_batch share
+    (``speculative``: the draft takes part)."""
     if prefill_chunk is not None and (not is_integer(prefill_chunk) or prefill_chunk < 1):
         raise ValueError(f"prefill_chunk must be a positive integer or None, got {prefill_chunk!r}")
     if vocab_size is not None and not is_integer(vocab_size):
         raise ValueError(f"vocab_size must be an integer or None, got {vocab_size!r}")
     eos = eos_ids(eos_token_ids)
     device = model_device(target)
-    if verifier is not None and model_device(draft) != device:
+    if speculative and model_device(draft) != device:
         # One generator drives every draw; cross-device pairs would also copy tokens every step.
         raise ValueError(f"target and draft must be on one device, got {device} and {model_device(draft)}")
-    vocab_size = resolve_vocab_size(target, None if verifier is None else draft, vocab_size)
+    vocab_size = resolve_vocab_size(target, draft if speculative else None, vocab_size)
     return device, None if prefill_chunk is None else int(prefill_chunk), vocab_size, eos
 
 
@@ -144,5 +203,5 @@ def prompt_tensor(input_ids, device: torch.device, models: Sequence[torch.nn.Mod
     return prompt.long().to(device)
 
 
-__all__ = ["block_efficiency", "block_length", "check_arguments", "check_setup", "eos_ids", "is_integer",
-           "model_device", "prompt_tensor", "read_outcomes"]
+__all__ = ["BlockStep", "Decoding", "DraftedBlock", "block_efficiency", "block_length", "check_arguments",
+           "check_setup", "eos_ids", "is_integer", "model_device", "prompt_tensor", "read_outcomes", "verify_each"]

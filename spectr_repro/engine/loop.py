@@ -23,13 +23,16 @@ Invariants at the start of an iteration (n = prompt + emitted tokens so far):
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Generator, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from spectr_repro.engine.common import (
+    BlockStep,
+    Decoding,
+    DraftedBlock,
     block_efficiency,
     block_length,
     check_arguments,
@@ -37,6 +40,7 @@ from spectr_repro.engine.common import (
     is_integer,
     prompt_tensor,
     read_outcomes,
+    verify_each,
 )
 from spectr_repro.engine.drafting import draft_block, first_draft_probs
 from spectr_repro.engine.rows import make_rows
@@ -124,7 +128,7 @@ def generate(
     if not is_integer(seed) or not -(2**63) <= seed < 2**64:
         raise ValueError(f"seed must be an integer in [-2**63, 2**64), got {seed!r}")
     seed = int(seed)
-    device, prefill_chunk, vocab_size, eos = check_setup(target, draft, verifier, prefill_chunk, vocab_size,
+    device, prefill_chunk, vocab_size, eos = check_setup(target, draft, verifier is not None, prefill_chunk, vocab_size,
                                                           eos_token_ids)
     prompt = prompt_tensor(input_ids, device, [target] if verifier is None else [target, draft])
     generator = torch.Generator(device=device).manual_seed(seed)
@@ -138,8 +142,13 @@ def generate(
             out = _generate_ar(target, prompt, temperature, max_new_tokens, eos, should_stop,
                                vocab_size, generator, timer, prefill_chunk, compile)
         else:
-            out = _generate_speculative(target, draft, prompt, verifier, K, L, temperature, max_new_tokens,
-                                        eos, should_stop, vocab_size, generator, timer, prefill_chunk, compile)
+            steps = speculative_steps(target, draft, prompt, K, L, temperature, max_new_tokens, eos, should_stop,
+                                      vocab_size, generator, timer, prefill_chunk, compile,
+                                      lambda state, remaining: block_length(verifier, state, L, remaining),
+                                      repr(verifier))
+            decoding = Decoding(steps, lambda output: [output])
+            verify_each(decoding, lambda prompt: verifier)
+            [out] = decoding.outputs
     timer.sync()
     timer.seconds["total"] = time.perf_counter() - start
     out.stats["time_s"] = dict(timer.seconds)
@@ -166,8 +175,25 @@ def _generate_ar(target, prompt, temperature, max_new_tokens, eos, should_stop, 
     return GenerationOutput(new_tokens, calls, block_efficiency(new_tokens, calls), stats)
 
 
-def _generate_speculative(target, draft, prompt, verifier, K, L, temperature, max_new_tokens, eos,
-                          should_stop, vocab_size, generator, timer, prefill_chunk, compile):
+def prompt_decoding(target, draft, prompt: torch.Tensor, K: int, L: int, temperature: float, max_new_tokens: int,
+                    seed: int, eos: frozenset[int], should_stop, vocab_size: int, prefill_chunk: int | None
+                    ) -> Decoding:
+    """One prompt's decoding (arguments checked, as ``generate``'s) with whole blocks of L and the rule left to the
+    caller: the blocks ``generate`` would hand a rule that is not lossless, drawn from the same seed."""
+    generator = torch.Generator(device=prompt.device).manual_seed(seed)
+    timer = SectionTimer(prompt.device, TIME_SECTIONS, events=True)
+    steps = speculative_steps(target, draft, prompt, K, L, temperature, max_new_tokens, eos, should_stop, vocab_size,
+                              generator, timer, prefill_chunk, False, lambda state, remaining: L)
+    return Decoding(steps, lambda output: [output])
+
+
+def speculative_steps(target, draft, prompt, K, L, temperature, max_new_tokens, eos, should_stop, vocab_size,
+                      generator, timer, prefill_chunk, compile, lengths: Callable[[Any, int], int],
+                      rule: str = "the rule") -> Generator[BlockStep, None, GenerationOutput]:
+    """One prompt's speculative decoding, a step per iteration: each yields the block the draft drafted and the
+    target scored (a ``BlockStep`` of one ``DraftedBlock``); whoever drives it sets the rule's result before the
+    next step, and the decoding goes on from that result. Returns the output. ``lengths(state, remaining)``: the
+    next block's draft length (``common.block_length``); ``rule``: how contract errors name the rule."""
     max_length = prompt.numel() + max_new_tokens + L + 2
     target_rows = make_rows(target, "target", vocab_size, prefill_chunk, compile, K, max_length)
     draft_rows = make_rows(draft, "draft", vocab_size, prefill_chunk, compile, K, max_length)
@@ -180,7 +206,7 @@ def _generate_speculative(target, draft, prompt, verifier, K, L, temperature, ma
     calls = 0
     while len(new_tokens) < max_new_tokens:
         first = calls == 0
-        block = block_length(verifier, state, L, max_new_tokens - len(new_tokens))
+        block = lengths(state, max_new_tokens - len(new_tokens))
         with timer("prefill" if first else "draft"):
             first_probs = first_draft_probs(draft_rows, committed[draft_rows.length:], temperature)
         with timer("draft"):
@@ -188,9 +214,12 @@ def _generate_speculative(target, draft, prompt, verifier, K, L, temperature, ma
         with timer("prefill" if first else "target"):
             target_probs = _score_drafts(target_rows, committed, draft_tokens, L, temperature)
         calls += 1
-        with timer("verify"):
-            result = verifier(draft_tokens, draft_probs, target_probs, generator=generator, state=state)
-            emitted = read_outcomes([result], draft_tokens[None], [block], K, verifier)[0]  # the one host read
+        with timer("verify"):  # the rule runs while the step is out (its time is the verify section's)
+            step = BlockStep([DraftedBlock(0, draft_tokens, draft_probs, target_probs, generator, state,
+                                           len(new_tokens))])
+            yield step
+            [result] = step.verified()
+            emitted = read_outcomes([result], draft_tokens[None], [block], K, rule)[0]  # the one host read
         state = result.state
         tau, row = len(emitted) - 1, int(result.draft_index)
         accepted_lengths.append(tau)
@@ -215,12 +244,13 @@ def _generate_speculative(target, draft, prompt, verifier, K, L, temperature, ma
         committed = torch.cat([committed, result.tokens.to(committed.device)])
         num_committed += tau + 1
 
-    stats = {
-        "accepted_lengths": accepted_lengths,
-        "block_lengths": block_lengths,
-        "acceptance_by_position": acceptance_by_position(accepted_lengths, L, block_lengths),
-        "num_iterations": calls,
-    }
+    return _speculative_output(new_tokens, calls, accepted_lengths, block_lengths, L)
+
+
+def _speculative_output(new_tokens, calls, accepted_lengths, block_lengths, L) -> GenerationOutput:
+    stats = {"accepted_lengths": accepted_lengths, "block_lengths": block_lengths,
+             "acceptance_by_position": acceptance_by_position(accepted_lengths, L, block_lengths),
+             "num_iterations": calls}
     return GenerationOutput(new_tokens, calls, block_efficiency(new_tokens, calls), stats)
 
 
@@ -248,4 +278,5 @@ def _score_drafts(rows, committed, draft_tokens, L, temperature):
     return probs_from_logits(logits[:, :width], temperature)
 
 
-__all__ = ["GenerationOutput", "TIME_SECTIONS", "acceptance_by_position", "generate"]
+__all__ = ["GenerationOutput", "TIME_SECTIONS", "acceptance_by_position", "generate", "prompt_decoding",
+           "speculative_steps"]

@@ -25,10 +25,12 @@ prompts).
 Bad input: one message, exit 2, before any model loads (the checks of every command that loads models:
 :func:`spectr_repro.runner.config.check_before_loading`, with the replay's num_prompts and L_max).
 
-Batched prompts (``replay.batch_prompts: B``, default 1): B > 1 replays up to B unfinished prompts of a group in
-one ``engine.generate_batch`` call, each prompt with its own ``ReplayingReference`` and exactly the seeds of the
-one-prompt path, so each prompt's blocks do not depend on its batch mates; each prompt's files are written as at
-B = 1 (its ``done.json`` adds ``batch_prompts`` and ``batch_seconds``; its ``seconds`` is the batch's share).
+The replay of a batch of prompts (draft a block, evaluate every rule on it, let the reference continue, record it)
+is :func:`spectr_repro.replay.trajectories.replay_prompts`; this module is the command around it: arguments,
+folders, claims, the files each prompt leaves. Batched prompts (``replay.batch_prompts: B``, default 1): B > 1
+replays up to B unfinished prompts of a group together, each with exactly the seeds of the one-prompt path, so each
+prompt's blocks do not depend on its batch mates; each prompt's files are written as at B = 1 (its ``done.json``
+adds ``batch_prompts`` and ``batch_seconds``; its ``seconds`` is the batch's share).
 """
 
 from __future__ import annotations
@@ -36,25 +38,22 @@ from __future__ import annotations
 import datetime
 import json
 import sys
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import torch
 from tqdm.auto import tqdm
 
 from spectr_repro import tracking
 from spectr_repro.analysis.replay import write_summaries
 from spectr_repro.data import encode_prompt
-from spectr_repro.engine.batched import generate_batch
-from spectr_repro.engine.loop import generate
 from spectr_repro.errors import ResourceError, exit_at_the_door
 from spectr_repro.files import atomic_write_text
-from spectr_repro.replay.core import block_estimates, recursion_room
+from spectr_repro.replay.core import recursion_room
 from spectr_repro.replay.fingerprint import provenance
-from spectr_repro.replay.settings import GroupSettings, ReplaySettings, settings_of
+from spectr_repro.replay.settings import GroupSettings, settings_of
+from spectr_repro.replay.trajectories import replay_prompts
 from spectr_repro.runner.claims import Runner
 from spectr_repro.runner.config import (
     Composer,
@@ -70,7 +69,6 @@ from spectr_repro.runner.signals import Budget, Terminated, stop_name, stop_on_s
 from spectr_repro.runner.stops import stop_checker
 from spectr_repro.settings import run_config
 from spectr_repro.units import SET_ASIDE, UnitState, claim_unit, unit_state, write_unit
-from spectr_repro.verify import Verifier, get_verifier
 
 GRID_KEYS = ("method", "K", "L")  # command-line keys that set the replay's grid, not one cell's value
 
@@ -127,95 +125,6 @@ def check_groups(groups: Sequence[GroupSettings]) -> None:
     for group in groups:
         check_writable(group.output_dir, [group.root, group.folder])
         _check_group_folder(group.folder, group.meta(), group.force)
-
-
-# --------------------------------------------------------------------------------------------------
-# One prompt
-
-
-class ReplayingReference(Verifier):
-    """The reference rule on the first reference_K x reference_L of each block, after replaying the grid.
-
-    Not lossless as far as the engine is concerned, so that every block is drafted whole (L_max): the
-    replay's sub-blocks never run past the block. The text it emits is the reference's (lossless).
-    """
-
-    name = "replay"
-    lossless = False
-
-    def __init__(self, settings: ReplaySettings, generator: torch.Generator) -> None:
-        super().__init__(check_inputs=False)
-        self.settings = settings
-        self.reference = get_verifier(settings.reference, check_inputs=False)
-        self.generator = generator  # the replay's own draws (the trajectory keeps the engine's)
-        self.blocks: list[dict[str, Any]] = []
-        self.emitted = 0  # tokens of the trajectory before the current block (its output position)
-
-    def _sample(self, draft_tokens, draft_probs, target_probs, generator, state):
-        s = self.settings
-        start = time.perf_counter()  # the estimates end in host reads: the clock sees their device work too
-        estimates = block_estimates(draft_tokens, draft_probs, target_probs, s.methods, s.K_values, s.L_values,
-                                    s.draws, self.generator, row_groups=s.row_groups, sampled=s.sampled,
-                                    support_mass=s.support_mass)
-        K, L = s.reference_K, s.reference_L
-        result = self.reference(draft_tokens[:K, :L], draft_probs[:K, :L], target_probs[:K, :L + 1],
-                                generator=generator, state=state)
-        self.blocks.append({
-            "iteration": len(self.blocks),
-            "output_position": self.emitted,  # tokens generated before this block (0: the block after the prompt)
-            "reference_tokens": int(result.num_accepted) + 1,
-            "values": [[e.method, e.K, e.L, e.tokens, e.estimator, e.draws] for e in estimates],
-            "rule_seconds": time.perf_counter() - start,  # the grid and the reference on this block (plan: replay cost)
-        })
-        self.emitted += int(result.num_accepted) + 1
-        return result
-
-
-def replay_generator(device, seed: int) -> torch.Generator:
-    """The replay's own draws for the prompt whose engine seed is ``seed`` (the same at every batch size)."""
-    return torch.Generator(device=device).manual_seed(seed * 7919 + 17)
-
-
-PromptReplay = tuple[list[dict[str, Any]], dict[str, Any]]  # (block rows, prompt summary) of one prompt
-
-
-def replay_prompt(pair, input_ids, group: GroupSettings, seed: int, should_stop=None) -> PromptReplay:
-    """(block rows, prompt summary) of one prompt's trajectory."""
-    settings = group.settings
-    reference = ReplayingReference(settings, replay_generator(pair.device, seed))
-    start = time.perf_counter()
-    out = generate(pair.target, pair.draft, input_ids, method=reference, K=settings.K_max, L=settings.L_max,
-                   temperature=group.temperature, max_new_tokens=group.max_new_tokens, seed=seed,
-                   eos_token_ids=pair.eos_token_ids, should_stop=should_stop, vocab_size=pair.vocab_size,
-                   prefill_chunk=group.prefill_chunk)
-    summary = {"new_tokens": len(out.new_tokens), "target_calls": out.target_calls, "blocks": len(reference.blocks),
-               "trajectory_block_efficiency": out.block_efficiency, "seconds": time.perf_counter() - start}
-    return reference.blocks, summary
-
-
-def replay_prompts(pair, prompts: Sequence[Sequence[int]], group: GroupSettings, seeds: Sequence[int],
-                   should_stops: Sequence[Any]) -> list[PromptReplay]:
-    """(block rows, prompt summary) of each prompt's trajectory, the prompts replayed together by the engine's
-    batched path (``engine.generate_batch``): prompt b with its own ReplayingReference and the seeds
-    :func:`replay_prompt` gives it (engine ``seeds[b]``, replay draws ``seeds[b] * 7919 + 17``)."""
-    settings = group.settings
-    references = [ReplayingReference(settings, replay_generator(pair.device, seed)) for seed in seeds]
-    start = time.perf_counter()
-    out = generate_batch(pair.target, pair.draft, prompts, method=references, K=settings.K_max, L=settings.L_max,
-                         temperature=group.temperature, max_new_tokens=group.max_new_tokens, seeds=seeds,
-                         eos_token_ids=pair.eos_token_ids, should_stop=list(should_stops),
-                         vocab_size=pair.vocab_size, prefill_chunk=group.prefill_chunk)
-    batch_seconds = time.perf_counter() - start
-    results = []
-    for reference, prompt_out in zip(references, out.outputs):
-        # A batch has one wall time: each prompt is charged an equal share of it, so that the prompts' seconds
-        # still add up to the replay's time (prompts per hour); batch_seconds keeps the whole.
-        summary = {"new_tokens": len(prompt_out.new_tokens), "target_calls": prompt_out.target_calls,
-                   "blocks": len(reference.blocks), "trajectory_block_efficiency": prompt_out.block_efficiency,
-                   "seconds": batch_seconds / len(prompts), "batch_prompts": len(prompts),
-                   "batch_seconds": batch_seconds}
-        results.append((reference.blocks, summary))
-    return results
 
 
 # --------------------------------------------------------------------------------------------------
@@ -437,10 +346,7 @@ def _replay_claimed(pair, runner, group: GroupSettings, claimed: Sequence[tuple[
         stops = [stop_checker(pair.tokenizer, tuple(getattr(example, "stop_strings", ()) or ()))
                  for _, example, _ in claimed]
         seeds = [group.prompt_seed(index) for index, _, _ in claimed]
-        if len(claimed) == 1:
-            results = [replay_prompt(pair, inputs[0], group, seed=seeds[0], should_stop=stops[0])]
-        else:
-            results = replay_prompts(pair, inputs, group, seeds, stops)
+        results = replay_prompts(pair, inputs, group, seeds, stops)
         settings = group.settings
         recorded = {**provenance(settings.methods, settings.sampled, str(pair.device),
                                  str(pair.dtype).removeprefix("torch.")),
@@ -471,7 +377,5 @@ def _finished(directory: Path, folder: Path, progress: Progress) -> bool:
     return state.finished
 
 
-__all__ = ["BLOCKS_FILE", "Progress", "PromptReplay", "ReplayingReference",
-           "changed_settings", "check_groups", "main", "parse",
-           "prompt_directory", "prompt_finished", "prompt_state", "recursion_room", "replay_generator",
-           "replay_prompt", "replay_prompts", "write_prompt"]
+__all__ = ["BLOCKS_FILE", "Progress", "changed_settings", "check_groups", "main", "parse", "prompt_directory",
+           "prompt_finished", "prompt_state", "write_prompt"]

@@ -151,7 +151,8 @@ class GroupSettings:
                 **self.settings.as_dict()}
 
     def prompt_seed(self, index: int) -> int:
-        """The engine's seed of prompt ``index`` (the replay's own draws derive from it: driver.replay_generator)."""
+        """The engine's seed of prompt ``index`` (the replay's own draws derive from it:
+        ``trajectories.replay_generator``)."""
         return self.seed * 100_003 + index
 
 

@@ -1,8 +1,8 @@
-"""`replay.batch_prompts`: prompts replayed together through ``engine.generate_batch`` give each prompt the blocks
+"""`replay.batch_prompts`: prompts replayed together through the engine's batched path give each prompt the blocks
 the one-prompt replay gives it (tiny random pair, float32, CPU).
 
 Each prompt keeps its own seeds (engine seed and the replay's draws, ``seed * 7919 + 17``) and its own
-``ReplayingReference``, so its trajectory and its blocks' values do not depend on its batch mates. The batched
+reference trajectory, so its trajectory and its blocks' values do not depend on its batch mates. The batched
 forwards round differently from batch 1 (float32, ~1e-7 relative on each probability), so the exact values agree
 to float tolerance, not bit for bit: 8.8e-6 tokens at most on these prompts (2026-12-03), checked against
 atol = rtol = 1e-5 (a value is 1 to L + 1 tokens). Monte-Carlo values (the release, forced to its sampler by
@@ -125,6 +125,8 @@ def test_a_resumed_group_replays_only_the_prompts_left_in_one_batch(replays, tmp
     monkeypatch.setattr(driver, "replay_prompts", lambda pair, prompts, *args: batches.append(len(prompts))
                         or real(pair, prompts, *args))
     assert main([*GRID, "num_prompts=2", f"output_dir={tmp_path}"]) == 0
+    assert batches == [1, 1]  # one prompt at a time
+    batches.clear()
     before = {f: (f / "blocks.jsonl").stat().st_mtime_ns for f in prompt_folders(tmp_path)}
     capsys.readouterr()
     assert main([*GRID, "num_prompts=4", "replay.batch_prompts=4", f"output_dir={tmp_path}"]) == 0

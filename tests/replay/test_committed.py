@@ -194,6 +194,16 @@ def test_spotcheck_finds_committed_prompts_identical_and_an_edited_one(replayed,
     assert "DIFFERS, unexplained" in capsys.readouterr().out
 
 
+def test_two_prompts_of_one_batch_rerun_it_once(replayed, tmp_path, capsys, monkeypatch):
+    """Prompts 0 and 1 were replayed together: drawing both re-runs their batch once and compares each."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(spotcheck, "choose", lambda folders, k, seed: [(replayed, "0000"), (replayed, "0001")])
+    batches, real = [], spotcheck.rerun
+    monkeypatch.setattr(spotcheck, "rerun", lambda *args: batches.append(args[2]) or real(*args))
+    assert spotcheck.main([str(replayed.parent), "-k", "2", "--logger", "disabled"]) == 0
+    assert batches == [[0, 1]] and "2 of 2 prompt(s) identical" in capsys.readouterr().out
+
+
 def test_spotcheck_reruns_a_prompt_in_its_recorded_dtype():
     """A prompt's done.json names its dtype; a replay.json of before 2026-12-06 named the folder's; neither: the
     pair's own (no override)."""

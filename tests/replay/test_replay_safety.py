@@ -140,7 +140,7 @@ def fill(folder: Path) -> Path:
 
 def test_a_full_disk_stops_with_one_message_and_keeps_the_finished_prompts(tmp_path, small_tmpfs, monkeypatch,
                                                                             capsys):
-    real = driver.replay_prompt
+    real = driver.replay_prompts
     calls = []
 
     def disk_full_after_the_first(*args, **kwargs):
@@ -150,7 +150,7 @@ def test_a_full_disk_stops_with_one_message_and_keeps_the_finished_prompts(tmp_p
             fill(small_tmpfs)  # the second prompt is computed, its records cannot be written
         return result
 
-    monkeypatch.setattr(driver, "replay_prompt", disk_full_after_the_first)
+    monkeypatch.setattr(driver, "replay_prompts", disk_full_after_the_first)
     assert main([*SMALL, f"output_dir={small_tmpfs / 'out'}"]) == 1
     err = capsys.readouterr().err
     assert "Traceback" not in err and "No space left on device" in err, err
@@ -161,7 +161,7 @@ def test_a_full_disk_stops_with_one_message_and_keeps_the_finished_prompts(tmp_p
     assert not list(first.parent.glob("*/.*tmp"))  # no half-written file left behind
 
     (small_tmpfs / "filler").unlink()
-    monkeypatch.setattr(driver, "replay_prompt", real)
+    monkeypatch.setattr(driver, "replay_prompts", real)
     assert main([*SMALL, f"output_dir={small_tmpfs / 'out'}"]) == 0
     assert "1 prompt(s) replayed, 1 finished earlier" in capsys.readouterr().out
 
