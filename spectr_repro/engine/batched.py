@@ -45,6 +45,7 @@ from spectr_repro.engine.batch_cache import BatchCache, to_device
 from spectr_repro.engine.common import (
     BlockStep,
     Decoding,
+    DecodingSetup,
     DraftedBlock,
     block_efficiency,
     block_length,
@@ -158,8 +159,9 @@ def generate_batch(
         if running and verifier is None:
             _decode_ar(target, running, temperature, eos, vocab_size, timer, prefill_chunk)
         elif running:
-            steps = batched_steps(target, draft, running, K, temperature, eos, vocab_size, timer, prefill_chunk,
-                                  lambda row: _rule_block_length(row, L), repr(verifier))
+            setup = DecodingSetup(K, L, temperature, eos, vocab_size, prefill_chunk)
+            steps = batched_steps(target, draft, setup, running, timer, lambda row: _rule_block_length(row, L),
+                                  repr(verifier))
             verify_each(steps, lambda index: rows[index].verifier)
     timer.sync()
     timer.seconds["total"] = time.perf_counter() - start
@@ -172,9 +174,8 @@ def _rule_block_length(row: _Prompt, L: int) -> int:
     return block_length(row.verifier, row.state, L, row.budget - len(row.new_tokens))
 
 
-def batch_decoding(target, draft, prompts: Sequence[torch.Tensor], K: int, L: int, temperature: float,
-                   max_new_tokens: int, seeds: Sequence[int], eos: frozenset[int], should_stop: Sequence,
-                   vocab_size: int, prefill_chunk: int | None) -> Decoding:
+def batch_decoding(target, draft, setup: DecodingSetup, prompts: Sequence[torch.Tensor], max_new_tokens: int,
+                   seeds: Sequence[int], should_stop: Sequence) -> Decoding:
     """The prompts' decoding together (checked prompt tensors, one seed and stop each) with whole blocks of L and
     the rule left to the caller: the blocks ``generate_batch`` would hand a rule that is not lossless."""
     device = model_device(target)
@@ -183,9 +184,8 @@ def batch_decoding(target, draft, prompts: Sequence[torch.Tensor], K: int, L: in
                                                                                               should_stop))]
     timer = SectionTimer(device, TIME_SECTIONS, events=True)
     running = [row for row in rows if row.budget > 0]
-    steps = batched_steps(target, draft, running, K, temperature, eos, vocab_size, timer, prefill_chunk,
-                          lambda row: L) if running else iter(())
-    return Decoding(steps, lambda _: [row.output(L, len(rows)) for row in rows])
+    steps = batched_steps(target, draft, setup, running, timer, lambda row: setup.L) if running else iter(())
+    return Decoding(steps, lambda _: [row.output(setup.L, len(rows)) for row in rows])
 
 
 def _prompt_arguments(count: int, max_new_tokens, seeds, should_stop) -> tuple[list[int], list[int], list]:
@@ -283,17 +283,17 @@ def _decode_ar(target, rows, temperature, eos, vocab_size, timer, prefill_chunk)
             tokens = _sample_per_prompt(probs_from_logits(logits[:, -1], temperature), rows)
 
 
-def batched_steps(target, draft, rows: list[_Prompt], K, temperature, eos, vocab_size, timer, prefill_chunk,
+def batched_steps(target, draft, setup: DecodingSetup, rows: list[_Prompt], timer: SectionTimer,
                   lengths: Callable[[_Prompt], int], rule: str = "the rule") -> Generator[BlockStep, None, None]:
     """The prompts' speculative decoding, a step per iteration: each yields the R running prompts' blocks, drafted
     and scored in one batch (a ``BlockStep``, block i being prompt ``rows[i].index``'s); whoever drives it sets each
     block's result before the next step. The rows hold each prompt's output at the end. ``lengths(row)``: the
     row's next draft length (``common.block_length``); ``rule``: how contract errors name the rule."""
-    device = model_device(target)
+    K, temperature, eos, vocab_size = setup.K, setup.temperature, setup.eos, setup.vocab_size
     with timer("prefill"):
-        draft_cache, first_logits = _prefill(draft, rows, vocab_size, prefill_chunk, drop_last=False)
+        draft_cache, first_logits = _prefill(draft, rows, vocab_size, setup.prefill_chunk, drop_last=False)
         first_probs = probs_from_logits(first_logits, temperature)  # [R, V]
-        target_cache, _ = _prefill(target, rows, vocab_size, prefill_chunk, drop_last=True)
+        target_cache, _ = _prefill(target, rows, vocab_size, setup.prefill_chunk, drop_last=True)
     first = True
     while rows:
         R = len(rows)
@@ -305,7 +305,7 @@ def batched_steps(target, draft, rows: list[_Prompt], K, temperature, eos, vocab
             draft_tokens, draft_probs = _draft_blocks(draft, draft_cache, first_probs, rows, K, blocks,
                                                       temperature, vocab_size)
         with timer("target"):
-            last = to_device(torch.tensor([row.committed[-1] for row in rows]), device)
+            last = to_device(torch.tensor([row.committed[-1] for row in rows]), target_cache.device)
             inputs = torch.cat([last.repeat_interleave(K).unsqueeze(1), draft_tokens.reshape(R * K, width)], dim=1)
             target_cache.repeat_rows(K)
             logits = target_cache.forward(target, inputs, [width + 1] * (R * K), vocab_size, keep_last=width + 1)

@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterable, Sequence
 import torch
 
 from spectr_repro.engine.batched import batch_decoding
-from spectr_repro.engine.common import Decoding, check_arguments, check_setup, is_integer, prompt_tensor
+from spectr_repro.engine.common import Decoding, DecodingSetup, check_numbers, check_setup, is_integer, prompt_tensor
 from spectr_repro.engine.loop import prompt_decoding
 
 
@@ -42,7 +42,7 @@ def drafted_blocks(
     a step at a time; arguments as ``generate_batch``'s. ValueError on bad arguments, before any forward."""
     if draft is None:
         raise ValueError("drafted blocks need a draft model")
-    check_arguments(draft, "ar", K, L, temperature, max_new_tokens, None)  # K, L, temperature, max_new_tokens
+    check_numbers(K, L, temperature, max_new_tokens)
     if isinstance(prompts, torch.Tensor) or not len(prompts):
         raise ValueError("prompts must be a non-empty sequence of prompts (1-D token ids each)")
     stops = [None] * len(prompts) if should_stop is None else list(should_stop)
@@ -54,12 +54,10 @@ def drafted_blocks(
     device, prefill_chunk, vocab_size, eos = check_setup(target, draft, True, prefill_chunk, vocab_size,
                                                           eos_token_ids)
     tensors = [prompt_tensor(ids, device, [target, draft]) for ids in prompts]
-    K, L, temperature, max_new_tokens = int(K), int(L), float(temperature), int(max_new_tokens)
+    setup = DecodingSetup(int(K), int(L), float(temperature), eos, vocab_size, prefill_chunk)
     if len(tensors) == 1:
-        return prompt_decoding(target, draft, tensors[0], K, L, temperature, max_new_tokens, int(seeds[0]), eos,
-                               stops[0], vocab_size, prefill_chunk)
-    return batch_decoding(target, draft, tensors, K, L, temperature, max_new_tokens, seeds, eos, stops, vocab_size,
-                          prefill_chunk)
+        return prompt_decoding(target, draft, setup, tensors[0], int(max_new_tokens), int(seeds[0]), stops[0])
+    return batch_decoding(target, draft, setup, tensors, int(max_new_tokens), seeds, stops)
 
 
 __all__ = ["drafted_blocks"]

@@ -75,10 +75,25 @@ class BlockStep:
         return list(self.results)
 
 
+@dataclass(frozen=True)
+class DecodingSetup:
+    """What every block of one speculative decoding shares; checked values (``check_numbers``, ``check_setup``)."""
+
+    K: int  # drafts per block
+    L: int  # the longest block drafted
+    temperature: float  # of both models (0: greedy)
+    eos: frozenset[int]
+    vocab_size: int  # the shared tokenizer's; logits past it are dropped
+    prefill_chunk: int | None  # prompt fed in chunks of this many tokens (None: one call)
+    compile: bool | dict = False  # static caches under torch.compile (engine.rows; the one-prompt path only)
+
+
 class Decoding:
     """A decoding whose rule is its caller's: iterate it for the steps (``BlockStep``), verify each step's blocks,
-    then read ``outputs`` (one ``GenerationOutput`` per prompt, in the order given). The steps run under
-    ``torch.inference_mode``, the caller's verification included, as inside ``generate``."""
+    then read ``outputs`` (one ``GenerationOutput`` per prompt, in the order given). The engine's own work (drafting,
+    scoring, advancing the caches) runs under ``torch.inference_mode``; the caller verifies in whatever mode it
+    chose (``generate`` and the replay choose inference mode too), and a caller that stops early leaves no mode
+    behind."""
 
     def __init__(self, steps: Generator[BlockStep, None, Any], finish: Callable[[Any], list]) -> None:
         self._steps, self._finish = steps, finish
@@ -87,8 +102,14 @@ class Decoding:
     def __iter__(self) -> Iterator[BlockStep]:
         if self.outputs is not None:
             raise RuntimeError("a decoding runs once")
-        with torch.inference_mode():
-            returned = yield from self._steps
+        while True:
+            with torch.inference_mode():  # entered per step, so that no mode is held across the yield below
+                try:
+                    step = next(self._steps)
+                except StopIteration as finished:
+                    returned = finished.value
+                    break
+            yield step
         self.outputs = self._finish(returned)
 
 
@@ -116,8 +137,8 @@ def is_integer(value) -> bool:
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
-def check_arguments(draft, method, K, L, temperature, max_new_tokens, verifier_options) -> Verifier | None:
-    """Validate the arguments; return the verifier (None for AR)."""
+def check_numbers(K, L, temperature, max_new_tokens) -> None:
+    """ValueError unless K, L >= 1 and max_new_tokens >= 0 are integers and the temperature is finite and >= 0."""
     if not is_integer(K) or K < 1:
         raise ValueError(f"K must be an integer >= 1, got {K!r}")
     if not is_integer(L) or L < 1:
@@ -127,6 +148,11 @@ def check_arguments(draft, method, K, L, temperature, max_new_tokens, verifier_o
         raise ValueError(f"temperature must be a finite number >= 0, got {temperature!r}")
     if not is_integer(max_new_tokens) or max_new_tokens < 0:
         raise ValueError(f"max_new_tokens must be an integer >= 0, got {max_new_tokens!r}")
+
+
+def check_arguments(draft, method, K, L, temperature, max_new_tokens, verifier_options) -> Verifier | None:
+    """Validate the arguments; return the verifier (None for AR)."""
+    check_numbers(K, L, temperature, max_new_tokens)
     if isinstance(method, Verifier):
         verifier, single_draft = method, method.single_draft
     elif method == "ar":
@@ -203,5 +229,6 @@ def prompt_tensor(input_ids, device: torch.device, models: Sequence[torch.nn.Mod
     return prompt.long().to(device)
 
 
-__all__ = ["BlockStep", "Decoding", "DraftedBlock", "block_efficiency", "block_length", "check_arguments",
-           "check_setup", "eos_ids", "is_integer", "model_device", "prompt_tensor", "read_outcomes", "verify_each"]
+__all__ = ["BlockStep", "Decoding", "DecodingSetup", "DraftedBlock", "block_efficiency", "block_length",
+           "check_arguments", "check_numbers", "check_setup", "eos_ids", "is_integer", "model_device", "prompt_tensor",
+           "read_outcomes", "verify_each"]

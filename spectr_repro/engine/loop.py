@@ -32,6 +32,7 @@ import torch
 from spectr_repro.engine.common import (
     BlockStep,
     Decoding,
+    DecodingSetup,
     DraftedBlock,
     block_efficiency,
     block_length,
@@ -142,8 +143,8 @@ def generate(
             out = _generate_ar(target, prompt, temperature, max_new_tokens, eos, should_stop,
                                vocab_size, generator, timer, prefill_chunk, compile)
         else:
-            steps = speculative_steps(target, draft, prompt, K, L, temperature, max_new_tokens, eos, should_stop,
-                                      vocab_size, generator, timer, prefill_chunk, compile,
+            setup = DecodingSetup(K, L, temperature, eos, vocab_size, prefill_chunk, compile)
+            steps = speculative_steps(target, draft, setup, prompt, max_new_tokens, should_stop, generator, timer,
                                       lambda state, remaining: block_length(verifier, state, L, remaining),
                                       repr(verifier))
             decoding = Decoding(steps, lambda output: [output])
@@ -175,25 +176,26 @@ def _generate_ar(target, prompt, temperature, max_new_tokens, eos, should_stop, 
     return GenerationOutput(new_tokens, calls, block_efficiency(new_tokens, calls), stats)
 
 
-def prompt_decoding(target, draft, prompt: torch.Tensor, K: int, L: int, temperature: float, max_new_tokens: int,
-                    seed: int, eos: frozenset[int], should_stop, vocab_size: int, prefill_chunk: int | None
-                    ) -> Decoding:
+def prompt_decoding(target, draft, setup: DecodingSetup, prompt: torch.Tensor, max_new_tokens: int, seed: int,
+                    should_stop) -> Decoding:
     """One prompt's decoding (arguments checked, as ``generate``'s) with whole blocks of L and the rule left to the
     caller: the blocks ``generate`` would hand a rule that is not lossless, drawn from the same seed."""
     generator = torch.Generator(device=prompt.device).manual_seed(seed)
     timer = SectionTimer(prompt.device, TIME_SECTIONS, events=True)
-    steps = speculative_steps(target, draft, prompt, K, L, temperature, max_new_tokens, eos, should_stop, vocab_size,
-                              generator, timer, prefill_chunk, False, lambda state, remaining: L)
+    steps = speculative_steps(target, draft, setup, prompt, max_new_tokens, should_stop, generator, timer,
+                              lambda state, remaining: setup.L)
     return Decoding(steps, lambda output: [output])
 
 
-def speculative_steps(target, draft, prompt, K, L, temperature, max_new_tokens, eos, should_stop, vocab_size,
-                      generator, timer, prefill_chunk, compile, lengths: Callable[[Any, int], int],
+def speculative_steps(target, draft, setup: DecodingSetup, prompt: torch.Tensor, max_new_tokens: int, should_stop,
+                      generator: torch.Generator, timer: SectionTimer, lengths: Callable[[Any, int], int],
                       rule: str = "the rule") -> Generator[BlockStep, None, GenerationOutput]:
     """One prompt's speculative decoding, a step per iteration: each yields the block the draft drafted and the
     target scored (a ``BlockStep`` of one ``DraftedBlock``); whoever drives it sets the rule's result before the
     next step, and the decoding goes on from that result. Returns the output. ``lengths(state, remaining)``: the
     next block's draft length (``common.block_length``); ``rule``: how contract errors name the rule."""
+    K, L, temperature, eos = setup.K, setup.L, setup.temperature, setup.eos
+    vocab_size, prefill_chunk, compile = setup.vocab_size, setup.prefill_chunk, setup.compile
     max_length = prompt.numel() + max_new_tokens + L + 2
     target_rows = make_rows(target, "target", vocab_size, prefill_chunk, compile, K, max_length)
     draft_rows = make_rows(draft, "draft", vocab_size, prefill_chunk, compile, K, max_length)

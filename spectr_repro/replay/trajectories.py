@@ -34,6 +34,7 @@ def replay_generator(device, seed: int) -> torch.Generator:
     return torch.Generator(device=device).manual_seed(seed * 7919 + 17)
 
 
+@torch.inference_mode()  # the rules too: the engine's tensors are inference tensors, and nothing here is trained
 def replay_prompts(pair, prompts: Sequence[Sequence[int]], group: GroupSettings, seeds: Sequence[int],
                    should_stops: Sequence[Callable[[list[int]], bool] | None]) -> list[PromptReplay]:
     """(block rows, summary) of each prompt's trajectory, the prompts decoded together (prompt b from engine seed

@@ -16,10 +16,9 @@ import spectr_repro.engine.batch_cache as batch_cache
 from spectr_repro.engine import generate, generate_batch
 from spectr_repro.engine.batch_cache import BatchCache
 from spectr_repro.engine.forward import forward_logits
-from spectr_repro.verify import Verifier, get_verifier
-from tests.engine.engine_helpers import ALL_METHODS, SPECULATIVE, draft_count
+from spectr_repro.verify import get_verifier
+from tests.engine.engine_helpers import ALL_METHODS, SPECULATIVE, VOCAB, RecordingRule, draft_count
 
-VOCAB = 259
 L = 4
 
 
@@ -159,24 +158,6 @@ def test_batch_cache_forward_equals_a_fresh_forward(tiny):
             full = torch.cat([text, torch.tensor(extra, dtype=torch.long), follow[row]])
             fresh = target(full[None]).logits[0, -1, :VOCAB]
             torch.testing.assert_close(logits[row], fresh, atol=1e-5, rtol=1e-5)
-
-
-class RecordingRule(Verifier):
-    """SpecTr, recording each block it verifies on the instance (as the replay's reference records its blocks);
-    ``lossless`` decides, as for any instance, whether the engine shortens a last block."""
-
-    name = "recording_spectr"
-
-    def __init__(self, lossless: bool) -> None:
-        super().__init__(check_inputs=True)
-        self.lossless = lossless
-        self.rule = get_verifier("spectr", check_inputs=True)
-        self.blocks: list[tuple[list[list[int]], int]] = []  # (draft tokens, tokens emitted) per call
-
-    def _sample(self, draft_tokens, draft_probs, target_probs, generator, state):
-        result = self.rule(draft_tokens, draft_probs, target_probs, generator=generator, state=state)
-        self.blocks.append((draft_tokens.tolist(), int(result.num_accepted) + 1))
-        return result
 
 
 SHARED_RULE = RecordingRule(False)  # one instance named twice in a per-prompt list: refused

@@ -11,7 +11,9 @@ import pytest
 import torch
 
 from spectr_repro.engine import drafted_blocks, generate, generate_batch
-from tests.engine.test_batched import VOCAB, L, RecordingRule
+from tests.engine.engine_helpers import VOCAB, RecordingRule
+
+L = 4
 
 
 @pytest.fixture(scope="module")
@@ -78,6 +80,26 @@ def test_a_block_left_unverified_is_named(tiny, prompts):
     with pytest.raises(RuntimeError, match=r"prompt\(s\) \[0, 1\] were not verified"):
         for _ in decoding:
             pass
+
+
+@pytest.mark.parametrize("count", [1, 2])
+def test_the_engine_holds_inference_mode_only_for_its_own_work(tiny, prompts, count):
+    """The caller verifies in its own mode, and one that stops early leaves no mode behind (a generator that held
+    the mode across its yields would leave it on until it was collected)."""
+    target, draft, _ = tiny
+    decoding = drafted_blocks(target, draft, prompts[:count], K=2, L=L, temperature=0.7, max_new_tokens=9,
+                              seeds=[1, 2][:count], vocab_size=VOCAB)
+    modes = []
+    for step in decoding:
+        modes.append(torch.is_inference_mode_enabled())
+        assert all(block.target_probs.is_inference() for block in step.blocks)  # made by the engine, in the mode
+        break  # the caller gives up after one step
+    assert modes == [False]
+    assert not torch.is_inference_mode_enabled()
+    with torch.inference_mode():  # a caller that wants the mode for its rules (the replay) sets it itself
+        outputs = drive(drafted_blocks(target, draft, prompts[:count], K=2, L=L, temperature=0.7, max_new_tokens=9,
+                                       seeds=[1, 2][:count], vocab_size=VOCAB), [RecordingRule(False)] * count)
+    assert len(outputs) == count and all(out.new_tokens for out in outputs)
 
 
 @pytest.mark.parametrize("kwargs, message", [
