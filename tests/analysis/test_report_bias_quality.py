@@ -15,7 +15,8 @@ from spectr_repro.analysis.report.bias import bias_section
 from spectr_repro.analysis.report.context import load_bias
 from spectr_repro.analysis.report.quality import collapse_uninformative_quality, quality_section
 from spectr_repro.analysis.stats import wilson_interval
-from spectr_repro.bias import driver, estimators
+from spectr_repro.bias import estimators
+from spectr_repro.bias import records as bias_records
 
 
 def quality_row(dataset, method, correct, n, max_new_tokens=32):
@@ -65,10 +66,10 @@ def write_bias_folder(root):
                fake_record("sbv", "P/1+0", 0.02, 0.7, [0.6, 0.4]), fake_record("sbv", "P/2+4", 0.01, 0.9, [0.6, 0.4]),
                fake_record("control_draft", "P/1+0", 0.9, 0.001, [0.0, 1.0])]
     for record in records:
-        path = folder / "contexts" / "setting" / driver._safe(record["context"]) / f"{record['method']}.json"
+        path = folder / "contexts" / "setting" / bias_records.safe_name(record["context"]) / f"{record['method']}.json"
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(record))
-    driver.write_csv(folder)
+    bias_records.write_csv(folder)
 
 
 def test_bias_section_has_one_line_per_method_and_setting_and_the_figure_of_the_worst_context(tmp_path):

@@ -9,7 +9,7 @@ import shlex
 import pytest
 
 from spectr_repro.__main__ import main as cli
-from spectr_repro.bias import driver
+from spectr_repro.bias import records as bias_records
 from tests.bias.test_bias_safety import SMALL, contexts
 
 
@@ -26,11 +26,11 @@ def test_a_tiny_budget_stops_after_the_first_context_and_the_printed_command_fin
                        r"continue with: python -m spectr_repro bias (.*)$", last)
     assert stopped is not None, last
     assert shlex.split(stopped.group(1)) == arguments
-    assert [driver.context_problem(c) for c in contexts(tmp_path)] == [None]
+    assert [bias_records.context_problem(c) for c in contexts(tmp_path)] == [None]
 
     assert cli(["bias", *shlex.split(stopped.group(1))]) == 0
     assert "budget of" not in capsys.readouterr().out
-    assert len(contexts(tmp_path)) == 2 and all(driver.context_problem(c) is None for c in contexts(tmp_path))
+    assert len(contexts(tmp_path)) == 2 and all(bias_records.context_problem(c) is None for c in contexts(tmp_path))
 
 
 @pytest.mark.parametrize("value", ["-2", "soon"])

@@ -7,6 +7,7 @@ import pytest
 
 from spectr_repro.__main__ import main as cli
 from spectr_repro.bias import driver
+from spectr_repro.bias import measure as bias_measure
 
 SMALL = ["model_pair=tiny_random", "K=2", "L=3", "num_prompts=1", "bias.samples=8", "bias.batch=4",
          "bias.continuation_tokens=6", "logger=disabled"]
@@ -40,7 +41,7 @@ def test_bad_input_is_refused_with_one_message_before_any_model_loads(tmp_path, 
 
 def test_runs_end_to_end_and_resumes_after_an_interruption(tmp_path, monkeypatch):
     arguments = ["bias", *SMALL, "method=spectr_gbv,spectr", f"output_dir={tmp_path}", "bias.contexts_per_prompt=2"]
-    measure = driver.measure_context
+    measure = bias_measure.measure_context
     calls = []
 
     def interrupted_on_the_second(*args, **kwargs):
@@ -49,7 +50,7 @@ def test_runs_end_to_end_and_resumes_after_an_interruption(tmp_path, monkeypatch
             raise KeyboardInterrupt
         return measure(*args, **kwargs)
 
-    monkeypatch.setattr(driver, "measure_context", interrupted_on_the_second)
+    monkeypatch.setattr(bias_measure, "measure_context", interrupted_on_the_second)
     assert cli(arguments) == 130
     folder = tmp_path / "default" / "bias"
     first = pd.read_csv(folder / "bias.csv")
@@ -57,7 +58,7 @@ def test_runs_end_to_end_and_resumes_after_an_interruption(tmp_path, monkeypatch
     assert first.context[~first.context.str.startswith("pooled")].nunique() == 1  # the finished context
 
     calls.clear()
-    monkeypatch.setattr(driver, "measure_context", lambda *a, **k: (calls.append(a[4]), measure(*a, **k))[1])
+    monkeypatch.setattr(bias_measure, "measure_context", lambda *a, **k: (calls.append(a[4]), measure(*a, **k))[1])
     assert cli(arguments) == 0
     assert calls == [1]  # only the context that was interrupted is computed again
     table = pd.read_csv(folder / "bias.csv")

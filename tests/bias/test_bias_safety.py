@@ -14,6 +14,8 @@ import pytest
 
 from spectr_repro.__main__ import main as cli
 from spectr_repro.bias import driver
+from spectr_repro.bias import measure as bias_measure
+from spectr_repro.bias import records as bias_records
 from tests.process_helpers import command_process, stop_once_written
 
 SMALL = ["model_pair=tiny_random", "hardware=cpu", "K=2", "L=3", "num_prompts=1", "bias.samples=8", "bias.batch=4",
@@ -36,26 +38,26 @@ def subprocess_bias(output: Path, arguments: list[str], prelude: str = "") -> su
 def test_a_damaged_record_is_named_left_out_set_aside_and_measured_again(tmp_path, capsys, monkeypatch):
     assert cli(["bias", *SMALL, f"output_dir={tmp_path}"]) == 0
     damaged, intact = contexts(tmp_path)
-    assert driver.context_problem(damaged) is None and driver.context_problem(intact) is None
+    assert bias_records.context_problem(damaged) is None and bias_records.context_problem(intact) is None
     record = damaged / "spectr.json"
     text = record.read_text()
     record.write_text(text[: len(text) // 2])  # cut: not JSON any more
     capsys.readouterr()
 
-    records, left_out = driver.read_records_checked(tmp_path / "default" / "bias")
+    records, left_out = bias_records.read_records_checked(tmp_path / "default" / "bias")
     assert len(left_out) == 1 and str(record) in left_out[0], left_out
     assert {r["context"] for r in records} == {json.loads((intact / "spectr.json").read_text())["context"]}
 
     measured = []
-    measure = driver.measure_context
-    monkeypatch.setattr(driver, "measure_context", lambda *a, **k: (measured.append(a[4]), measure(*a, **k))[1])
+    measure = bias_measure.measure_context
+    monkeypatch.setattr(bias_measure, "measure_context", lambda *a, **k: (measured.append(a[4]), measure(*a, **k))[1])
     assert cli(["bias", *SMALL, f"output_dir={tmp_path}"]) == 0
     err = capsys.readouterr().err
     assert str(record) in err and "set aside" in err and "Traceback" not in err
     assert measured == [0]  # only the damaged context is measured again
     aside = list((tmp_path / "default" / "bias" / "set_aside").glob(f"*/{damaged.name}-*/spectr.json"))
     assert len(aside) == 1 and aside[0].read_text() == text[: len(text) // 2]
-    assert driver.context_problem(damaged) is None
+    assert bias_records.context_problem(damaged) is None
 
 
 @pytest.mark.slow  # a bias run in its own process, killed and resumed
@@ -74,12 +76,12 @@ units.atomic_write_text = dying  # the one store writes every unit's files
     process.communicate(timeout=600)
     assert process.returncode == -signal.SIGKILL
     (killed,) = contexts(tmp_path)
-    assert (killed / "spectr.json").exists() and "no done.json" in driver.context_problem(killed)
+    assert (killed / "spectr.json").exists() and "no done.json" in bias_records.context_problem(killed)
 
     assert cli(["bias", *SMALL, f"output_dir={tmp_path}"]) == 0
     err = capsys.readouterr().err
     assert f"{killed}: no done.json" in err and "Traceback" not in err
-    assert all(driver.context_problem(c) is None for c in contexts(tmp_path))
+    assert all(bias_records.context_problem(c) is None for c in contexts(tmp_path))
 
 
 def test_a_full_disk_stops_with_one_message(tmp_path, capsys, monkeypatch):
@@ -104,7 +106,7 @@ def test_a_stop_by_signal_says_what_is_kept_and_how_to_resume(tmp_path, capsys, 
     assert re.search(rf"stopped by {name}.*: kept [1-3] context\(s\) measured in this run and 0 finished before, "
                      r"in .*rerun the same command to resume\.", message), message
     assert cli(["bias", *arguments, f"output_dir={tmp_path}"]) == 0
-    assert all(driver.context_problem(c) is None for c in contexts(tmp_path))
+    assert all(bias_records.context_problem(c) is None for c in contexts(tmp_path))
 
 
 def test_the_stop_message_says_what_is_kept_and_what_was_dropped():
