@@ -36,7 +36,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from omegaconf import DictConfig, OmegaConf
 from scipy import stats
 from tqdm.auto import tqdm
 
@@ -138,11 +137,12 @@ def time_groups(pair, pool: Sequence[tuple[str, torch.Tensor]], contenders: Sequ
     return rows
 
 
-def checkpoint_identity(pair, spec: DictConfig, temperature: float, new_tokens: int,
+def checkpoint_identity(pair, batches: dict[str, Any], temperature: float, new_tokens: int,
                         prefill_chunk: int | None) -> dict[str, Any]:
-    """What must match for a kept group to be paired with new ones: what is measured (``spec``: the preset's
-    ``batches`` section, the decoding settings, the pair and its dtype) and the kind of machine it is timed on."""
-    return {"batches": OmegaConf.to_container(spec, resolve=True), "temperature": float(temperature),
+    """What must match for a kept group to be paired with new ones: what is measured (``batches``: the preset's
+    section of that name, as plain values; the decoding settings, the pair and its dtype) and the kind of machine it
+    is timed on."""
+    return {"batches": batches, "temperature": float(temperature),
             "max_new_tokens": int(new_tokens), "prefill_chunk": prefill_chunk, "pair": pair.name,
             "dtype": str(pair.dtype), "device_name": device_name(str(pair.device)), "torch": torch.__version__,
             "threads": torch.get_num_threads()}

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pandas as pd
 import torch
+from omegaconf import OmegaConf
 
 from spectr_repro.bench import suites
 from spectr_repro.bench.batches import BatchCheckpoint, bench_batches, checkpoint_identity
@@ -139,7 +140,8 @@ def _batches(pair, spec, temperature: float, new_tokens: int, chunk, checkpoint:
     calibration_prompt = prompts[str(spec.datasets[0])].pop()
     kept = None
     if checkpoint is not None:
-        kept = BatchCheckpoint(checkpoint, checkpoint_identity(pair, spec, temperature, new_tokens, chunk))
+        identity = checkpoint_identity(pair, OmegaConf.to_container(spec, resolve=True), temperature, new_tokens, chunk)
+        kept = BatchCheckpoint(checkpoint, identity)
         if kept.note:
             print(kept.note, file=sys.stderr)
     return bench_batches(pair, prompts, calibration_prompt, [tuple(c) for c in spec.contenders],
