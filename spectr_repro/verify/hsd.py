@@ -21,7 +21,9 @@ With cap="running_max" every h_i (i < L) and every correction are BV's (bv.py); 
 min(1, r_L) >= BV's w_L. BV is the best valid single-draft rule used as is (docs/methods.md, the LP), so wherever
 min(1, r_L) > w_L on drafts of positive probability the rule accepts more than any lossless rule can: it is not
 lossless (measured: the audit). ``final_test="capped"`` replaces the last test by h_L = s_L, which makes the rule
-BV exactly (tests/verify/test_hsd.py): the one change that separates the release from BV.
+BV exactly (tests/verify/test_hsd.py): the one change that separates the release from BV, and the paper's text
+(section 5.2: h_gamma = min(r*, 1) with r* the capped prefix ratio of Def. 5), which its own code listing (Appendix F)
+and the release do not follow. docs/methods.md says where.
 
 Cost: the same [L - 1, V] pass as BV's and GBV's ``expected_emitted`` (Z_1..Z_{L-1}); no host read there. The
 sampler reads the ratios and uniforms once and the Z of the positions whose test can pass once.

@@ -3,8 +3,10 @@
 The rule (spectr_repro/verify/hsd.py) is BV's backward scan with BV's capped branch tests and corrections, except
 that the whole block passes on its joint ratio min(1, P(X^L) / Q(X^L)) instead of BV's running clipped ratio.
 The shared suite (test_registry_contract.py) already checks the contract, the sampler against its law and that the
-registry's ``lossless=False`` is honest; here: the worked toy of the authors' README / simulation.py (the example
-of Sun et al.'s BV paper), reductions, the exact expectation, and the lossless reading with its negative control.
+registry's ``lossless=False`` is honest; here: the paper's worked example (section 5.4), the worked toy of the
+authors' README / simulation.py (the example of Sun et al.'s BV paper), reductions, the exact expectation, and the
+lossless reading with its negative control. The paper's text (section 5.2, Eq. 19's h_gamma = min(r*, 1)) caps the
+last test as ``final_test="capped"`` does (BV law for law); its code listing (Appendix F) and the release do not.
 """
 
 from __future__ import annotations
@@ -16,7 +18,8 @@ from spectr_repro.theory.exact import iteration_law
 from spectr_repro.theory.lawcheck import total_variation
 from spectr_repro.theory.toy import ToyLM, block_tensors, draft_tuples, exact_decoded_law, target_law, toy_pair
 from spectr_repro.verify import get_verifier
-from spectr_repro.verify.hsd import HierarchicalSpeculativeDecoding, capped_scale
+from spectr_repro.verify.common import clipped_stop_probability
+from spectr_repro.verify.hsd import HierarchicalSpeculativeDecoding, capped_scale, log_joint_ratios
 from tests.verify.verify_helpers import law_dict
 
 EXACT = 1e-12  # float64 round-off of these laws is ~1e-16
@@ -66,6 +69,41 @@ def test_readme_toy_is_the_minimal_counterexample():
     assert law[(1, 1)] == pytest.approx(3 / 9, abs=EXACT)
     assert law[(0, 0)] == pytest.approx(1 / 9, abs=EXACT) and law[(0, 1)] == pytest.approx(2 / 9, abs=EXACT)
     assert total_variation(law, target_law(target, 2)) == pytest.approx(1 / 9, abs=EXACT)
+
+
+# The paper's worked example (section 5.4, "Illustrative example": a GSM8K prefix, gamma = 10): the target's and the
+# draft's conditionals of the ten drafted tokens ("she work ed 45 - 40 = 5 hours of"), as printed to 4 decimals.
+PAPER_P = [0.7156, 1.0, 1.0, 1.0, 0.0, 0.0, 0.0, 1.0, 0.0, 0.4968]
+PAPER_Q = [0.8771, 0.7900, 0.6514, 0.2592, 0.6773, 0.1490, 0.5775, 1.0, 0.4611, 0.3630]
+PAPER_R = [0.8159, 1.0327, 1.5855, 6.1171, 0, 0, 0, 0, 0, 0]  # {r(X_1:t)}: joint ratios
+PAPER_R_STAR = [0.8159, 1, 1, 1, 0, 0, 0, 0, 0, 0]  # {r*(X_1:t)} (Def. 5, Eq. 16), printed clipped at 1
+PAPER_D_PQ = [0.0227, 0.2416, 0.3343]  # D*_Branch(p, q | X_1:t), t = 1..3 (Eq. 17)
+PAPER_D_QP = [0.1842, 0.2416, 0.3343]  # D*_Branch(q, p | X_1:t), t = 1..3 (Eq. 18)
+PAPER_H1 = 0.1231  # h_1 (Eq. 19); h_2 = h_3 = h_4 = 1
+
+
+def test_the_papers_worked_example_section_5_4():
+    """Our joint ratios and running-max cap give the paper's r and r* (Defs. 4-5, Eq. 16: r* = r_t / r_m with m the
+    prefix's argmax when it exceeds 1, i.e. min(1, r*) = r_t / max(1, r_1..r_t), BV's w_t); and our depth test
+    h = Z / (Z + 1 - s) is Eq. 19 on the paper's own capped divergences, with D*(q, p) - D*(p, q) = Q(X_1:t)(1 - s_t)
+    (Eqs. 17-18 summed over the branch). Tolerances: the paper prints 4 decimals."""
+    tokens = torch.arange(10)
+    targets = torch.zeros(10, 11, dtype=torch.float64)  # each row: the drafted token's probability, the rest on 10
+    drafts = torch.zeros(10, 11, dtype=torch.float64)
+    targets[tokens, tokens], drafts[tokens, tokens] = torch.tensor(PAPER_P, dtype=torch.float64), torch.tensor(
+        PAPER_Q, dtype=torch.float64)
+    targets[:, 10], drafts[:, 10] = 1 - targets[tokens, tokens], 1 - drafts[tokens, tokens]
+    log_ratio = log_joint_ratios(targets, drafts, tokens)  # [11]: log r_0..log r_10
+    assert torch.exp(log_ratio[1:]).tolist() == pytest.approx(PAPER_R, abs=1e-3)
+    scale = capped_scale(log_ratio, "running_max")
+    assert scale[1:].tolist() == pytest.approx(PAPER_R_STAR, abs=1e-4)
+    joint_q = torch.cumprod(torch.tensor(PAPER_Q, dtype=torch.float64), 0)
+    for t in range(3):
+        assert PAPER_D_QP[t] - PAPER_D_PQ[t] == pytest.approx(float(joint_q[t] * (1 - scale[t + 1])), abs=2e-4)
+    excess = torch.tensor([PAPER_D_PQ[0] / float(joint_q[0])], dtype=torch.float64)  # Z_1 = D*(p, q | X_1) / Q(X_1)
+    assert float(clipped_stop_probability(excess, scale[1:2])[0]) == pytest.approx(PAPER_H1, abs=2e-4)
+    # the control: the uncapped ratio (no running max) is not the paper's r* once a prefix ratio exceeds 1
+    assert torch.exp(log_ratio[3]).item() != pytest.approx(PAPER_R_STAR[2], abs=1e-2)
 
 
 def test_at_L1_hsd_is_sd():
