@@ -1,4 +1,5 @@
-"""`python -m spectr_repro spotcheck results/<experiment> [-k 3] [--seed 0]`: a reviewer's check of committed results.
+"""`python -m spectr_repro spotcheck results/<experiment> [-k 3] [--seed 0] [--here]`: a reviewer's check of committed
+results.
 
 MLPerf's TEST01 idea for the replay: pick k committed prompts at random (seeded), rebuild each one's settings from its
 group's replay.json through the same config the replay used, re-run the batch of prompts it was replayed with (same
@@ -10,6 +11,9 @@ seeds), and compare the new blocks with the committed ones (every value but the 
   near-tie. The command says which recorded environment keys differ and reports how many blocks match and how far
   the values moved on the blocks before the trajectories part; it exits 0 (the laws are compared by the report's
   intervals, never the tokens).
+
+``--here`` draws only among the prompts recorded on this kind of machine with these versions (the prompts whose
+re-run must be identical): the check a reviewer runs to catch a record that this code does not reproduce.
 
 It loads the models (minutes); ``seal --check`` checks the committed files without them.
 """
@@ -101,14 +105,18 @@ def batch_of(folder: Path, index: int, done: dict[str, Any]) -> list[int]:
     return sorted(mates) if index in mates else [index]
 
 
-def choose(folders: Sequence[Path], k: int, seed: int) -> list[tuple[Path, str]]:
-    """k (group folder, prompt index) drawn without replacement from every prompt the manifests list."""
+def choose(folders: Sequence[Path], k: int, seed: int, like: dict[str, Any] | None = None) -> list[tuple[Path, str]]:
+    """k (group folder, prompt index) drawn without replacement from every prompt the manifests list; with ``like``
+    (an environment), only from those recorded in one that differs from it in no compared key."""
     candidates = []
     for folder in folders:
         manifest = json.loads((folder / MANIFEST_FILE).read_text(encoding="utf-8"))
-        candidates += [(folder, index) for index in sorted(manifest["prompts"])]
+        for index, entry in sorted(manifest["prompts"].items()):
+            if like is None or not differing_keys(manifest["environments"][entry["environment"]], like):
+                candidates.append((folder, index))
     if len(candidates) < k:
-        raise UsageError(f"{k} prompts asked for, {len(candidates)} committed")
+        where = " recorded in this environment" if like is not None else ""
+        raise UsageError(f"{k} prompts asked for, {len(candidates)} committed{where}")
     return random.Random(seed).sample(candidates, k)
 
 
@@ -180,19 +188,26 @@ def recorded_environment(folder: Path, index: str) -> tuple[dict[str, Any], dict
             manifest["rules_fingerprints"][entry["rules_fingerprint"]])
 
 
+def differing_keys(recorded: dict[str, Any], here: dict[str, Any]) -> list[str]:
+    """The recorded environment's keys that differ here: not the commit (the code may move on while the rules'
+    fingerprint holds), nor the dtype (a prompt is re-run in its own)."""
+    return [key for key in ENVIRONMENT_KEYS if key not in ("git_commit", "dtype")
+            and str(recorded.get(key)) != str(here.get(key))]
+
+
 def _differences(recorded: dict[str, Any], versions: dict[str, str], here: dict[str, Any],
                  current: dict[str, str]) -> tuple[list, list]:
-    # not the commit (the code may move on while the rules' fingerprint holds), nor the dtype (re-run in it)
-    environment_keys = [key for key in ENVIRONMENT_KEYS if key not in ("git_commit", "dtype")
-                        and str(recorded.get(key)) != str(here.get(key))]
     rules = [rule for rule, version in versions.items() if current.get(rule) != version]
-    return environment_keys, rules
+    return differing_keys(recorded, here), rules
 
 
-def spot_check(folders: Sequence[Path], k: int, seed: int, logger: str = "disabled") -> list[Comparison]:
-    pairs, here, comparisons = PairCache(), environment(), []
+def spot_check(folders: Sequence[Path], k: int, seed: int, logger: str = "disabled",
+               only_here: bool = False) -> list[Comparison]:
+    here, comparisons = environment(), []
+    chosen = choose(folders, k, seed, here if only_here else None)  # a refusal comes before any model loads
+    pairs = PairCache()
     reruns: dict[tuple[Path, tuple[int, ...]], dict[int, list[dict]]] = {}
-    for folder, index in choose(folders, k, seed):
+    for folder, index in chosen:
         directory = prompt_directory(folder, int(index))
         done = json.loads((directory / "done.json").read_text(encoding="utf-8"))
         batch = batch_of(folder, int(index), done)
@@ -232,6 +247,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("folder", help="committed results (e.g. results/replay_qwen_grid)")
     parser.add_argument("-k", type=int, default=3, help="prompts to re-run (default 3)")
     parser.add_argument("--seed", type=int, default=0, help="which prompts (default 0)")
+    parser.add_argument("--here", action="store_true",
+                        help="only prompts recorded on this kind of machine with these versions (must be identical)")
     parser.add_argument("--output", default="results/spotcheck", help="where spotcheck.json goes")
     tracking.add_logger_option(parser)
     args = parser.parse_args(argv)
@@ -241,7 +258,7 @@ def main(argv: list[str] | None = None) -> int:
             raise UsageError(f"-k must be >= 1, got {args.k}")
         if not folders:
             raise UsageError(f"no sealed replay group (with {MANIFEST_FILE}) under {args.folder}")
-        comparisons = spot_check(folders, args.k, args.seed)
+        comparisons = spot_check(folders, args.k, args.seed, only_here=args.here)
     except UsageError as error:
         print(f"spotcheck: error: {error}", file=sys.stderr)
         return 2

@@ -16,6 +16,8 @@ import pytest
 
 from spectr_repro.analysis.replay import read_blocks
 from spectr_repro.committed import check_group, groups_under, packed_blocks
+from spectr_repro.environment import environment
+from spectr_repro.errors import UsageError
 from spectr_repro.records import file_integrity
 from spectr_repro.replay import seal, spotcheck
 from spectr_repro.replay.driver import main as replay
@@ -197,11 +199,28 @@ def test_spotcheck_finds_committed_prompts_identical_and_an_edited_one(replayed,
 def test_two_prompts_of_one_batch_rerun_it_once(replayed, tmp_path, capsys, monkeypatch):
     """Prompts 0 and 1 were replayed together: drawing both re-runs their batch once and compares each."""
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(spotcheck, "choose", lambda folders, k, seed: [(replayed, "0000"), (replayed, "0001")])
+    monkeypatch.setattr(spotcheck, "choose", lambda folders, k, seed, like: [(replayed, "0000"), (replayed, "0001")])
     batches, real = [], spotcheck.rerun
     monkeypatch.setattr(spotcheck, "rerun", lambda *args: batches.append(args[2]) or real(*args))
     assert spotcheck.main([str(replayed.parent), "-k", "2", "--logger", "disabled"]) == 0
     assert batches == [[0, 1]] and "2 of 2 prompt(s) identical" in capsys.readouterr().out
+
+
+def test_here_draws_only_prompts_recorded_in_this_environment(replayed, tmp_path):
+    """--here: a prompt recorded on another machine kind is never drawn; with none left, a refusal before any model
+    loads. Control: without --here the same seeds draw it."""
+    manifest_path = replayed / "manifest.json"
+    manifest = json.loads(manifest_path.read_text())
+    elsewhere = {**manifest["environments"][manifest["prompts"]["0001"]["environment"]], "device_name": "Other CPU"}
+    manifest["environments"]["elsewhere"] = elsewhere
+    manifest["prompts"]["0001"]["environment"] = "elsewhere"
+    manifest_path.write_text(json.dumps(manifest))
+    here = environment()
+    drawn_here = {index for seed in range(20) for _, index in spotcheck.choose([replayed], 2, seed, here)}
+    drawn_anywhere = {index for seed in range(20) for _, index in spotcheck.choose([replayed], 2, seed)}
+    assert drawn_here == {"0000", "0002"} and "0001" in drawn_anywhere
+    with pytest.raises(UsageError, match="2 committed recorded in this environment"):
+        spotcheck.choose([replayed], 3, 0, here)
 
 
 def test_spotcheck_reruns_a_prompt_in_its_recorded_dtype():
