@@ -49,4 +49,15 @@ def setup_logging(level: str | int | None = None) -> None:
     logger.propagate = False
 
 
-__all__ = ["LEVEL_ENV_VAR", "TqdmHandler", "setup_logging"]
+def format_duration(seconds: float) -> str:
+    """A duration as a command prints it: seconds, minutes, hours or days, whichever reads best."""
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    if seconds < 5400:
+        return f"{seconds / 60:.0f} min"
+    if seconds < 3 * 86400:
+        return f"{seconds / 3600:.1f} h"
+    return f"{seconds / 86400:.1f} days"
+
+
+__all__ = ["LEVEL_ENV_VAR", "TqdmHandler", "format_duration", "setup_logging"]

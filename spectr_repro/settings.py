@@ -22,13 +22,13 @@ from spectr_repro.verify import VERIFIERS
 Model = TypeVar("Model", bound=BaseModel)
 
 # What a command's settings model starts from: strict types, frozen, and keys the model does not declare left to
-# the config's own key check (runner.config.check_nested_keys names a typo with its closest key).
+# the config's own key check (launch.config.check_nested_keys names a typo with its closest key).
 SETTINGS = ConfigDict(strict=True, frozen=True, extra="ignore")
 
 
 def budget_field(unit: str) -> Any:
     """``<command>.budget_minutes``: None (no budget) or a finite number of minutes > 0; the run stops at a ``unit``
-    boundary (runner.signals.Budget)."""
+    boundary (launch.signals.Budget)."""
     return Field(None, gt=0, allow_inf_nan=False,
                  description=f"a number of minutes > 0 (the run stops at a {unit} boundary once the next would not "
                              f"fit) or null (no budget)")

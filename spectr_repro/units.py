@@ -8,7 +8,7 @@ context use ``done.json``, which lists each record file with its sha256 and line
 
     <unit>/blocks.jsonl        (or <method>.json ...: whatever the command records)
     <unit>/done.json           {..., "records": {"blocks.jsonl": {"sha256": ..., "lines": ...}}}, written last
-    <unit>/claim.json          while a runner computes the unit (spectr_repro.runner.claims)
+    <unit>/claim.json          while a runner computes the unit (spectr_repro.launch.claims)
 
 :func:`unit_state` reads one folder, never raising for bad content: ``absent`` (no records), ``partial`` (records
 without a done file: stopped between the two), ``finished`` (the done file vouches for every file it lists),
@@ -42,7 +42,7 @@ from spectr_repro.files import atomic_write_text
 from spectr_repro.records import file_integrity, integrity_problems
 
 DONE_FILE = "done.json"
-CLAIM_FILE = "claim.json"  # a runner's claim (spectr_repro.runner.claims): never a record, never set aside
+CLAIM_FILE = "claim.json"  # a runner's claim (spectr_repro.launch.claims): never a record, never set aside
 TAKEOVER_FILE = "claim.json.takeover"
 NOT_RECORDS = (CLAIM_FILE, TAKEOVER_FILE)
 FINISHED = ("finished", "unverified")  # unverified: a done file written before it vouched for its records
@@ -162,12 +162,12 @@ class Claimed:
     status: str
     state: UnitState
     moved: Path | None = None
-    holder: Any = None  # the live holder of a busy unit (runner.claims.Holder)
+    holder: Any = None  # the live holder of a busy unit (launch.claims.Holder)
 
 
 def claim_unit(runner, directory: Path, aside_root: Path, force: bool = False,
                legacy: Iterable[str] = ()) -> Claimed:
-    """Claim ``directory`` for ``runner`` (a :class:`spectr_repro.runner.claims.Runner`: ``claim`` and ``release``;
+    """Claim ``directory`` for ``runner`` (a :class:`spectr_repro.launch.claims.Runner`: ``claim`` and ``release``;
     a dead runner's claim is taken over there) and look at the unit under the claim: finished by another runner
     meanwhile (released; kept claimed when ``force``: it is computed again), else its damaged or partial files set
     aside. OSError from the claim itself propagates (the caller names the folder)."""

@@ -6,9 +6,10 @@ The import graph of ``spectr_repro`` is read from the source (every ``import`` a
 - the edges the layering forbids: the rules are pure, the engine knows no runner, the analysis reads records
   only, the runner and the scoring of quality do not depend on the analysis, the cost model sits below the
   commands;
-- no cycle between packages: the commands (runner, replay, bias, bench, check, plan) share helpers through lower
-  packages or in one direction only (replay and bias use runner's configs, claims and pair cache; runner imports
-  neither), never both ways;
+- no cycle between packages, and no command borrows from another: what the commands (runner, replay, bias, bench,
+  check, plan) share sits below them in ``launch`` (configs at the door, the pair cache, the memory fit, budgets
+  and signals, stop strings, claims), which imports no command; only ``plan``, which prices the sweep's cells and
+  the replays, reads ``runner``'s and ``replay``'s plans;
 - no cycle between modules, inside a package too (a package's ``__init__`` is a module like the others).
 """
 
@@ -41,6 +42,9 @@ ALLOWED = {
 # packages the analysis may not import: it reads records and files, never models, engines or runners
 ANALYSIS_FORBIDDEN = {"engine", "models", "runner", "replay", "bias", "bench", "check", "theory", "quality"}
 RUNNER_FORBIDDEN = {"analysis"}
+COMMANDS = {"runner", "replay", "bias", "bench", "check", "plan"}
+# launch is below every command; a command may use another command's package only where named here
+COMMAND_USES = {"plan": {"runner", "replay"}}  # plan prices the sweep's cells and the replays with their own plans
 
 
 def module_name(path: Path, root: Path) -> str:
@@ -104,7 +108,10 @@ def violations(graph) -> list[str]:
         for target, files in targets.items():
             forbidden = (source in ALLOWED and target not in ALLOWED[source]) or \
                         (source == "analysis" and target in ANALYSIS_FORBIDDEN) or \
-                        (source == "runner" and target in RUNNER_FORBIDDEN)
+                        (source == "runner" and target in RUNNER_FORBIDDEN) or \
+                        (source == "launch" and target in COMMANDS | {"analysis"}) or \
+                        (source in COMMANDS and target in COMMANDS and target != source
+                         and target not in COMMAND_USES.get(source, set()))
             if forbidden:
                 found.append(f"{source} -> {target} ({', '.join(sorted(files))})")
     return sorted(found)
@@ -146,12 +153,18 @@ def _tree(tmp_path: Path, files: dict[str, str]) -> Path:
 
 
 def test_the_check_sees_a_forbidden_import(tmp_path):
-    """Negative control: a rule that imports the engine, and a lazy import of the runner inside an analysis
-    function, are both reported; an allowed edge (engine -> verify) is not."""
+    """Negative control: a rule that imports the engine, a lazy import of the runner inside an analysis function,
+    the shared library importing a command and one command borrowing from another are reported; allowed edges
+    (engine -> verify, plan -> runner) are not."""
     root = _tree(tmp_path, {"verify/rule.py": "from spectr_repro.engine.loop import generate\n",
                             "analysis/rule.py": "def f():\n    import spectr_repro.runner.cli\n",
-                            "engine/rule.py": "from spectr_repro.verify import VERIFIERS\n"})
+                            "engine/rule.py": "from spectr_repro.verify import VERIFIERS\n",
+                            "launch/pairs.py": "from spectr_repro.replay.core import block_estimates\n",
+                            "replay/driver.py": "from spectr_repro.runner.store import cell_id\n",
+                            "plan/cli.py": "from spectr_repro.runner.plan import build_plan\n"})
     assert violations(package_imports(root)) == ["analysis -> runner (analysis/rule.py)",
+                                                 "launch -> replay (launch/pairs.py)",
+                                                 "replay -> runner (replay/driver.py)",
                                                  "verify -> engine (verify/rule.py)"]
 
 

@@ -9,7 +9,7 @@ from collections import Counter
 from pathlib import Path
 
 from spectr_repro.conf import CONF_ENV_VAR, PACKAGED_CONF
-from spectr_repro.runner.config import Composer, conf_dir
+from spectr_repro.launch.config import Composer, conf_dir
 
 TESTS = Path(__file__).parent
 REPO = TESTS.parent

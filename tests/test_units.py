@@ -1,5 +1,5 @@
 """The one store for units of work (spectr_repro.units): state, records then done file, set aside, claims; and the
-budget a long command stops by (runner.signals.Budget)."""
+budget a long command stops by (launch.signals.Budget)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 import spectr_repro.units as units
-from spectr_repro.runner.claims import Runner
-from spectr_repro.runner.signals import Budget
+from spectr_repro.launch.claims import Runner
+from spectr_repro.launch.signals import Budget
 from spectr_repro.units import claim_unit, set_aside, unit_state, write_last, write_unit
 
 LINES = "".join(json.dumps({"block": i, "tokens": i + 1}) + "\n" for i in range(4))

@@ -23,9 +23,9 @@ from spectr_repro.cost.model import CallCosts
 from spectr_repro.cost.predict import best_configuration, predict_tokens_per_s, read_replay_summary
 from spectr_repro.environment import environment
 from spectr_repro.errors import UsageError
+from spectr_repro.launch.config import Composer, check_device
+from spectr_repro.launch.fit import check_batch_fits
 from spectr_repro.models import clear_cache, load_pair
-from spectr_repro.runner.config import Composer, check_device
-from spectr_repro.runner.fit import check_batch_fits
 from spectr_repro.settings import run_config
 
 

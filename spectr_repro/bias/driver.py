@@ -3,7 +3,7 @@
     python -m spectr_repro bias model_pair=tiny_random method=spectr_gbv,sbv K=3 L=6 bias.samples=32
     python -m spectr_repro bias experiment=bias_qwen          # the experiment's grid of settings
 
-Keys are those of ``sweep`` (composed and validated by :mod:`spectr_repro.runner.config`: the same keys,
+Keys are those of ``sweep`` (composed and validated by :mod:`spectr_repro.launch.config`: the same keys,
 the same messages), plus ``bias.*`` (conf/config.yaml). Cells sharing everything but the method form one
 setting. For each of its contexts (per prompt, ``bias.contexts_per_prompt`` cuts of an AR continuation
 sampled from the target, where its top token has probability nearest 1/2: see ``contexts_of``) it draws
@@ -18,7 +18,7 @@ under ``bias/contexts/``, written as each context finishes, then the context's `
 sha256 and line count: a rerun skips finished contexts, so an interrupted run resumes; a damaged or partial
 context is named, its files set aside under ``bias/set_aside/`` (never deleted) and measured again; a file the
 table cannot read is named and left out). Bad input: one message, exit 2, before any model loads, nothing
-written (:func:`spectr_repro.runner.config.check_before_loading`, the checks every command shares). SIGTERM and
+written (:func:`spectr_repro.launch.config.check_before_loading`, the checks every command shares). SIGTERM and
 SIGINT say what is kept and how to resume.
 """
 
@@ -44,7 +44,7 @@ from spectr_repro.bias.records import (
 )
 from spectr_repro.bias.settings import BiasSetting, bias_folder, bias_setting_groups, bias_settings
 from spectr_repro.errors import ResourceError, exit_at_the_door
-from spectr_repro.runner.config import (
+from spectr_repro.launch.config import (
     Composer,
     UsageError,
     check_before_loading,
@@ -55,8 +55,8 @@ from spectr_repro.runner.config import (
     print_help_if_asked,
     single_draft_message,
 )
-from spectr_repro.runner.pairs import PairCache
-from spectr_repro.runner.signals import Budget, RunProgress, Terminated, stop_on_signals, stop_status
+from spectr_repro.launch.pairs import PairCache
+from spectr_repro.launch.signals import Budget, RunProgress, Terminated, stop_on_signals, stop_status
 from spectr_repro.settings import RunConfig, run_config
 
 

@@ -60,7 +60,7 @@ def bias_folder(run: RunConfig) -> Path:
 class BiasSetting:
     """One setting: what its draft sets depend on (:meth:`values`, whose JSON names its folder), the rules that judge
     them, where it writes, and the config read at the door that its pair and prompts are loaded from (``run``:
-    ``runner.pairs`` takes it)."""
+    ``launch.pairs`` takes it)."""
 
     model_pair: str
     dataset: str

@@ -41,7 +41,7 @@ from spectr_repro.check.run import run_check
 from spectr_repro.cost import describe_best
 from spectr_repro.errors import ResourceError, UsageError
 from spectr_repro.files import atomic_write_text
-from spectr_repro.runner.config import print_help_if_asked
+from spectr_repro.launch.config import print_help_if_asked
 
 
 def format_table(items: Sequence[Item]) -> str:

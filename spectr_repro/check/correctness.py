@@ -14,7 +14,7 @@ import spectr_repro.check.architectures as architectures  # a module: tests swap
 from spectr_repro.check.checker import Checker
 from spectr_repro.check.environment import pair_dtype
 from spectr_repro.engine import generate, generate_batch
-from spectr_repro.runner.pairs import PairCache
+from spectr_repro.launch.pairs import PairCache
 from spectr_repro.verify import VERIFIERS
 
 

@@ -23,7 +23,7 @@ from spectr_repro.check.environment import environment_items, memory_item
 from spectr_repro.cost import write_calibration
 from spectr_repro.data import typical_prompt_tokens
 from spectr_repro.errors import ResourceError
-from spectr_repro.runner.config import Composer, UsageError, check_before_loading, expand, parse_arguments
+from spectr_repro.launch.config import Composer, UsageError, check_before_loading, expand, parse_arguments
 from spectr_repro.settings import RunConfig, run_config
 from spectr_repro.verify import VERIFIERS
 

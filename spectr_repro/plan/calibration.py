@@ -27,7 +27,8 @@ from spectr_repro.cost import calibration_for, model_calls_source
 from spectr_repro.cost.measure import AR_DECODES, CONTEXT_TOKENS, plan_shapes
 from spectr_repro.cost.model import GB, CellSpec, estimate_forward_costs, prefill_pieces
 from spectr_repro.data import typical_prompt_tokens
-from spectr_repro.runner.plan import format_duration, pair_config_of
+from spectr_repro.launch.pairs import pair_config_of
+from spectr_repro.logs import format_duration
 from spectr_repro.settings import RunConfig
 
 CHECK_REPEATS = 3  # check.costs.calibration_item's rounds that are timed (medians of 3)

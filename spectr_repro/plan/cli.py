@@ -19,13 +19,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from spectr_repro.errors import UsageError
+from spectr_repro.launch.config import Composer, expand, parse_arguments
+from spectr_repro.launch.fit import check_batch_fits
+from spectr_repro.logs import format_duration
 from spectr_repro.plan.calibration import CalibrationPlan, check_command, format_calibration, plan_calibration
 from spectr_repro.replay.plan import ReplayPlan, plan_replays, replay_lines, replay_only
 from spectr_repro.runner.cli import _take_cfg_flag, help_text
-from spectr_repro.runner.config import Composer, expand, parse_arguments
 from spectr_repro.runner.execute import plan_cells
-from spectr_repro.runner.fit import check_batch_fits
-from spectr_repro.runner.plan import Plan, build_plan, format_duration, format_plan
+from spectr_repro.runner.plan import Plan, build_plan, format_plan
 from spectr_repro.settings import run_config
 
 

@@ -23,7 +23,7 @@ The summary (``replay_summary.csv``, ``replay_differences.csv``) is rebuilt at t
 of the folders (a larger num_prompts extends a replay in its folder: the seeded prompt selection keeps its first
 prompts).
 Bad input: one message, exit 2, before any model loads (the checks of every command that loads models:
-:func:`spectr_repro.runner.config.check_before_loading`, with the replay's num_prompts and L_max).
+:func:`spectr_repro.launch.config.check_before_loading`, with the replay's num_prompts and L_max).
 
 The replay of a batch of prompts (draft a block, evaluate every rule on it, let the reference continue, record it)
 is :func:`spectr_repro.replay.trajectories.replay_prompts`; this module is the command around it: arguments,
@@ -50,12 +50,8 @@ from spectr_repro.analysis.replay import write_summaries
 from spectr_repro.data import encode_prompt
 from spectr_repro.errors import ResourceError, exit_at_the_door
 from spectr_repro.files import atomic_write_text
-from spectr_repro.replay.core import recursion_room
-from spectr_repro.replay.fingerprint import provenance
-from spectr_repro.replay.settings import GroupSettings, settings_of
-from spectr_repro.replay.trajectories import replay_prompts
-from spectr_repro.runner.claims import Runner
-from spectr_repro.runner.config import (
+from spectr_repro.launch.claims import Runner
+from spectr_repro.launch.config import (
     Composer,
     UsageError,
     check_before_loading,
@@ -64,9 +60,13 @@ from spectr_repro.runner.config import (
     parse_arguments,
     print_help_if_asked,
 )
-from spectr_repro.runner.pairs import PairCache
-from spectr_repro.runner.signals import Budget, Terminated, stop_name, stop_on_signals, stop_status
-from spectr_repro.runner.stops import stop_checker
+from spectr_repro.launch.pairs import PairCache
+from spectr_repro.launch.signals import Budget, Terminated, stop_name, stop_on_signals, stop_status
+from spectr_repro.launch.stops import stop_checker
+from spectr_repro.replay.core import recursion_room
+from spectr_repro.replay.fingerprint import provenance
+from spectr_repro.replay.settings import GroupSettings, settings_of
+from spectr_repro.replay.trajectories import replay_prompts
 from spectr_repro.settings import run_config
 from spectr_repro.units import SET_ASIDE, UnitState, claim_unit, unit_state, write_unit
 

@@ -34,16 +34,16 @@ from spectr_repro import tracking
 from spectr_repro.data import encode_prompt
 from spectr_repro.engine.loop import generate
 from spectr_repro.errors import ResourceError, exit_at_the_door
-from spectr_repro.replay.driver import parse as replay_groups
-from spectr_repro.replay.settings import GroupSettings
-from spectr_repro.runner.config import (
+from spectr_repro.launch.config import (
     UsageError,
     check_before_loading,
     check_file_writable,
     check_writable,
     print_help_if_asked,
 )
-from spectr_repro.runner.pairs import PairCache
+from spectr_repro.launch.pairs import PairCache
+from spectr_repro.replay.driver import parse as replay_groups
+from spectr_repro.replay.settings import GroupSettings
 from spectr_repro.verify import Verifier, get_verifier
 from spectr_repro.verify.spectr_gbv import ARITHMETICS, SpecTrGBV
 

@@ -50,6 +50,10 @@ from spectr_repro.cost import (
 )
 from spectr_repro.cost.model import rule_seconds_per_block
 from spectr_repro.errors import UsageError
+from spectr_repro.launch.config import conf_dir
+from spectr_repro.launch.fit import check_batch_fits
+from spectr_repro.launch.pairs import pair_config_of
+from spectr_repro.logs import format_duration
 from spectr_repro.records import read_record_text
 from spectr_repro.replay.driver import (
     BLOCKS_FILE,
@@ -58,9 +62,6 @@ from spectr_repro.replay.driver import (
     prompt_directory,
     prompt_finished,
 )
-from spectr_repro.runner.config import conf_dir
-from spectr_repro.runner.fit import check_batch_fits
-from spectr_repro.runner.plan import format_duration, pair_config_of
 from spectr_repro.settings import RunConfig
 
 

@@ -37,13 +37,13 @@ from spectr_repro.conf import conf_dir
 from spectr_repro.data import encode_prompt
 from spectr_repro.environment import environment
 from spectr_repro.errors import ResourceError, UsageError
+from spectr_repro.launch.pairs import PairCache
+from spectr_repro.launch.stops import stop_checker
 from spectr_repro.records import read_record_text
 from spectr_repro.replay.driver import parse, prompt_directory
 from spectr_repro.replay.fingerprint import rules_fingerprint
 from spectr_repro.replay.settings import GroupSettings
 from spectr_repro.replay.trajectories import replay_prompts
-from spectr_repro.runner.pairs import PairCache
-from spectr_repro.runner.stops import stop_checker
 
 UNTIMED = "rule_seconds"  # a block's wall-clock seconds: never compared
 

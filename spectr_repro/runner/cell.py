@@ -20,9 +20,10 @@ from spectr_repro.data import encode_prompt
 from spectr_repro.engine.loop import acceptance_by_position, generate
 from spectr_repro.engine.timing import SectionTimer
 from spectr_repro.environment import environment
+from spectr_repro.launch import claims
+from spectr_repro.launch.stops import stop_checker, truncate_at_stop
 from spectr_repro.records import CellSummary, PromptRecord, as_json, pooled_metrics, records_digest
-from spectr_repro.runner import batched, claims, store
-from spectr_repro.runner.stops import stop_checker, truncate_at_stop
+from spectr_repro.runner import batched, store
 from spectr_repro.settings import RunConfig
 
 WARMUP_TOKENS = 8

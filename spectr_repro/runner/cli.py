@@ -8,7 +8,7 @@
 
 Every cell of a command runs in one process, pair by pair (one pair in memory); each group's AR baseline
 runs once and gives every method's speed-up. Cells are claimed before they are computed
-(:mod:`spectr_repro.runner.claims`), so several runners over one folder compute each cell once.
+(:mod:`spectr_repro.launch.claims`), so several runners over one folder compute each cell once.
 Records: ``<output_dir>/<experiment>/cells/<cell_id>/`` (see :mod:`spectr_repro.runner.store`); a cell
 is finished only when its summary agrees with its records, and is redone otherwise; ``force=true``
 recomputes finished ones. Bad input: one message on stderr, exit status 2, nothing written; a missing
@@ -31,8 +31,8 @@ from omegaconf import OmegaConf, open_dict
 
 from spectr_repro import tracking
 from spectr_repro.errors import exit_at_the_door
-from spectr_repro.runner.claims import Runner
-from spectr_repro.runner.config import (
+from spectr_repro.launch.claims import Runner
+from spectr_repro.launch.config import (
     GROUPS,
     Composer,
     ParsedArgs,
@@ -51,8 +51,8 @@ from spectr_repro.runner.config import (
     run_folders,
     single_draft_message,
 )
+from spectr_repro.launch.signals import Terminated, stop_name, stop_on_signals, stop_status
 from spectr_repro.runner.execute import CellOutcome, CellPlan, ResourceError, Session, plan_cells
-from spectr_repro.runner.signals import Terminated, stop_name, stop_on_signals, stop_status
 from spectr_repro.runner.store import cell_id
 from spectr_repro.settings import RunConfig
 

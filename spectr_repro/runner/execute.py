@@ -1,7 +1,7 @@
 """Running cells: their plan and order, claims and resume, one AR baseline per group, writing and W&B.
 
 Computing one cell (decode -> records -> summary) is :func:`spectr_repro.runner.cell.compute_cell`; the pair
-in memory is :class:`spectr_repro.runner.pairs.PairCache`'s.
+in memory is :class:`spectr_repro.launch.pairs.PairCache`'s.
 
 A *group* is everything that fixes the AR baseline: model pair, hardware, dataset, temperature,
 prompt set (num_prompts, seed) and max_new_tokens. The AR cell of a group (method "ar", K=1, L=1)
@@ -22,10 +22,11 @@ from tqdm.auto import tqdm
 
 from spectr_repro import tracking
 from spectr_repro.errors import ResourceError
-from spectr_repro.runner import claims, store
+from spectr_repro.launch import claims
+from spectr_repro.launch.config import conf_dir, needs_single_draft, single_draft_message
+from spectr_repro.launch.pairs import PairCache, echo_above_bars, pair_key
+from spectr_repro.runner import store
 from spectr_repro.runner.cell import Baseline, CellPlan, compute_cell
-from spectr_repro.runner.config import conf_dir, needs_single_draft, single_draft_message
-from spectr_repro.runner.pairs import PairCache, echo_above_bars, pair_key
 from spectr_repro.settings import RunConfig
 
 # --------------------------------------------------------------------------------------------------
@@ -84,8 +85,8 @@ class Session:
     """State shared by the cells of one command: the pair cache, AR timings, claims, what ran.
 
     Cells run pair by pair (``plan_cells`` orders them so); the previous pair is released before the next
-    one is loaded (:class:`~spectr_repro.runner.pairs.PairCache`). Every cell is claimed before it is computed
-    (:mod:`spectr_repro.runner.claims`): a cell another live runner holds is left to it, and waited for only
+    one is loaded (:class:`~spectr_repro.launch.pairs.PairCache`). Every cell is claimed before it is computed
+    (:mod:`spectr_repro.launch.claims`): a cell another live runner holds is left to it, and waited for only
     when a later cell of this command needs it (the AR baseline of its group). Computing a cell is
     :func:`~spectr_repro.runner.cell.compute_cell`; the session writes what it returns and logs it to W&B.
     """

@@ -33,9 +33,12 @@ from spectr_repro import models
 from spectr_repro.cost import CellSpec, calibration_for, cell_seconds, expected_block_efficiency
 from spectr_repro.cost.model import GB
 from spectr_repro.errors import UsageError
+from spectr_repro.launch import claims
+from spectr_repro.launch.pairs import pair_config_of
+from spectr_repro.logs import format_duration
 from spectr_repro.models import DISK_MARGIN_BYTES
 from spectr_repro.models.offline import OFFLINE_MODELS, models_dir
-from spectr_repro.runner import claims, store
+from spectr_repro.runner import store
 from spectr_repro.runner.batched import split_prompts
 from spectr_repro.runner.cell import CellPlan
 from spectr_repro.settings import RunConfig
@@ -150,11 +153,6 @@ def build_plan(plans: Sequence[CellPlan]) -> Plan:
                 measured_block_efficiency=measured_be)
 
 
-def pair_config_of(run: RunConfig) -> dict:
-    """The cell's resolved model pair config (``models.pair_config``), named."""
-    return models.pair_config(run.named_pair_values)
-
-
 def _batches(run: RunConfig) -> list[int]:
     """The sizes of the groups in which the cell's untimed prompts are decoded (``hardware.batch_prompts``)."""
     hardware = run.hardware
@@ -225,16 +223,6 @@ def _measured(plans: Sequence[CellPlan]) -> tuple[dict[tuple, float], dict[tuple
 # Text
 
 
-def format_duration(seconds: float) -> str:
-    if seconds < 90:
-        return f"{seconds:.0f} s"
-    if seconds < 5400:
-        return f"{seconds / 60:.0f} min"
-    if seconds < 3 * 86400:
-        return f"{seconds / 3600:.1f} h"
-    return f"{seconds / 86400:.1f} days"
-
-
 def format_plan(plan: Plan) -> str:
     rows = [{
         "model pair": p.name,
@@ -289,4 +277,4 @@ def format_plan(plan: Plan) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["Plan", "PairPlan", "build_plan", "format_duration", "format_plan", "pair_config_of"]
+__all__ = ["Plan", "PairPlan", "build_plan", "format_plan"]

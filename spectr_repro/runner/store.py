@@ -3,7 +3,7 @@
     <output_dir>/<experiment>/cells/<cell_id>/records.jsonl   one JSON line per prompt (records.PromptRecord)
     <output_dir>/<experiment>/cells/<cell_id>/config.yaml     the cell's resolved config
     <output_dir>/<experiment>/cells/<cell_id>/summary.json    the cell's metrics (records.CellSummary, last)
-    <output_dir>/<experiment>/cells/<cell_id>/claim.json      while a runner computes the cell (runner.claims)
+    <output_dir>/<experiment>/cells/<cell_id>/claim.json      while a runner computes the cell (launch.claims)
 
 records.jsonl, then config.yaml, then summary.json, each through a temporary file and ``os.replace``
 (:func:`spectr_repro.units.write_last`: a cell is a unit of the one store, whose done file is its summary; the

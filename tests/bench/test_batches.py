@@ -99,7 +99,7 @@ def test_the_batch_bench_runs_on_the_tiny_pair(tmp_path, monkeypatch):
 def test_a_batch_that_does_not_fit_is_refused_before_any_model_loads(tmp_path, monkeypatch, capsys):
     """The Qwen preset's B = 8 on a machine with 5.55 GiB free (bf16: ~4.5 GiB at B = 1, ~4.85 at B = 8, 85 % usable):
     exit 2, the largest B that fits named, nothing written."""
-    from spectr_repro.runner import fit
+    from spectr_repro.launch import fit
 
     monkeypatch.setattr(fit, "free_bytes", lambda device=None: int(5.55 * 2**30))
     monkeypatch.setattr(preset_module, "run", lambda *a, **k: pytest.fail("a model was about to load"))

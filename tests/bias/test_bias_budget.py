@@ -35,7 +35,7 @@ def test_a_tiny_budget_stops_after_the_first_context_and_the_printed_command_fin
 
 @pytest.mark.parametrize("value", ["-2", "soon"])
 def test_a_bad_budget_is_exit_2_before_any_model_loads(tmp_path, capsys, monkeypatch, value):
-    monkeypatch.setattr("spectr_repro.runner.pairs.PairCache.pair", lambda *a, **k: pytest.fail("pair loaded"))
+    monkeypatch.setattr("spectr_repro.launch.pairs.PairCache.pair", lambda *a, **k: pytest.fail("pair loaded"))
     assert cli(["bias", *SMALL, f"bias.budget_minutes={value}", f"output_dir={tmp_path}"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: bias.budget_minutes must be a number of minutes > 0") and err.count("\n") == 1

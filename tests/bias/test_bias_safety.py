@@ -110,8 +110,8 @@ def test_a_stop_by_signal_says_what_is_kept_and_how_to_resume(tmp_path, capsys, 
 
 
 def test_the_stop_message_says_what_is_kept_and_what_was_dropped():
-    """The words the slow stop-by-signal test reads, from the shared runner.signals.RunProgress."""
-    from spectr_repro.runner.signals import Terminated
+    """The words the slow stop-by-signal test reads, from the shared launch.signals.RunProgress."""
+    from spectr_repro.launch.signals import Terminated
 
     progress = driver.Progress(computed=2, earlier=1, current="setting/ctx+3")
     assert progress.stopped_message(Terminated(15), Path("out/bias")) == (

@@ -57,7 +57,7 @@ def test_measured_costs_cover_every_shape_on_the_tiny_model():
 @pytest.fixture(scope="module")
 def cpu_quick_cells(tmp_path_factory):
     """The cells of `plan experiment=cpu_quick` (composed once: composition is the slow part)."""
-    from spectr_repro.runner.config import Composer, expand, parse_arguments
+    from spectr_repro.launch.config import Composer, expand, parse_arguments
     from spectr_repro.runner.execute import plan_cells
     from spectr_repro.settings import run_config
 
@@ -88,8 +88,8 @@ def test_calibrated_batched_cells_decode_their_untimed_prompts_together():
     """8 prompts, the first 2 timed alone and 6 in one batch: the batch's calls cost more than one prompt's, and
     less than six prompts' alone."""
     from spectr_repro.cost.model import CellSpec, calibrated_cell_seconds
+    from spectr_repro.launch.config import Composer
     from spectr_repro.runner.batched import split_prompts
-    from spectr_repro.runner.config import Composer
     from spectr_repro.settings import run_config
 
     calibration = _calibration("qwen25coder_1.5b_0.5b")

@@ -29,8 +29,8 @@ from spectr_repro.cost.model import (
     prompt_seconds,
 )
 from spectr_repro.cost.shapes import ModelledForwardCosts
+from spectr_repro.launch.pairs import pair_config_of
 from spectr_repro.replay.driver import parse
-from spectr_repro.runner.plan import pair_config_of
 
 # docs/context.md, 2026-12-04: bucket -> (seconds a prompt, lowest and highest; blocks a prompt, lowest and highest)
 CONTEXT_RUN = {"longcode_1k": ((48, 68), (23, 32)), "longcode_4k": ((143, 171), (22, 27)),

@@ -27,8 +27,8 @@ PROMPT_TOKENS, NEW_TOKENS, PROMPTS = 48, 32, 2
 
 
 def _pair(name: str):
-    from spectr_repro.runner.config import Composer, expand, parse_arguments
-    from spectr_repro.runner.pairs import PairCache
+    from spectr_repro.launch.config import Composer, expand, parse_arguments
+    from spectr_repro.launch.pairs import PairCache
 
     with Composer() as composer:
         cfg = expand(composer, parse_arguments([f"model_pair={name}", "hardware=cpu", "method=sd", "num_prompts=1",

@@ -9,8 +9,8 @@ import json
 import pytest
 
 from spectr_repro.analysis.replay import read_blocks
+from spectr_repro.launch import fit
 from spectr_repro.replay.driver import main
-from spectr_repro.runner import fit
 
 BASE = ["model_pair=tiny_random", "temperature=0.7", "logger=disabled", "method=sd,sbv", "K=1,3", "L=1,2,3",
         "replay.draws=2", "max_new_tokens=12"]
@@ -54,7 +54,7 @@ def test_a_bucket_beyond_the_context_window_is_refused_before_loading(tmp_path, 
     def no_loading(*args, **kwargs):
         raise AssertionError("a model was loaded")
 
-    monkeypatch.setattr("spectr_repro.runner.pairs.PairCache.pair", no_loading)
+    monkeypatch.setattr("spectr_repro.launch.pairs.PairCache.pair", no_loading)
     assert run(tmp_path, "dataset=longcode_4k", "num_prompts=1") == 2
     err = capsys.readouterr().err
     assert err.count("error:") == 1
@@ -74,7 +74,7 @@ def test_the_largest_fitting_bucket_is_named_from_the_pairs_config():
     # The Qwen pair (its shipped architecture, nothing loaded) at K=7, L=6, 256 new tokens in bfloat16: weights
     # 4-5 GiB (an untied head when converted), KV caches ~41 kB a position on 8 rows: 9 GiB free (85 % usable) hold the
     # 8K bucket, not the 16K one.
-    from spectr_repro.runner.config import Composer, context_window, expand, parse_arguments
+    from spectr_repro.launch.config import Composer, context_window, expand, parse_arguments
     from spectr_repro.settings import run_config
 
     with Composer() as composer:

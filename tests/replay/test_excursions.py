@@ -9,8 +9,8 @@ import torch
 
 from spectr_repro import __main__ as cli
 from spectr_repro import tracking
+from spectr_repro.launch import pairs
 from spectr_repro.replay.excursions import ExcursionCount, block_excursions, count_rows, main
-from spectr_repro.runner import pairs
 from spectr_repro.tracking import names
 from spectr_repro.verify.spectr_gbv import SpecTrGBV
 
@@ -91,7 +91,7 @@ def test_excursions_is_a_command_of_python_m_spectr_repro(capsys):
                                  ["--colour"], ["--out"]])
 def test_bad_input_exits_2_before_loading(bad, tmp_path, capsys, monkeypatch):
     """One message, exit 2, nothing written and no model loaded (the pair cache would raise)."""
-    from spectr_repro.runner import pairs
+    from spectr_repro.launch import pairs
 
     def no_loading(*args, **kwargs):
         raise AssertionError("a model was loaded")
@@ -116,7 +116,7 @@ def test_out_must_be_a_writable_file(tmp_path, capsys, monkeypatch):
     assert main([*BASE, "--out", "/proc/spectr_repro_counts.csv"]) == 2
     assert "--out /proc/spectr_repro_counts.csv cannot be written" in capsys.readouterr().err
     # negative control: a writable file passes the door, and the probe leaves nothing behind
-    from spectr_repro.runner.config import check_file_writable
+    from spectr_repro.launch.config import check_file_writable
 
     assert check_file_writable(tmp_path / "counts.csv", "--out") == tmp_path / "counts.csv"
     assert not (tmp_path / "counts.csv").exists()

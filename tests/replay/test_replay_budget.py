@@ -68,7 +68,7 @@ def test_a_replay_killed_mid_run_resumes_with_every_prompt_done_exactly_once(tmp
 
 @pytest.mark.parametrize("value", ["-1", "abc", "0"])
 def test_a_bad_budget_is_exit_2_with_one_message_before_any_model_loads(tmp_path, capsys, monkeypatch, value):
-    monkeypatch.setattr("spectr_repro.runner.pairs.PairCache.pair", lambda *a, **k: pytest.fail("pair loaded"))
+    monkeypatch.setattr("spectr_repro.launch.pairs.PairCache.pair", lambda *a, **k: pytest.fail("pair loaded"))
     assert main([*BASE, "num_prompts=2", f"replay.budget_minutes={value}", f"output_dir={tmp_path}"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: replay.budget_minutes must be a number of minutes > 0") and err.count("\n") == 1

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from spectr_repro.runner.claims import CLAIM_FILE, ContentionWatch, Runner, process_start, read_holder
+from spectr_repro.launch.claims import CLAIM_FILE, ContentionWatch, Runner, process_start, read_holder
 
 
 def _write_claim(directory, host, pid, runner="someone", pid_start=None, age_s=0.0):

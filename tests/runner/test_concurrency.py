@@ -8,8 +8,8 @@ import sys
 import threading
 import time
 
+from spectr_repro.launch.claims import CLAIM_FILE, Runner, process_start
 from spectr_repro.runner import execute
-from spectr_repro.runner.claims import CLAIM_FILE, Runner, process_start
 from spectr_repro.runner.cli import main_sweep
 from spectr_repro.settings import run_config
 from tests.runner.runner_helpers import cells_computed, cli
@@ -49,7 +49,7 @@ def test_cells_claimed_by_a_live_runner_are_left_to_it(tmp_path, capsys):
     argv = [*GRID[:2], "method=sd", *GRID[3:], f"output_dir={out}"]
     holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"])
     try:
-        from spectr_repro.runner.config import Composer, expand, parse_arguments
+        from spectr_repro.launch.config import Composer, expand, parse_arguments
 
         with Composer() as composer:
             cfgs = expand(composer, parse_arguments(argv), use_grid=True)
@@ -77,7 +77,7 @@ def test_a_live_claim_on_the_ar_baseline_is_waited_for(tmp_path, capsys, monkeyp
     out = tmp_path / "results"
     argv = [*GRID[:2], "method=sd,spectr", *GRID[3:], f"output_dir={out}"]
     holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"])
-    from spectr_repro.runner.config import Composer, expand, parse_arguments
+    from spectr_repro.launch.config import Composer, expand, parse_arguments
 
     with Composer() as composer:
         plans = execute.plan_cells([run_config(cfg) for cfg in expand(composer, parse_arguments(argv), use_grid=True)])

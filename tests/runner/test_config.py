@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from spectr_repro.data import DATASETS
-from spectr_repro.runner.config import (
+from spectr_repro.launch.config import (
     GROUPS,
     Composer,
     UsageError,

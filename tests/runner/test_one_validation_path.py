@@ -1,4 +1,4 @@
-"""Every command that loads models checks its input the same way (runner.config.check_before_loading): the same
+"""Every command that loads models checks its input the same way (launch.config.check_before_loading): the same
 message, exit 2, nothing written, no model loaded -- a dataset too small, hardware that is not here, an L no block of
 the pair can hold."""
 
@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from spectr_repro.__main__ import main as cli
-from spectr_repro.runner.config import context_window
+from spectr_repro.launch.config import context_window
 
 COMMON = ["model_pair=tiny_random", "dataset=humaneval", "logger=disabled", "method=spectr"]
 TOO_MANY = "num_prompts=99999 but dataset gsm8k has only 1319 records; use num_prompts <= 1319"
@@ -23,7 +23,7 @@ def no_models(monkeypatch, tmp_path):
         raise AssertionError("a model was loaded")
 
     monkeypatch.setattr("spectr_repro.models.load_pair", refuse)
-    monkeypatch.setattr("spectr_repro.runner.pairs.PairCache.pair", refuse)
+    monkeypatch.setattr("spectr_repro.launch.pairs.PairCache.pair", refuse)
     monkeypatch.setenv("SPECTR_REPRO_RUNNERS", str(tmp_path / "runners"))
 
 
@@ -75,8 +75,8 @@ def test_the_block_bound_is_the_context_window_less_one(tmp_path, capsys):
 
 def test_a_long_L_bounded_by_max_new_tokens_is_still_accepted_by_run(tmp_path):
     """A cell never drafts past max_new_tokens (L=100000 runs as L=max_new_tokens): not refused."""
+    from spectr_repro.launch.config import parse_arguments
     from spectr_repro.runner.cli import _compose_and_check
-    from spectr_repro.runner.config import parse_arguments
 
     args = parse_arguments([*COMMON, "K=2", "L=100000", "max_new_tokens=8", f"output_dir={tmp_path}"])
     _, plans = _compose_and_check("run", args, show_config=False)

@@ -6,8 +6,8 @@ import pytest
 
 from spectr_repro import models
 from spectr_repro.errors import ResourceError
-from spectr_repro.runner.config import Composer, expand, parse_arguments
-from spectr_repro.runner.pairs import PairCache
+from spectr_repro.launch.config import Composer, expand, parse_arguments
+from spectr_repro.launch.pairs import PairCache
 from spectr_repro.settings import run_config
 
 ARGS = ["dataset=humaneval", "method=sd", "num_prompts=1", "max_new_tokens=2", "logger=disabled"]

@@ -117,7 +117,7 @@ def test_the_calibration_is_priced_from_its_shapes_rounds_and_loading(offline):
     # CHECK_ROUNDS x the largest target call (K=7 x L+1=25 tokens) alone
     from spectr_repro.cost import forward_seconds
     from spectr_repro.cost.model import CellSpec, bytes_per_parameter, model_parameters
-    from spectr_repro.runner.plan import pair_config_of
+    from spectr_repro.launch.pairs import pair_config_of
 
     pair = pair_config_of(cfg)
     estimate = cfg.hardware.estimate

@@ -9,9 +9,10 @@ import re
 import pytest
 
 from spectr_repro.cost import CellSpec, speculative_prompt_seconds
+from spectr_repro.launch.pairs import pair_config_of
+from spectr_repro.logs import format_duration
 from spectr_repro.plan import main as main_plan
 from spectr_repro.replay.driver import parse, prompt_directory, write_prompt
-from spectr_repro.runner.plan import format_duration, pair_config_of
 from spectr_repro.runner.store import atomic_write_text
 
 

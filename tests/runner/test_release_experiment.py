@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
+from spectr_repro.launch.config import Composer, expand, parse_arguments
 from spectr_repro.plan import main as main_plan
-from spectr_repro.runner.config import Composer, expand, parse_arguments
 from tests.runner.runner_helpers import line_starting  # the offline fixture comes from tests/runner/conftest.py
 
 RELEASE_PAIRS = {"llama2_7b_68m", "llama2_7b_160m", "llama2_13b_68m", "llama2_13b_160m"}

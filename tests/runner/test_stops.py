@@ -9,7 +9,7 @@ import random
 import pytest
 
 from spectr_repro.data.humaneval import CODE_STOPS
-from spectr_repro.runner.stops import stop_checker, truncate_at_stop
+from spectr_repro.launch.stops import stop_checker, truncate_at_stop
 
 STOP_SETS = [("\ndef ",), ("Question:", "\n\n\n"), ("\n### ",), ("\n",), CODE_STOPS, ("é—",), ("x", "\ndef ")]
 PIECES = ["    return x\n", "def f(a):\n", "Question: how many?\n", "\n\n", "### Response", "print(1)\n", "#",

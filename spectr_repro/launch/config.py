@@ -432,11 +432,11 @@ def check_before_loading(runs: Sequence[RunConfig], num_prompts: Sequence[int] |
     ``num_prompts[i]``/``block_L[i]``/``rows[i]``: what config i really asks (a replay's replay.num_prompts, L_max
     and K_max); by default its num_prompts, min(L, max_new_tokens) (a cell's blocks never run past max_new_tokens)
     and K. A long-input bucket (a dataset config that fixes its prompt length) must also fit the pair's context
-    window and the device's memory (:func:`spectr_repro.runner.fit.check_context_fits`), and prompts decoded
+    window and the device's memory (:func:`spectr_repro.launch.fit.check_context_fits`), and prompts decoded
     ``batches[i]`` = (B, its setting's name) at a time (default ``hardware.batch_prompts``) the device's memory
-    (:func:`spectr_repro.runner.fit.check_batch_fits`)."""
-    # runner.fit pulls the cost model (pandas): check, replay and bias start without it
-    from spectr_repro.runner.fit import check_batch_fits, check_context_fits
+    (:func:`spectr_repro.launch.fit.check_batch_fits`)."""
+    # launch.fit pulls the cost model (pandas): check, replay and bias start without it
+    from spectr_repro.launch.fit import check_batch_fits, check_context_fits
 
     for run in runs:
         check_device(run.hardware.device)

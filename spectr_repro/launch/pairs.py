@@ -95,4 +95,9 @@ def _pair_argument(run: RunConfig):
     return run.named_pair_values if run.pair_values else run.model_pair
 
 
-__all__ = ["PairCache", "echo_above_bars", "pair_key"]
+def pair_config_of(run: RunConfig) -> dict:
+    """The cell's resolved model pair config (``models.pair_config``), named."""
+    return models.pair_config(run.named_pair_values)
+
+
+__all__ = ["PairCache", "echo_above_bars", "pair_config_of", "pair_key"]

@@ -1,7 +1,7 @@
 """Will a long input fit? The context window and the memory a bucket of input length needs, before any model loads.
 
 A dataset config that fixes its prompt length (a long-input bucket, ``conf/dataset/longcode_<n>k.yaml``) is checked
-by :func:`check_context_fits`, which ``runner.config.check_before_loading`` calls for every command that loads
+by :func:`check_context_fits`, which ``launch.config.check_before_loading`` calls for every command that loads
 models:
 
 - positions: prompt + max_new_tokens + the block's L + 1 must fit the pair's ``max_position_embeddings``;
@@ -86,7 +86,7 @@ def packaged_buckets() -> list[tuple[str, int]]:
 def check_context_fits(run: RunConfig, rows: int, block_L: int, window: tuple[int, str] | None,
                        free: int | None = None) -> None:
     """UsageError (one message naming the largest packaged bucket that fits) when ``run``'s dataset fixes a prompt
-    length that the pair's context ``window`` ((positions, which model): ``runner.config.context_window``; None:
+    length that the pair's context ``window`` ((positions, which model): ``launch.config.context_window``; None:
     unknown) or the device's free memory (``free``: bytes; None: measured) cannot hold at ``rows`` drafts of
     ``block_L`` tokens and ``run.max_new_tokens``; nothing for other datasets."""
     try:
