@@ -1,7 +1,7 @@
 """Hydra composition for the CLI: parse overrides, expand sweeps into cells, validate.
 
-The runner composes ``conf/config.yaml`` with Hydra's compose API (version_base 1.3) so that ``run``
-and ``sweep`` are ordinary commands that run every cell in ONE process (models loaded once). A sweep
+Every command that runs models composes ``conf/config.yaml`` here with Hydra's compose API (version_base 1.3), so
+that ``run`` and ``sweep`` are ordinary commands that run every cell in ONE process (models loaded once). A sweep
 is the cartesian product of
 
 - the comma lists / ranges given on the command line (``K=1,3 method=sd,spectr``), and
