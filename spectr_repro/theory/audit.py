@@ -45,6 +45,8 @@ EXTRA_VARIANTS: dict[str, list[dict[str, Any]]] = {
     "sbvf": [{"selection": "mixture"}],  # rho for the count mixture, greedy point included (docs/theory.md)
     # hsd: the release's EAGLE-3H cap; the capped last test (which makes it BV, the lossless reading)
     "hsd": [{"cap": "joint_min"}, {"final_test": "capped"}],
+    # hsd_rrs: each of the release's two changes alone (both together are `hsd_rrs_release`)
+    "hsd_rrs": [{"final_test": "joint"}, {"prefix": "carried"}],
 }
 
 

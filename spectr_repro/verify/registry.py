@@ -74,6 +74,15 @@ VERIFIERS: dict[str, VerifierSpec] = {
         VerifierSpec("hsd", "spectr_repro.verify.hsd:HierarchicalSpeculativeDecoding", "HSD", False, True, True,
                      "hierarchical speculative decoding as released (Zhou et al., ICLR 2026): BV's capped branch "
                      "tests, the whole block on its joint ratio (not lossless, measured)"),
+        VerifierSpec("hsd_rrs", "spectr_repro.verify.hsd_rrs:HierarchicalRecursiveRejection", "HSD-RRS", True, True,
+                     False, "HSD over K drafts with recursive rejection sampling as the paper's Algorithm 3 reads: "
+                     "each draft keeping the accepted prefix runs HSD from there against the last correction "
+                     "(lossless, BV at K=1)", reduces_at_K1_to="bv"),
+        VerifierSpec("hsd_rrs_release", "spectr_repro.verify.hsd_rrs:ReleasedHierarchicalRecursiveRejection",
+                     "HSD-RRS (release)", False, True, False,
+                     "the authors' multi-draft HSD loop: the prefix's joint ratio carried into each draft's tests, "
+                     "each draft passing on its raw joint ratio (hsd at K=1; not lossless, measured)",
+                     reduces_at_K1_to="hsd"),
     ]
 }
 
