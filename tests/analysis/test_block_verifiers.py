@@ -48,3 +48,17 @@ def test_a_dataset_without_hsd_at_a_temperature_shows_a_dash_not_nan():
     cells = shown.set_index("temperature")
     assert cells.loc[0.4, "e"] == "-" and cells.loc[0.7, "d"] == "-"
     assert cells.loc[0.4, "d"].startswith("+0.50") and "nan" not in shown.to_string()
+
+
+def test_multi_draft_hsd_rules_are_set_against_the_rules_at_their_own_K():
+    """hsd_rrs at K = 1 and 3 beside spectr at K = 3 and bv: the shown rows are hsd_rrs K=3 against spectr K=3 only
+    (+0.2), not hsd_rrs against bv (its reduction at K = 1, a single-draft rule at K = 3). Control: the CSV keeps
+    those rows."""
+    rows = [{"method": m, "K": K, "L": 6, "prompt_id": p, "tokens": t} for p in "ab"
+            for m, K, t in (("hsd_rrs", 1, 2.0), ("hsd_rrs", 3, 2.5), ("spectr", 3, 2.3), ("bv", 1, 2.0))]
+    table = hsd_differences(blocks(rows))
+    assert set(zip(table["K"], table["comparator"], table["comparator_K"])) == {(1, "bv", 1), (3, "bv", 1),
+                                                                                (3, "spectr", 3)}
+    shown = shown_table(table, L=6, K=3)
+    assert list(zip(shown["rule"], shown["against"])) == [("hsd_rrs K=3", "spectr K=3")]
+    assert shown["d"].iloc[0].startswith("+0.20")

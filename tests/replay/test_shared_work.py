@@ -3,8 +3,9 @@
 ``block_estimates`` takes K = 1 values from the single-draft rule each rule reduces to, shares sbv's rules and
 mpbv's sorted rows across row groups, draws and lengths (``shared_block``), walks sbv's events once for every L
 and draws sbvf's control variate and its sbv control from one run (``paired_draw``). The reference below asks
-every rule alone, as the replay did before: each sub-block through the rule's own ``expected_emitted``, sbvf as
-sbv's exact value plus the mean of (sbvf draw - sbv draw) over the same seeds. Exact values agree to float32
+every rule alone, as the replay did before: each sub-block through the rule's own ``expected_emitted`` (at K = 1 the
+lossless rules' reductions'), sbvf as sbv's exact value plus the mean of (sbvf draw - sbv draw) over the same seeds, a
+rule with no closed form (hsd_rrs) as the mean of its draws over the same seeds. Exact values agree to float32
 round-off (the blocks are float32; rules normalise in float64 in different orders: measured <= 2e-7 here), and
 the control variate to the same: its paired draws are the very same draws. Negative control: the reference of
 another prompt's block is far outside that tolerance (the test has the power to see a wrong block).
@@ -65,6 +66,7 @@ def reference_values(block, seed: int) -> dict[tuple[str, int, int], float]:
     K_max = tokens.shape[0]
     seeds = torch.randint(0, 2**62, (DRAWS,), generator=torch.Generator().manual_seed(seed)).tolist()
     rules = {name: get_verifier(name, check_inputs=False) for name in METHODS}
+    reductions = single_draft_reductions(METHODS, K_VALUES, {})
     values = {}
     for method in METHODS:
         Ks = [1] if VERIFIERS[method].single_draft else K_VALUES
@@ -75,9 +77,14 @@ def reference_values(block, seed: int) -> dict[tuple[str, int, int], float]:
                     rows = slice(group * K, (group + 1) * K)
                     sub = (tokens[rows, :L], draft_probs[rows, :L], target_probs[rows, :L + 1])
                     exact = rules[method].expected_emitted(*sub)
-                    if exact is None:  # sbvf: sbv's exact value + the paired draws' mean difference
-                        exact = rules["sbv"].expected_emitted(*sub) + _mean_accepted(rules[method], sub, seeds) \
-                            - _mean_accepted(rules["sbv"], sub, seeds)
+                    if exact is None and K == 1 and method in reductions:  # hsd_rrs at K = 1: BV's exact value
+                        exact = rules[reductions[method]].expected_emitted(*sub)
+                    control = VERIFIERS[method].shares_draws_with
+                    if exact is None and control:  # sbvf: sbv's exact value + the paired draws' mean difference
+                        exact = rules[control].expected_emitted(*sub) + _mean_accepted(rules[method], sub, seeds) \
+                            - _mean_accepted(rules[control], sub, seeds)
+                    elif exact is None:  # no closed form (hsd_rrs): the mean of its own draws, tau + 1
+                        exact = _mean_accepted(rules[method], sub, seeds) + 1.0
                     total += float(exact)
                 values[(method, K, L)] = total / (K_max // K)
     return values

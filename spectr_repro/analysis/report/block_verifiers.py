@@ -1,9 +1,11 @@
-"""HSD (Zhou et al., ICLR 2026) beside the block verifiers on the same replayed blocks: its tokens per call minus
-BV's, GBV's (first iteration), the release's and SBV-F's, paired prompt by prompt (prompts replayed before hsd was
-registered have no hsd rows: every difference pairs on the prompts both rules have).
+"""HSD (Zhou et al., ICLR 2026) beside the block verifiers on the same replayed blocks: the tokens per call of hsd,
+hsd_rrs and hsd_rrs_release minus BV's, GBV's (first iteration), SpecTr's, the release's and SBV-F's, paired prompt by
+prompt (prompts replayed before a rule was registered have no rows of it: every difference pairs on the prompts both
+rules have).
 
-Single-draft HSD is set against the single-draft rules at K = 1 and against the release and SBV-F at the replay's
-main K (the multi-draft comparison the paper's Table 1 makes for GBV), at every L the replay holds."""
+Single-draft HSD is set against the single-draft rules at K = 1 and against the multi-draft rules at the replay's main
+K (the comparison the paper's Table 1 makes for GBV); the multi-draft HSD rules against the multi-draft rules at the
+same K. Every L the replay holds is in the CSV; the section shows the replay's main (K, L)."""
 
 from __future__ import annotations
 
@@ -13,17 +15,19 @@ from spectr_repro.analysis.format import AVERAGE, interval_text, markdown, relat
 from spectr_repro.analysis.replay import differences
 from spectr_repro.analysis.report.context import ReportContext
 
-RULE = "hsd"
-AGAINST = ("bv", "gbv", "spectr_gbv", "sbvf")  # each at K = 1 where single-draft; the multi-draft at every K
+RULES = ("hsd", "hsd_rrs", "hsd_rrs_release")
+AGAINST = ("bv", "gbv", "spectr", "spectr_gbv", "sbvf")  # each at K = 1 where single-draft
 
 
 def hsd_differences(blocks: pd.DataFrame) -> pd.DataFrame:
-    """hsd minus each of ``AGAINST`` per (T, L, dataset and the average), paired on the same blocks."""
-    frame = blocks[blocks["method"].isin((RULE, *AGAINST))]
-    if RULE not in set(frame["method"]):
+    """Each of ``RULES`` minus each of ``AGAINST`` per (T, K, L, dataset and the average), paired on the same
+    blocks."""
+    frame = blocks[blocks["method"].isin((*RULES, *AGAINST))]
+    present = [rule for rule in RULES if rule in set(frame["method"])]
+    if not present:
         return pd.DataFrame()
     table = differences(frame, comparators=AGAINST)
-    return table[table["method"] == RULE].reset_index(drop=True)
+    return table[table["method"].isin(present)].reset_index(drop=True)
 
 
 def block_verifiers_section(context: ReportContext) -> str | None:
@@ -38,19 +42,28 @@ def block_verifiers_section(context: ReportContext) -> str | None:
     table.to_csv(path, index=False, float_format="%.4f")
     return "\n".join([
         "## HSD beside the block verifiers", "",
-        f"HSD (as released; not lossless, see the audit) minus each rule, tokens per target call on the same blocks at "
-        f"L={replay.L}, 95 % intervals over the prompts both rules have (hsd joined the grid on 2026-12-05). Every L: "
+        f"HSD as released (`hsd`, K = 1) and over K drafts (`hsd_rrs`: the paper's Algorithm 3, lossless; "
+        f"`hsd_rrs_release`: the authors' loop; the releases are not lossless, see the audit) minus each rule, tokens "
+        f"per target call on the same blocks at L={replay.L}, 95 % intervals over the prompts both rules have (hsd "
+        f"joined the grid on 2026-12-05, hsd_rrs and hsd_rrs_release on 2026-12-06). Every K and L: "
         f"[{path.name}]({relative(path, context.out_dir)}).", "",
         markdown(shown_table(table, replay.L, replay.K)), ""])
 
 
 def shown_table(table: pd.DataFrame, L: int, K: int) -> pd.DataFrame:
-    """Rows (temperature, comparator and its K: 1, and the replay's main K), columns the datasets then the average,
-    at ``L``; "-" where a dataset has no prompt with hsd at that temperature (as Table 1 shows a missing cell)."""
-    main = table[(table["L"] == L) & ((table["comparator_K"] == 1) | (table["comparator_K"] == K))]
-    main = main.assign(against=[f"{c} K={k}" for c, k in zip(main["comparator"], main["comparator_K"])],
+    """Rows (temperature, rule and its K, comparator and its K), columns the datasets then the average, at ``L``: hsd
+    (K = 1) against the rules at K = 1 and the replay's main K, the multi-draft HSD rules at the main K against the
+    rules there; "-" where a dataset has no prompt with the rule at that temperature (as Table 1 shows a missing
+    cell)."""
+    at_L = table[table["L"] == L]
+    single = (at_L["K"] == 1) & at_L["comparator_K"].isin((1, K)) & (at_L["method"] == RULES[0])
+    multi = (at_L["K"] == K) & (at_L["comparator_K"] == K) & (at_L["method"] != RULES[0])
+    main = at_L[single | multi]
+    main = main.assign(rule=[f"{m} K={k}" for m, k in zip(main["method"], main["K"])],
+                       against=[f"{c} K={k}" for c, k in zip(main["comparator"], main["comparator_K"])],
                        value=[interval_text(d, lo, hi, signed=True) + f" (n={n})" for d, lo, hi, n in
                               zip(main["difference"], main["ci_low"], main["ci_high"], main["prompts"])])
-    wide = main.pivot_table(index=["temperature", "against"], columns="dataset", values="value", aggfunc="first")
+    wide = main.pivot_table(index=["temperature", "rule", "against"], columns="dataset", values="value",
+                            aggfunc="first")
     order = [c for c in wide.columns if c != AVERAGE] + ([AVERAGE] if AVERAGE in wide.columns else [])
     return wide[order].fillna("-").reset_index()
