@@ -14,6 +14,7 @@ import pandas as pd
 from spectr_repro.analysis.format import AVERAGE, interval_text, markdown, relative
 from spectr_repro.analysis.replay import differences
 from spectr_repro.analysis.report.context import ReportContext
+from spectr_repro.verify import VERIFIERS
 
 RULES = ("hsd", "hsd_rrs", "hsd_rrs_release")
 AGAINST = ("bv", "gbv", "spectr", "spectr_gbv", "sbvf")  # each at K = 1 where single-draft
@@ -56,8 +57,9 @@ def shown_table(table: pd.DataFrame, L: int, K: int) -> pd.DataFrame:
     rules there; "-" where a dataset has no prompt with the rule at that temperature (as Table 1 shows a missing
     cell)."""
     at_L = table[table["L"] == L]
-    single = (at_L["K"] == 1) & at_L["comparator_K"].isin((1, K)) & (at_L["method"] == RULES[0])
-    multi = (at_L["K"] == K) & (at_L["comparator_K"] == K) & (at_L["method"] != RULES[0])
+    single_draft = at_L["method"].map(lambda method: VERIFIERS[method].single_draft)
+    single = single_draft & (at_L["K"] == 1) & at_L["comparator_K"].isin((1, K))
+    multi = ~single_draft & (at_L["K"] == K) & (at_L["comparator_K"] == K)
     main = at_L[single | multi]
     main = main.assign(rule=[f"{m} K={k}" for m, k in zip(main["method"], main["K"])],
                        against=[f"{c} K={k}" for c, k in zip(main["comparator"], main["comparator_K"])],
