@@ -241,8 +241,22 @@ def default_variant(frame: pd.DataFrame, rule: str) -> pd.DataFrame:
 
 
 def table1_markdown(table: pd.DataFrame, K: int, L: int) -> str:
-    return main_setting_rows(table, K, L, lambda r: interval_text(r.tokens_per_call, r.ci_low, r.ci_high)).to_markdown(
-        index=False)
+    """Table 1 over one (pair, temperature). A rule registered after a grid began is replayed only on the prompts
+    that came after it: its cell is a mean over other prompts than its column's, so it says "(n=a/b)", a of the b
+    prompts the column's other rules have, and a note under the table says where the fair comparison is."""
+    full = table.groupby("dataset")["prompts"].max().to_dict()
+
+    def text(row) -> str:
+        shown = interval_text(row.tokens_per_call, row.ci_low, row.ci_high)
+        return shown + (f" (n={row.prompts}/{full[row.dataset]})" if row.prompts < full[row.dataset] else "")
+
+    frame = main_setting_rows(table, K, L, text)
+    markdown = frame.to_markdown(index=False)
+    if frame.map(lambda value: "(n=" in str(value)).to_numpy().any():
+        markdown += ("\n\n(n=a/b): this rule was replayed on a of the b prompts the column's other rules were (it "
+                     "was registered after the grid began), so its value is a mean over other prompts; the paired "
+                     "differences compare rules on the prompts both have.")
+    return markdown
 
 
 def replayed_differences_markdown(diffs: pd.DataFrame, K: int, L: int) -> str:

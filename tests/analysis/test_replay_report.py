@@ -228,3 +228,35 @@ def test_an_average_over_datasets_needs_every_dataset_of_the_group():
     paired = differences(frame, comparators=("sd",), resamples=200)
     assert set(paired.loc[paired["dataset"] == AVERAGE, "method"]) == {"sbv"}
     assert set(paired.loc[paired["method"] == "hsd", "dataset"]) == {"lm1b", "gsm8k"}
+
+
+def test_table1_marks_a_rule_replayed_on_fewer_prompts_than_its_column():
+    """A rule registered while the grid was running (hsd_rrs) has 2 of humaneval's 4 prompts: its cell is a mean over
+    other prompts than the rest of the column, so it reads "(n=2/4)" and a note says so (the committed T=0.1 grid's
+    HSD read 5.24 beside BV's 5.91 on 4 of 12 prompts, as if it lost 0.7 tokens a call). Negative control: the same
+    table with hsd_rrs on every prompt carries no mark and no note."""
+    from spectr_repro.analysis.replay import summary
+    from spectr_repro.analysis.replay_report import table1_markdown
+
+    def frame(late_prompts: int) -> pd.DataFrame:
+        rows = []
+        for dataset, tokens in (("humaneval", 6.0), ("gsm8k", 5.0)):
+            for index in range(4):
+                base = {"model_pair": "p", "dataset": dataset, "temperature": 0.4, "prompt_id": f"{dataset}{index}",
+                        "iteration": 0, "reference_tokens": 2, "L": 6, "draws": 0, "output_position": 0,
+                        "prompt_tokens": 10, "estimator": "exact"}
+                rows.append({**base, "method": "sd", "K": 1, "tokens": tokens + index / 10})
+                rows.append({**base, "method": "sbv", "K": 3, "tokens": tokens + 0.1 + index / 10})
+                if dataset == "gsm8k" or index >= 4 - late_prompts:
+                    rows.append({**base, "method": "hsd_rrs", "K": 3, "tokens": tokens + index / 10})
+        return pd.DataFrame(rows)
+
+    late = table1_markdown(summary(frame(2), resamples=200), 3, 6)
+    hsd_rrs_row = next(line for line in late.splitlines() if line.startswith("| HSD-RRS"))
+    # humaneval and the average over datasets are marked, gsm8k (all 4 prompts) is not
+    assert "(n=2/4)" in hsd_rrs_row and "(n=6/8)" in hsd_rrs_row and hsd_rrs_row.count("(n=") == 2
+    assert "registered after the grid began" in late
+    assert [line for line in late.splitlines() if "(n=" in line and line.startswith("|")
+            and not line.startswith("| HSD-RRS")] == []
+    complete = table1_markdown(summary(frame(4), resamples=200), 3, 6)
+    assert "(n=" not in complete and "registered after" not in complete
