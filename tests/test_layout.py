@@ -62,7 +62,8 @@ def test_committed_results_are_sealed_small_and_packed():
     assert not [p for p in tracked if p.endswith("blocks.jsonl")]
     allowed = ("README.md", "replay.json", "manifest.json", "done.json", "blocks.jsonl.gz", "audit/audit.json",
                "audit/AUDIT.md", "speedup_batch/bench_batch.json",
-               "speedup_batch/bench_batch.partial.json", "bias_qwen/bias/bias.csv")
+               "speedup_batch/bench_batch.partial.json", "speedup_batch/bench_batch_short.json",
+               "bias_qwen/bias/bias.csv")
     bias_context = re.compile(r"^results/bias_qwen/bias/contexts/[^/]+/(setting\.json|[^/]+/[a-z_]+\.json)$")
     assert [p for p in tracked if not p.endswith(allowed) and not bias_context.match(p)] == []
     # every committed bias context is finished: its done.json vouches for the files beside it

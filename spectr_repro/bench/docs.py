@@ -87,6 +87,14 @@ def section(path: str | Path, results: dict, tables: str) -> str:
                       f"Date: {date}. Machine: {machine}. Run: {run}. Command: {command}.", "", tables])
 
 
+def batch_files(root: str | Path = ".") -> list[Path]:
+    """The committed batch benches under ``root`` (``bench_batch.json``, the one the report reads, first; then
+    earlier presets kept beside it, e.g. ``bench_batch_short.json``); never a run's checkpoint or a set-aside file."""
+    folder = Path(root) / Path(BATCH_FILE).parent
+    found = [p for p in folder.glob("bench_batch*.json") if ".partial" not in p.name and ".set-aside" not in p.name]
+    return sorted(found, key=lambda p: (p.name != Path(BATCH_FILE).name, p.name))
+
+
 def render(paths: list[str | Path], block: str = BLOCK) -> str:
     """The block: every file's section, or how to produce one when there is none."""
     if not paths and block != BLOCK:
@@ -113,8 +121,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--block", default=BLOCK, choices=BLOCKS, help=f"the block rewritten (default {BLOCK})")
     parser.add_argument("--check", action="store_true", help="write nothing; exit 1 when the block differs")
     args = parser.parse_args(argv)
-    defaults = sorted(Path().glob(DEFAULT_GLOB)) if args.block == BLOCK else [
-        path for path in [Path(BATCH_FILE)] if path.is_file()]
+    defaults = sorted(Path().glob(DEFAULT_GLOB)) if args.block == BLOCK else batch_files()
     paths = args.files or defaults
     docs = Path(args.docs)
     try:

@@ -5,6 +5,7 @@ with one message naming it."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -181,3 +182,20 @@ def test_a_batch_result_says_its_pool_and_batches_not_the_presets_rounds(tmp_pat
     text = docs.section(tmp_path / "bench_batch.json", results, "")
     assert "Run: 8 prompts of gsm8k, lm1b in groups of B = 1, 2, 4, 8 × 32 new tokens, T=0.4, 10.0 min." in text
     assert "rounds" not in text
+
+
+def test_the_committed_batch_tables_are_the_committed_files(monkeypatch):
+    """docs/speed.md's batch-tables block is what `python -m spectr_repro.bench.docs --block batch-tables` renders
+    from the committed batch benches (results/speedup_batch: the full preset the report reads, then the short one
+    kept beside it), so a new bench result cannot land without its table. Negative control: the block with one
+    measured value changed no longer matches."""
+    monkeypatch.chdir(REPO)
+    files = docs.batch_files()
+    assert [p.name for p in files][:1] == ["bench_batch.json"]
+    assert not [p for p in files if ".partial" in p.name or ".set-aside" in p.name]
+    expected = docs.render(files, "batch-tables")  # relative paths, as the command shows them
+    block = read_block((REPO / "docs" / "speed.md").read_text(), "batch-tables", "docs/speed.md")
+    assert block == expected, f"docs/speed.md is stale: {docs.COMMAND} --block batch-tables"
+    measured = re.search(r"\| (\d\.\d\d) \[", block).group(1)
+    altered = block.replace(f"| {measured} [", f"| {float(measured) + 0.01:.2f} [", 1)
+    assert altered != expected
