@@ -245,14 +245,17 @@ def table1_markdown(table: pd.DataFrame, K: int, L: int) -> str:
     that came after it: its cell is a mean over other prompts than its column's, so it says "(n=a/b)", a of the b
     prompts the column's other rules have, and a note under the table says where the fair comparison is."""
     full = table.groupby("dataset")["prompts"].max().to_dict()
+    marked = []  # the cells text() marked: the note goes under the table only when there is one
 
     def text(row) -> str:
         shown = interval_text(row.tokens_per_call, row.ci_low, row.ci_high)
-        return shown + (f" (n={row.prompts}/{full[row.dataset]})" if row.prompts < full[row.dataset] else "")
+        if row.prompts < full[row.dataset]:
+            marked.append(row.dataset)
+            shown += f" (n={row.prompts}/{full[row.dataset]})"
+        return shown
 
-    frame = main_setting_rows(table, K, L, text)
-    markdown = frame.to_markdown(index=False)
-    if frame.map(lambda value: "(n=" in str(value)).to_numpy().any():
+    markdown = main_setting_rows(table, K, L, text).to_markdown(index=False)
+    if marked:
         markdown += ("\n\n(n=a/b): this rule was replayed on a of the b prompts the column's other rules were (it "
                      "was registered after the grid began), so its value is a mean over other prompts; the paired "
                      "differences compare rules on the prompts both have.")
