@@ -62,21 +62,28 @@ def calibrate(pair, prompt: torch.Tensor, contenders: Sequence[Contender], batch
               temperature: float, new_tokens: int, prefill_tokens: Sequence[int], prefill_chunk: int | None = None,
               repeats: int = 3) -> CallCosts:
     """The cost model of this pair here and now, measured on ``prompt`` (one no timed group decodes); prefills at
-    ``prefill_tokens`` (the groups' shortest, median and longest prompt: interpolated between)."""
+    ``prefill_tokens`` (the groups' shortest, median and longest prompt: interpolated between).
+
+    The forwards are timed on caches as wide as a group's can be: its longest prompt plus half the new tokens, at
+    the shortest, median and longest prompt (``batch_decode_seconds`` prices a group there). A batch's cache is
+    left-padded to its longest prompt, and its cost grows with rows x width far faster than the attention's FLOPs
+    (the key and value heads are expanded per row over the whole width): on the Qwen pair (2026-12-07, Intel Xeon,
+    float32) the target's 24 x 7 forward took 2.9 s on 326 cached tokens and 6.3 s on 700, its 8 x 7 forward
+    1.31 s and 1.35 s. The sections' overheads come from ``generate_batch`` at B = 1, the path the groups time."""
     rules = [c for c in contenders if c[0] != "ar"]
     Ks, Ls = sorted({K for _, K, _ in rules}), sorted({L for _, _, L in rules})
-    context = int(prompt.numel()) + new_tokens // 2
+    widths = sorted({int(n) + new_tokens // 2 for n in prefill_tokens})
     chunks = sorted({min(int(n), int(prefill_chunk or n)) for n in prefill_tokens})
     shapes = plan_shapes(Ks, Ls, chunks, batches)
-    target = measure_forward_costs(pair.target, shapes["target"], repeats, context, pair.vocab_size)
-    draft = measure_forward_costs(pair.draft, shapes["draft"], repeats, context, pair.vocab_size)
+    target = measure_forward_costs(pair.target, shapes["target"], repeats, widths, pair.vocab_size)
+    draft = measure_forward_costs(pair.draft, shapes["draft"], repeats, widths, pair.vocab_size)
     blocks = record_blocks(pair.target, pair.draft, prompt.to(pair.device), max(Ks), max(Ls), 3, temperature,
                            pair.vocab_size, prefill_chunk)
     rule_seconds = measure_rule_seconds(blocks, rules)
     corners = sorted({(min(Ks), min(Ls)), (min(Ks), max(Ls)), (max(Ks), min(Ls)), (max(Ks), max(Ls))})
     residuals = measure_section_residuals(pair.target, pair.draft, prompt.to(pair.device), corners, target, draft,
                                           rule_seconds, temperature, calls=5, vocab_size=pair.vocab_size,
-                                          prefill_chunk=prefill_chunk)
+                                          prefill_chunk=prefill_chunk, batched=True)
     return CallCosts(target, draft, rule_seconds, SectionOverheads.fit(residuals),
                      source="measured in this process before the timed groups, on a prompt no group decodes")
 
@@ -261,7 +268,8 @@ def bench_batches(pair, prompts_by_dataset: dict[str, Sequence[torch.Tensor]], c
                        done=checkpoint.done() if checkpoint else None,
                        on_group=checkpoint.add_group if checkpoint else None)
     cells = summarise(rows, costs, new_tokens, prefill_chunk)
-    result: dict[str, Any] = {"cells": cells, "groups": rows, "costs_source": costs.source}
+    # the costs are kept with the groups: the prediction can be scored again from the file (``rescore``)
+    result: dict[str, Any] = {"cells": cells, "groups": rows, "costs_source": costs.source, "costs": costs.to_json()}
     for prefix in ("", "decode_"):
         errors = [abs(c[f"{prefix}error"]) for c in cells]
         result |= {f"{prefix}median_abs_error": statistics.median(errors), f"{prefix}worst_abs_error": max(errors)}

@@ -21,7 +21,7 @@ from transformers import DynamicCache
 
 from spectr_repro.cost.calibration import ForwardCosts
 from spectr_repro.cost.model import section_residual
-from spectr_repro.engine import generate
+from spectr_repro.engine import generate, generate_batch
 from spectr_repro.engine.cache import crop_to, keep_row, repeat_rows
 from spectr_repro.engine.forward import forward_logits, head_size
 from spectr_repro.engine.timing import SectionTimer
@@ -188,12 +188,20 @@ def measure_section_residuals(target, draft, prompt: torch.Tensor, shapes: Itera
                               target_costs: ForwardCosts, draft_costs: ForwardCosts,
                               rule_seconds: dict[tuple[str, int, int], float], temperature: float,
                               calls: int = 4, vocab_size: int | None = None,
-                              prefill_chunk: int | None = None, ar: bool = True) -> list[dict]:
+                              prefill_chunk: int | None = None, ar: bool = True, batched: bool = False) -> list[dict]:
     """Per (K, L) of ``shapes``: one real decode of ``calls`` iterations (sd at K = 1, spectr above; EOS off),
     and per call what each engine section spent beyond what the forwards (``target_costs``, ``draft_costs``,
     measured at the prompt's context) and the rule (``rule_seconds``) explain; plus AR's per token. The first
-    iteration's scoring runs in the prefill section, so the target's per call is over ``calls - 1``."""
+    iteration's scoring runs in the prefill section, so the target's per call is over ``calls - 1``.
+
+    ``batched``: decode with ``engine.generate_batch`` (a batch of this one prompt), the path a batch bench times.
+    Its sections are not ``generate``'s: it scores the first block in the target section (per call over ``calls``)
+    and feeds the draft's first pending token in the prefill, which is put back here (the model charges that
+    forward to every call). Its overheads differ too: on the Qwen pair (2026-12-07, Intel Xeon) a K = 3 call of
+    ``generate_batch`` at B = 1 cost ~0.02 s beyond its forwards in the target section."""
     context = int(prompt.numel())
+    decode = functools.partial(_decode_batch_of_one if batched else _decode_alone, target, prompt=prompt,
+                               temperature=temperature, vocab_size=vocab_size, prefill_chunk=prefill_chunk)
     rows = []
     for K, L in shapes:
         rule = "sd" if K == 1 else "spectr"
@@ -203,12 +211,11 @@ def measure_section_residuals(target, draft, prompt: torch.Tensor, shapes: Itera
             done[0] += 1
             return done[0] >= calls
 
-        out = generate(target, draft, prompt, method=rule, K=K, L=L, temperature=temperature,
-                       max_new_tokens=calls * (L + 1) + 1, seed=0, vocab_size=vocab_size, eos_token_ids=(),
-                       should_stop=stop, prefill_chunk=prefill_chunk)
-        n, sections = out.target_calls, out.stats["time_s"]
+        n, sections = decode(draft, method=rule, K=K, L=L, max_new_tokens=calls * (L + 1) + 1, should_stop=stop)
         timed = sum(v for key, v in sections.items() if key != "total")
-        measured = {"draft": sections.get("draft", 0.0) / n, "target": sections.get("target", 0.0) / max(1, n - 1),
+        draft_s = sections.get("draft", 0.0) + (draft_costs.seconds(1, 2, context=context) if batched else 0.0)
+        target_calls = n if batched else max(1, n - 1)
+        measured = {"draft": draft_s / n, "target": sections.get("target", 0.0) / target_calls,
                     "verify": sections.get("verify", 0.0) / n, "other": (sections["total"] - timed) / n}
         rows.append({"K": int(K), "L": int(L), "calls": n, "rule": rule, "context": context, "measured": measured,
                      **section_residual(measured, target_costs, draft_costs, rule_seconds, rule, K, L, context)})
@@ -218,16 +225,33 @@ def measure_section_residuals(target, draft, prompt: torch.Tensor, shapes: Itera
     # more read 258-263 (Qwen pair, 2026-12-03), and AR's token divides every predicted speed-up.
     runs = []
     for _ in range(AR_DECODES):
-        decoded = generate(target, None, prompt, method="ar", max_new_tokens=calls * 4, temperature=temperature,
-                           seed=0, vocab_size=vocab_size, eos_token_ids=(), prefill_chunk=prefill_chunk)
-        sections, tokens = decoded.stats["time_s"], max(1, decoded.target_calls - 1)
+        calls_made, sections = decode(None, method="ar", max_new_tokens=calls * 4)
+        tokens = max(1, calls_made - 1)
         runs.append({"target": sections.get("target", 0.0) / tokens,
                      "other": (sections["total"] - sum(v for k, v in sections.items() if k != "total")) / tokens})
     measured = {key: float(statistics.median(run[key] for run in runs)) for key in ("target", "other")}
-    rows.append({"K": 0, "L": 0, "calls": decoded.target_calls, "rule": "ar", "context": context, "measured": measured,
+    rows.append({"K": 0, "L": 0, "calls": calls_made, "rule": "ar", "context": context, "measured": measured,
                  "decodes": runs, "target": measured["target"] - target_costs.seconds(1, 1, context=context),
                  "other": measured["other"]})
     return rows
+
+
+def _decode_alone(target, draft, *, prompt, temperature, vocab_size, prefill_chunk, method, max_new_tokens,
+                  K: int = 1, L: int = 1, should_stop=None) -> tuple[int, dict[str, float]]:
+    """One ``generate`` (seed 0, EOS off): its target calls and seconds per section."""
+    out = generate(target, draft, prompt, method=method, K=K, L=L, temperature=temperature,
+                   max_new_tokens=max_new_tokens, seed=0, vocab_size=vocab_size, eos_token_ids=(),
+                   should_stop=should_stop, prefill_chunk=prefill_chunk)
+    return out.target_calls, out.stats["time_s"]
+
+
+def _decode_batch_of_one(target, draft, *, prompt, temperature, vocab_size, prefill_chunk, method, max_new_tokens,
+                         K: int = 1, L: int = 1, should_stop=None) -> tuple[int, dict[str, float]]:
+    """The same decode by ``generate_batch`` with this one prompt."""
+    out = generate_batch(target, draft, [prompt], method=method, K=K, L=L, temperature=temperature,
+                         max_new_tokens=max_new_tokens, seeds=[0], vocab_size=vocab_size, eos_token_ids=(),
+                         should_stop=should_stop, prefill_chunk=prefill_chunk)
+    return out.outputs[0].target_calls, out.stats["time_s"]
 
 
 def measure_memory_bandwidth(size_bytes: int = 1 << 30, repeats: int = 5, device: str | torch.device = "cpu") -> float:

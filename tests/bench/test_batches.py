@@ -43,6 +43,62 @@ def test_a_speculative_batch_prices_each_call_at_the_prompts_still_running():
     assert seconds < alone
 
 
+def test_a_batch_is_priced_on_its_longest_prompt_the_width_every_row_reads():
+    """The engine left-pads every row to the longest prompt: a batch of a 100- and a 700-token prompt reads a
+    ~700-token cache on every row. Forwards measured at two widths, 10x dearer on the wider: the batch costs what
+    two rows on the wide cache cost, not what two on the mean width (400) would."""
+    def at_widths(cheap: float, dear: float) -> ForwardCosts:
+        points = tuple((rows, n, kind, cost * rows * n) for cost in (cheap, dear) for rows in (1, 2)
+                       for n in (1, 2, 5) for kind in ("last", "all"))
+        return ForwardCosts(points, tuple(w for w in (100, 704) for _ in range(12)))
+
+    costs = CallCosts(at_widths(0.001, 0.01), at_widths(0.0005, 0.005), {("sd", 1, 4): 0.0})
+    mixed = batch_decode_seconds(costs, "sd", 1, 4, [100, 700], [2, 2], new_tokens=8, prefill=False)
+    wide = batch_decode_seconds(costs, "sd", 1, 4, [700, 700], [2, 2], new_tokens=8, prefill=False)
+    narrow = batch_decode_seconds(costs, "sd", 1, 4, [400, 400], [2, 2], new_tokens=8, prefill=False)
+    assert mixed == pytest.approx(wide)
+    assert mixed > 1.5 * narrow  # the mean width's price, which the model used before 2026-12-07
+
+
+def test_section_residuals_of_a_batch_of_one_are_measured_on_generate_batch(monkeypatch):
+    """A batch bench's overheads come from the path it times, with its own accounting: the first block scored in
+    the target section (per call over every call) and the draft's first pending feed put back."""
+    import torch
+
+    from spectr_repro.cost import measure
+
+    seen = []
+
+    class Out:
+        def __init__(self, calls):
+            self.outputs = [type("O", (), {"target_calls": calls})()]
+            self.target_calls = calls
+            self.stats = {"time_s": {"draft": 1.0, "target": 2.0, "verify": 0.5, "prefill": 3.0, "total": 7.0}}
+
+    def fake_batch(*args, **kwargs):
+        seen.append("batch")
+        return Out(4)
+
+    def fake_alone(*args, **kwargs):
+        seen.append("alone")
+        return Out(4)
+
+    monkeypatch.setattr(measure, "generate_batch", fake_batch)
+    monkeypatch.setattr(measure, "generate", fake_alone)
+    forward = ForwardCosts(tuple((r, n, k, 0.0) for r in (1, 2) for n in (1, 2, 5) for k in ("last", "all")))
+    draft = ForwardCosts(tuple((r, n, k, 0.1 if (r, n) == (1, 2) else 0.0) for r in (1, 2) for n in (1, 2, 5)
+                               for k in ("last", "all")))
+    prompt = torch.arange(10)
+    batched = measure.measure_section_residuals(None, None, prompt, [(1, 4)], forward, draft, {}, 0.4,
+                                                batched=True, ar=False)[0]
+    alone = measure.measure_section_residuals(None, None, prompt, [(1, 4)], forward, draft, {}, 0.4, ar=False)[0]
+    assert seen == ["batch", "alone"]
+    assert batched["measured"]["target"] == pytest.approx(2.0 / 4)  # every call's block scored in "target"
+    assert alone["measured"]["target"] == pytest.approx(2.0 / 3)  # the first in the prefill
+    assert batched["measured"]["draft"] == pytest.approx((1.0 + 0.1) / 4)
+    assert alone["measured"]["draft"] == pytest.approx(1.0 / 4)
+
+
 def group(method, seconds, tokens=16, B=2, g=0, K=1, L=4, calls=(4, 4), prefill_s=0.5):
     return {"B": B, "group": g, "datasets": ["humaneval"] * B, "method": method, "K": K, "L": L,
             "prompt_tokens": [100] * B, "seconds": seconds, "prefill_s": prefill_s, "tokens": tokens,
