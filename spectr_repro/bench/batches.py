@@ -250,6 +250,18 @@ def summarise(rows: Sequence[dict[str, Any]], costs: CallCosts, new_tokens: int,
     return summary
 
 
+def rescore(result: dict[str, Any]) -> list[dict[str, Any]]:
+    """The cells of a batch bench's result (the ``batches`` section of its file) scored again by the cost model as it
+    is now, from what the run kept: its groups and its calibration's costs. A revised model is checked against the
+    timed groups without timing anything again; the committed file's own cells must come out unchanged."""
+    if not result.get("costs"):
+        raise ValueError("this batch bench kept no calibration (files written before 2026-12-07 did not): "
+                         "time it again to score the model")
+    settings = result["settings"]
+    return summarise(result["groups"], CallCosts.from_json(result["costs"]), int(settings["max_new_tokens"]),
+                     settings.get("prefill_chunk"))
+
+
 def bench_batches(pair, prompts_by_dataset: dict[str, Sequence[torch.Tensor]], calibration_prompt: torch.Tensor,
                   contenders: Sequence[Contender], batches: Sequence[int], temperature: float,
                   new_tokens: int, prefill_chunk: int | None = None,
@@ -274,10 +286,10 @@ def bench_batches(pair, prompts_by_dataset: dict[str, Sequence[torch.Tensor]], c
         errors = [abs(c[f"{prefix}error"]) for c in cells]
         result |= {f"{prefix}median_abs_error": statistics.median(errors), f"{prefix}worst_abs_error": max(errors)}
     result["settings"] = {"batches": list(batches), "datasets": list(prompts_by_dataset), "prompts": len(pool),
-                          "temperature": temperature, "max_new_tokens": new_tokens,
+                          "temperature": temperature, "max_new_tokens": new_tokens, "prefill_chunk": prefill_chunk,
                           "contenders": [list(c) for c in contenders]}
     return result
 
 
 __all__ = ["AR", "BatchCheckpoint", "bench_batches", "calibrate", "checkpoint_identity", "decode_group", "interval",
-           "prompt_pool", "summarise", "time_groups"]
+           "prompt_pool", "rescore", "summarise", "time_groups"]
