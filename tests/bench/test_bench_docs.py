@@ -199,3 +199,23 @@ def test_the_committed_batch_tables_are_the_committed_files(monkeypatch):
     measured = re.search(r"\| (\d\.\d\d) \[", block).group(1)
     altered = block.replace(f"| {measured} [", f"| {float(measured) + 0.01:.2f} [", 1)
     assert altered != expected
+
+
+def test_the_committed_batch_bench_predictions_are_the_cost_models_now():
+    """The full preset's committed cells are what today's cost model predicts from the run's own calibration and
+    groups (``bench.batches.rescore``): a change to the model that moves a committed prediction fails here until the
+    file is timed again. Negative control: costs with the target's forwards doubled predict other cells."""
+    from spectr_repro.bench.batches import rescore
+
+    result = json.loads((REPO / "results" / "speedup_batch" / "bench_batch.json").read_text())["batches"]
+    again = rescore(result)
+    assert len(again) == len(result["cells"]) == 32
+    for old, new in zip(result["cells"], again):
+        assert {k: old[k] for k in ("method", "K", "L", "B")} == {k: new[k] for k in ("method", "K", "L", "B")}
+        for key in ("predicted", "decode_predicted", "speedup"):
+            assert new[key] == pytest.approx(old[key], rel=1e-9), (old["method"], old["K"], old["L"], old["B"], key)
+    dearer = json.loads(json.dumps(result))
+    for point in dearer["costs"]["target"]:
+        point["seconds"] *= 2
+    moved = rescore(dearer)
+    assert any(abs(m["predicted"] / c["predicted"] - 1) > 0.05 for m, c in zip(moved, result["cells"]))
