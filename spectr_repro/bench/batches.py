@@ -69,7 +69,8 @@ def calibrate(pair, prompt: torch.Tensor, contenders: Sequence[Contender], batch
     left-padded to its longest prompt, and its cost grows with rows x width far faster than the attention's FLOPs
     (the key and value heads are expanded per row over the whole width): on the Qwen pair (2026-12-07, Intel Xeon,
     float32) the target's 24 x 7 forward took 2.9 s on 326 cached tokens and 6.3 s on 700, its 8 x 7 forward
-    1.31 s and 1.35 s. The sections' overheads come from ``generate_batch`` at B = 1, the path the groups time."""
+    1.31 s and 1.35 s. The sections' overheads come from ``generate_batch``, the path the groups time, at B = 1 and at
+    the largest B (copies of ``prompt``): what a call pays once apart from what it pays per prompt."""
     rules = [c for c in contenders if c[0] != "ar"]
     Ks, Ls = sorted({K for _, K, _ in rules}), sorted({L for _, _, L in rules})
     widths = sorted({int(n) + new_tokens // 2 for n in prefill_tokens})
@@ -81,9 +82,11 @@ def calibrate(pair, prompt: torch.Tensor, contenders: Sequence[Contender], batch
                            pair.vocab_size, prefill_chunk)
     rule_seconds = measure_rule_seconds(blocks, rules)
     corners = sorted({(min(Ks), min(Ls)), (min(Ks), max(Ls)), (max(Ks), min(Ls)), (max(Ks), max(Ls))})
-    residuals = measure_section_residuals(pair.target, pair.draft, prompt.to(pair.device), corners, target, draft,
-                                          rule_seconds, temperature, calls=5, vocab_size=pair.vocab_size,
-                                          prefill_chunk=prefill_chunk, batched=True)
+    residuals = []
+    for batch in sorted({1, max(batches)}):  # two batch sizes tell per call from per prompt (SectionOverheads)
+        residuals += measure_section_residuals(pair.target, pair.draft, prompt.to(pair.device), corners, target,
+                                               draft, rule_seconds, temperature, calls=5, vocab_size=pair.vocab_size,
+                                               prefill_chunk=prefill_chunk, batched=True, batch=batch)
     return CallCosts(target, draft, rule_seconds, SectionOverheads.fit(residuals),
                      source="measured in this process before the timed groups, on a prompt no group decodes")
 

@@ -90,13 +90,14 @@ def batch_decode_seconds(costs: CallCosts, method: str, K: int, L: int, prompt_t
 
         prefill  = each prompt alone through the target (and the draft), chunked       (engine.batched._prefill)
         call c   = the forwards at a(c) prompts = #{i : calls_i >= c} (B*K rows, shrinking as prompts finish)
-                   + a(c) x (the rule's call + each section's overhead at batch 1)
+                   + a(c) x the rule's call + each section's overhead at a(c) prompts
 
-    The overheads and the rule are charged per prompt because the engine samples, verifies and keeps the books of
-    each prompt in its own Python loop (``_sample_per_prompt``, the verify list); the forwards read the weights once
-    for all rows. Calls are priced on the batch's cache width, its longest prompt plus half the new tokens: the
-    engine left-pads every row to the longest (``engine.batch_cache``), and every row's forward reads that width
-    (priced at the prompts' mean context, the K = 3 rules at B = 8 ran up to 58 % slower than predicted, 2026-12-07).
+    The rule is charged per prompt because the engine verifies each prompt in its own Python loop; the forwards
+    read the weights once for all rows; the overheads are once per call plus once per prompt when the calibration
+    decoded at two batch sizes (``SectionOverheads``), else all per prompt. Calls are priced on the batch's cache
+    width, its longest prompt plus half the new tokens: the engine left-pads every row to the longest
+    (``engine.batch_cache``), and every row's forward reads that width (priced at the prompts' mean context, the
+    K = 3 rules at B = 8 ran up to 58 % slower than predicted, 2026-12-07).
     ``prefill`` False: the decoding after the prefill only."""
     context = max(int(n) for n in prompt_tokens) + int(new_tokens) // 2
     speculative = method != "ar"
@@ -104,18 +105,25 @@ def batch_decode_seconds(costs: CallCosts, method: str, K: int, L: int, prompt_t
                   + (chunked_prefill_seconds(costs.draft, n, chunk) if speculative else 0.0)
                   for n in prompt_tokens) if prefill else 0.0
     if not speculative:
-        per_prompt = max(0.0, costs.ar_token_seconds(context) - costs.target.seconds(1, 1, context=context))
         batch = len(prompt_tokens)
-        return prefill + max(calls_per_prompt) * (costs.target.seconds(batch, 1, context=context) + batch * per_prompt)
-    # a least-squares fit of the overheads can dip below 0 between its corners; a call never costs less than its
-    # forwards and its rule
-    overheads = sum(costs.overheads.seconds(section, K, L, context) for section in SECTIONS) if costs.overheads else 0
-    per_prompt = costs.rule_call_seconds(method, K, L) + max(0.0, overheads)
+        step = costs.overheads.ar_step_seconds(batch) if costs.overheads else None
+        if step is None:  # overheads measured at B = 1 only: all of it per prompt
+            step = batch * max(0.0, costs.ar_token_seconds(context) - costs.target.seconds(1, 1, context=context))
+        return prefill + max(calls_per_prompt) * (costs.target.seconds(batch, 1, context=context) + max(0.0, step))
+
+    def overheads(active: int) -> float:
+        # a least-squares fit of the overheads can dip below 0 between its corners; a call never costs less than
+        # its forwards and its rule
+        if not costs.overheads:
+            return 0.0
+        return max(0.0, sum(costs.overheads.batch_seconds(section, K, L, context, active) for section in SECTIONS))
+
+    rule = costs.rule_call_seconds(method, K, L)
     seconds = prefill
     for call in range(1, max(calls_per_prompt) + 1):
         active = sum(calls >= call for calls in calls_per_prompt)
         seconds += sum(section_forward_seconds(costs.target, costs.draft, K, L, context, active).values())
-        seconds += active * per_prompt
+        seconds += active * rule + overheads(active)
     return seconds
 
 

@@ -188,7 +188,8 @@ def measure_section_residuals(target, draft, prompt: torch.Tensor, shapes: Itera
                               target_costs: ForwardCosts, draft_costs: ForwardCosts,
                               rule_seconds: dict[tuple[str, int, int], float], temperature: float,
                               calls: int = 4, vocab_size: int | None = None,
-                              prefill_chunk: int | None = None, ar: bool = True, batched: bool = False) -> list[dict]:
+                              prefill_chunk: int | None = None, ar: bool = True, batched: bool = False,
+                              batch: int = 1) -> list[dict]:
     """Per (K, L) of ``shapes``: one real decode of ``calls`` iterations (sd at K = 1, spectr above; EOS off),
     and per call what each engine section spent beyond what the forwards (``target_costs``, ``draft_costs``,
     measured at the prompt's context) and the rule (``rule_seconds``) explain; plus AR's per token. The first
@@ -198,27 +199,27 @@ def measure_section_residuals(target, draft, prompt: torch.Tensor, shapes: Itera
     Its sections are not ``generate``'s: it scores the first block in the target section (per call over ``calls``)
     and feeds the draft's first pending token in the prefill, which is put back here (the model charges that
     forward to every call). Its overheads differ too: on the Qwen pair (2026-12-07, Intel Xeon) a K = 3 call of
-    ``generate_batch`` at B = 1 cost ~0.02 s beyond its forwards in the target section."""
+    ``generate_batch`` at B = 1 cost ~0.02 s beyond its forwards in the target section. ``batch`` (batched only):
+    decode that many copies of the prompt together (their own seeds, all running every call), and take the forwards
+    and rules of that many prompts out of each call (see ``SectionOverheads`` for why)."""
+    if batch != 1 and not batched:
+        raise ValueError("copies of the prompt are decoded together by generate_batch only: pass batched=True")
     context = int(prompt.numel())
-    decode = functools.partial(_decode_batch_of_one if batched else _decode_alone, target, prompt=prompt,
+    decode = functools.partial(_decode_batch if batched else _decode_alone, target, prompt=prompt, copies=batch,
                                temperature=temperature, vocab_size=vocab_size, prefill_chunk=prefill_chunk)
     rows = []
     for K, L in shapes:
         rule = "sd" if K == 1 else "spectr"
-        done = [0]
-
-        def stop(tokens, done=done) -> bool:
-            done[0] += 1
-            return done[0] >= calls
-
-        n, sections = decode(draft, method=rule, K=K, L=L, max_new_tokens=calls * (L + 1) + 1, should_stop=stop)
+        n, sections = decode(draft, method=rule, K=K, L=L, max_new_tokens=calls * (L + 1) + 1,
+                             should_stop=[_stop_after(calls) for _ in range(batch)])
         timed = sum(v for key, v in sections.items() if key != "total")
-        draft_s = sections.get("draft", 0.0) + (draft_costs.seconds(1, 2, context=context) if batched else 0.0)
+        draft_s = sections.get("draft", 0.0) + (draft_costs.seconds(batch, 2, context=context) if batched else 0.0)
         target_calls = n if batched else max(1, n - 1)
         measured = {"draft": draft_s / n, "target": sections.get("target", 0.0) / target_calls,
                     "verify": sections.get("verify", 0.0) / n, "other": (sections["total"] - timed) / n}
-        rows.append({"K": int(K), "L": int(L), "calls": n, "rule": rule, "context": context, "measured": measured,
-                     **section_residual(measured, target_costs, draft_costs, rule_seconds, rule, K, L, context)})
+        rows.append({"K": int(K), "L": int(L), "calls": n, "rule": rule, "context": context, "batch": batch,
+                     "measured": measured, **section_residual(measured, target_costs, draft_costs, rule_seconds,
+                                                              rule, K, L, context, batch)})
     if not ar:
         return rows
     # AR's token: the median of three decodes. One decode once read 532 ms a token on a 552-token context where four
@@ -230,27 +231,40 @@ def measure_section_residuals(target, draft, prompt: torch.Tensor, shapes: Itera
         runs.append({"target": sections.get("target", 0.0) / tokens,
                      "other": (sections["total"] - sum(v for k, v in sections.items() if k != "total")) / tokens})
     measured = {key: float(statistics.median(run[key] for run in runs)) for key in ("target", "other")}
-    rows.append({"K": 0, "L": 0, "calls": calls_made, "rule": "ar", "context": context, "measured": measured,
-                 "decodes": runs, "target": measured["target"] - target_costs.seconds(1, 1, context=context),
+    rows.append({"K": 0, "L": 0, "calls": calls_made, "rule": "ar", "context": context, "batch": batch,
+                 "measured": measured, "decodes": runs,
+                 "target": measured["target"] - target_costs.seconds(batch, 1, context=context),
                  "other": measured["other"]})
     return rows
 
 
-def _decode_alone(target, draft, *, prompt, temperature, vocab_size, prefill_chunk, method, max_new_tokens,
+def _stop_after(calls: int) -> Callable[[list[int]], bool]:
+    """A stop for one prompt: true at its ``calls``-th call (each prompt of a batch counts its own)."""
+    done = [0]
+
+    def stop(tokens) -> bool:
+        done[0] += 1
+        return done[0] >= calls
+
+    return stop
+
+
+def _decode_alone(target, draft, *, prompt, copies, temperature, vocab_size, prefill_chunk, method, max_new_tokens,
                   K: int = 1, L: int = 1, should_stop=None) -> tuple[int, dict[str, float]]:
     """One ``generate`` (seed 0, EOS off): its target calls and seconds per section."""
     out = generate(target, draft, prompt, method=method, K=K, L=L, temperature=temperature,
                    max_new_tokens=max_new_tokens, seed=0, vocab_size=vocab_size, eos_token_ids=(),
-                   should_stop=should_stop, prefill_chunk=prefill_chunk)
+                   should_stop=should_stop[0] if should_stop else None, prefill_chunk=prefill_chunk)
     return out.target_calls, out.stats["time_s"]
 
 
-def _decode_batch_of_one(target, draft, *, prompt, temperature, vocab_size, prefill_chunk, method, max_new_tokens,
-                         K: int = 1, L: int = 1, should_stop=None) -> tuple[int, dict[str, float]]:
-    """The same decode by ``generate_batch`` with this one prompt."""
-    out = generate_batch(target, draft, [prompt], method=method, K=K, L=L, temperature=temperature,
-                         max_new_tokens=max_new_tokens, seeds=[0], vocab_size=vocab_size, eos_token_ids=(),
-                         should_stop=should_stop, prefill_chunk=prefill_chunk)
+def _decode_batch(target, draft, *, prompt, copies, temperature, vocab_size, prefill_chunk, method, max_new_tokens,
+                  K: int = 1, L: int = 1, should_stop=None) -> tuple[int, dict[str, float]]:
+    """The same decode by ``generate_batch`` with ``copies`` of the prompt (seeds 0, 1, ...): the first prompt's
+    target calls, and the batch's seconds per section."""
+    out = generate_batch(target, draft, [prompt] * copies, method=method, K=K, L=L, temperature=temperature,
+                         max_new_tokens=max_new_tokens, seeds=list(range(copies)), vocab_size=vocab_size,
+                         eos_token_ids=(), should_stop=should_stop, prefill_chunk=prefill_chunk)
     return out.outputs[0].target_calls, out.stats["time_s"]
 
 

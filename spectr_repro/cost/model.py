@@ -87,13 +87,14 @@ SECTIONS = ("draft", "target", "verify", "other")  # the engine's sections of a 
 
 def section_residual(measured: dict[str, float], target: ForwardCosts, draft: ForwardCosts,
                      rule_seconds: dict[tuple[str, int, int], float], rule: str, K: int, L: int,
-                     context: int | None) -> dict[str, float]:
+                     context: int | None, batch: int = 1) -> dict[str, float]:
     """Per engine section, the seconds per call of a real decode (``measured``) beyond what the forwards and the
     rule explain under this model: kept apart from the measurement, so that a calibration is refitted when the
     model changes (:meth:`CallCosts.from_calibration`)."""
-    forwards = section_forward_seconds(target, draft, K, L, context)
+    forwards = section_forward_seconds(target, draft, K, L, context, batch)
     return {"draft": measured["draft"] - forwards["draft"], "target": measured["target"] - forwards["target"],
-            "verify": measured["verify"] - rule_seconds.get((rule, int(K), int(L)), 0.0), "other": measured["other"]}
+            "verify": measured["verify"] - batch * rule_seconds.get((rule, int(K), int(L)), 0.0),
+            "other": measured["other"]}
 
 
 OVERHEAD_TERMS = ("fixed", "per_position", "per_row", "per_token", "per_row_context", "per_context")
@@ -119,41 +120,82 @@ class SectionOverheads:
     probabilities over the K(L+1) verified tokens; the committed cache repeated over the K rows and the chosen row
     kept afterwards, copies of the whole context. On the Qwen pair here (2026-12-03) the draft's residual grew by
     ~30 ms per drafted position at K = 1 and K = 7 alike; a line in K(L+1) alone missed cells by up to 28 %.
-    The context terms are fitted only when the decodes ran at two contexts or more. AR's per token: ``ar``."""
+    The context terms are fitted only when the decodes ran at two contexts or more. AR's per token: ``ar``.
 
-    fits: dict[str, tuple[float, ...]]  # section -> coefficients of OVERHEAD_TERMS
+    With B prompts decoded together (``engine.generate_batch``) part of a call's overhead is paid once per call
+    (building the attention mask, transformers' bookkeeping) and part once per prompt (each prompt's sampling and
+    books, in Python loops). Decodes at two batch sizes or more (``batch`` in the residuals) tell them apart: each
+    section is fitted as ``per_call`` + B x ``fits``, both in the terms above, and AR's step as ``ar["per_call"]`` +
+    B x ``ar["per_prompt"]``. From decodes at B = 1 alone everything is charged per prompt (``per_call`` empty): on
+    the Qwen pair that over-priced AR's step at B = 2-8 by 25-40 % (2026-12-07). ``seconds`` is always the B = 1
+    total, what a batch-1 call costs."""
+
+    fits: dict[str, tuple[float, ...]]  # section -> coefficients of OVERHEAD_TERMS, per prompt of a call
     ar: dict[str, float]  # "target", "other" -> seconds per token
     context: int | None = None  # the context a call is priced at when none is given (the decodes' first)
+    per_call: dict[str, tuple[float, ...]] = field(default_factory=dict)  # section -> coefficients, once per call
 
     def seconds(self, section: str, K: int, L: int, context: int | None = None) -> float:
-        coefficients = self.fits.get(section, ())
+        """The section's overhead of one call at batch 1."""
+        return self.batch_seconds(section, K, L, context, batch=1)
+
+    def batch_seconds(self, section: str, K: int, L: int, context: int | None = None, batch: int = 1) -> float:
+        """The section's overhead of one call with ``batch`` prompts running: once per call, plus once per prompt."""
         at = context if context is not None else (self.context or 0)
-        return float(sum(c * x for c, x in zip(coefficients, overhead_terms(K, L, at))))
+        terms = overhead_terms(K, L, at)
+
+        def value(coefficients: Sequence[float]) -> float:
+            return float(sum(c * x for c, x in zip(coefficients, terms)))
+
+        return value(self.per_call.get(section, ())) + batch * value(self.fits.get(section, ()))
+
+    def ar_step_seconds(self, batch: int) -> float | None:
+        """AR's overhead of one step over ``batch`` prompts, when decodes at two batch sizes split it; else None."""
+        if "per_prompt" not in self.ar:
+            return None
+        return self.ar.get("per_call", 0.0) + batch * self.ar["per_prompt"]
 
     @classmethod
     def fit(cls, residuals: Sequence[dict]) -> SectionOverheads:
+        """Least squares per section over the decodes' residuals (per call; ``batch``: the prompts each call ran,
+        1 when absent)."""
         decodes = [r for r in residuals if r["K"] > 0]
         ar_rows = [r for r in residuals if r["K"] == 0]
         contexts = [r.get("context") or 0 for r in decodes]
-        design = np.array([overhead_terms(r["K"], r["L"], c) for r, c in zip(decodes, contexts)], dtype=float)
+        batches = [int(r.get("batch", 1)) for r in decodes]
+        terms = np.array([overhead_terms(r["K"], r["L"], c) for r, c in zip(decodes, contexts)], dtype=float)
         # one context cannot be told from the fixed term (nor K x context from K)
         used = len(OVERHEAD_TERMS) - (0 if len(set(contexts)) >= 2 else CONTEXT_TERMS)
-        fits = {}
+        split = len(set(batches)) >= 2  # per call apart from per prompt
+        design = terms[:, :used]
+        if split:
+            design = np.hstack([design, design * np.array(batches, dtype=float)[:, None]])
+        fits, per_call = {}, {}
         for section in SECTIONS:
             values = np.array([r.get(section, 0.0) for r in decodes], dtype=float)
-            coefficients = np.zeros(len(OVERHEAD_TERMS))
+            solved = np.zeros(design.shape[1])
             if len(values):
                 # lstsq gives the least-norm fit when the corners do not pin every term (one K, or one L): exact
                 # at the measured shapes, and a mean when only one shape was decoded.
-                coefficients[:used] = np.linalg.lstsq(design[:, :used], values, rcond=None)[0]
-            fits[section] = tuple(float(c) for c in coefficients)
-        return cls(fits, cls._fit_ar(ar_rows), int(contexts[0]) if contexts and contexts[0] else None)
+                solved = np.linalg.lstsq(design, values, rcond=None)[0]
+            once, each = (solved[:used], solved[used:]) if split else (np.zeros(0), solved)
+            fits[section] = tuple(float(c) for c in np.pad(each, (0, len(OVERHEAD_TERMS) - used)))
+            if split:
+                per_call[section] = tuple(float(c) for c in np.pad(once, (0, len(OVERHEAD_TERMS) - used)))
+        return cls(fits, cls._fit_ar(ar_rows), int(contexts[0]) if contexts and contexts[0] else None, per_call)
 
     @staticmethod
     def _fit_ar(rows: Sequence[dict]) -> dict[str, float]:
         """AR's per-token residuals, target and other: a line in the context through AR's decodes when they ran at
         two contexts or more (``<section>_per_context``), else their mean."""
         ar: dict[str, float] = {}
+        batches = [int(r.get("batch", 1)) for r in rows]
+        if len(set(batches)) >= 2:
+            # a step's overhead over B prompts, a line in B; the B = 1 decodes alone give the per-token terms below
+            steps = [float(r.get("target", 0.0)) + float(r.get("other", 0.0)) for r in rows]
+            slope, intercept = np.polyfit(batches, steps, 1)
+            ar["per_call"], ar["per_prompt"] = float(intercept), float(slope)
+            rows = [r for r, b in zip(rows, batches) if b == 1] or rows
         contexts = [float(r.get("context") or 0) for r in rows]
         for section in ("target", "other"):
             values = [float(r.get(section, 0.0)) for r in rows]
@@ -165,8 +207,11 @@ class SectionOverheads:
         return ar
 
     def to_json(self) -> dict[str, Any]:
-        return {"terms": list(OVERHEAD_TERMS), "fits": {k: list(v) for k, v in self.fits.items()},
+        data = {"terms": list(OVERHEAD_TERMS), "fits": {k: list(v) for k, v in self.fits.items()},
                 "ar": dict(self.ar), "context": self.context}
+        if self.per_call:
+            data["per_call"] = {k: list(v) for k, v in self.per_call.items()}
+        return data
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> SectionOverheads:
@@ -176,7 +221,8 @@ class SectionOverheads:
             return (values[0], 0.0, 0.0, values[1]) if len(values) == 2 else tuple(values)
 
         return cls({k: terms(v) for k, v in data["fits"].items()},
-                   {k: float(v) for k, v in data.get("ar", {}).items()}, data.get("context"))
+                   {k: float(v) for k, v in data.get("ar", {}).items()}, data.get("context"),
+                   {k: terms(v) for k, v in (data.get("per_call") or {}).items()})
 
 
 @dataclass(frozen=True)

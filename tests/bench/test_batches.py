@@ -150,6 +150,9 @@ def test_the_batch_bench_runs_on_the_tiny_pair(tmp_path, monkeypatch):
     assert len(groups) == 3 * (2 + 1) and {len(g["calls"]) for g in groups} == {1, 2}
     assert {tuple(g["datasets"]) for g in groups if g["B"] == 2} == {("humaneval", "gsm8k")}
     assert "| spectr | 2 | 2 | 2 |" in tables.markdown(results)
+    # the calibration decoded at B = 1 and 2: its overheads are split into per call and per prompt, and kept
+    overheads = results["batches"]["costs"]["overheads"]
+    assert set(overheads["per_call"]) == {"draft", "target", "verify", "other"} and "per_prompt" in overheads["ar"]
 
 
 def test_a_batch_that_does_not_fit_is_refused_before_any_model_loads(tmp_path, monkeypatch, capsys):
@@ -227,3 +230,24 @@ def test_an_interrupted_batch_bench_resumes_from_its_checkpoint(tmp_path, monkey
     checkpoint.write_text(json.dumps(kept))
     assert "max_new_tokens" in batches.BatchCheckpoint(checkpoint, {**kept["identity"], "max_new_tokens": 6}).note
     assert len(list(tmp_path.glob("bench.partial.set-aside-*.json"))) == 2
+
+
+def test_a_split_overhead_is_charged_once_per_call_and_per_prompt_in_a_batch():
+    """With overheads fitted at two batch sizes, AR's step over B prompts costs its forward + per call + B x per
+    prompt, and a speculative call its forwards + the rule and per-prompt part per running prompt + the per-call part
+    once."""
+    from spectr_repro.cost.model import SECTIONS, SectionOverheads
+
+    zero = (0.0,) * 6
+    overheads = SectionOverheads({s: ((0.002,) + zero[1:]) if s == "target" else zero for s in SECTIONS},
+                                 {"target": 0.0, "other": 0.0, "per_call": 0.05, "per_prompt": 0.01}, 100,
+                                 {s: ((0.03,) + zero[1:]) if s == "draft" else zero for s in SECTIONS})
+    costs = CallCosts(COSTS.target, COSTS.draft, {("sd", 1, 4): 0.003}, overheads)
+    ar = batch_decode_seconds(costs, "ar", 1, 1, [100] * 4, [8] * 4, new_tokens=8, prefill=False)
+    assert ar == pytest.approx(8 * ((0.1 + 0.001 * 4) + 0.05 + 4 * 0.01))
+    sd = batch_decode_seconds(costs, "sd", 1, 4, [100, 100], [3, 1], new_tokens=8, prefill=False)
+
+    def call(active):
+        forwards = sum(section_forward_seconds(COSTS.target, COSTS.draft, 1, 4, None, active).values())
+        return forwards + active * (0.003 + 0.002) + 0.03
+    assert sd == pytest.approx(call(2) + 2 * call(1))

@@ -124,3 +124,34 @@ def test_a_calibration_is_fitted_once_however_often_it_is_loaded(tmp_path, monke
     assert costs[0].call_seconds("sbv", 3, 6) == pytest.approx(1.0 + 0.5 + 0.01 + 0.001)  # the decode, measured
     other = CallCosts.from_calibration(calibration(2.0))
     assert len(fits) == 2 and other.overheads != costs[0].overheads
+
+
+def _batch_decodes(batches, per_call: dict[str, float], ar_call: float, ar_prompt: float) -> list[dict]:
+    """The corners decoded at each batch size B, one context: each section's residual per call is ``per_call`` once
+    plus TRUE's shape-dependent cost per prompt; AR's step is ``ar_call`` + B x ``ar_prompt``."""
+    rows = [{"K": K, "L": L, "context": 300, "batch": B,
+             **{s: per_call[s] + B * _truth(s, K, L, 300) for s in TRUE}} for B in batches for K, L in CORNERS]
+    return rows + [{"K": 0, "L": 0, "context": 300, "batch": B, "target": ar_call + B * ar_prompt, "other": 0.0}
+                   for B in batches]
+
+
+def test_decodes_at_two_batch_sizes_tell_what_a_call_pays_once_from_what_it_pays_per_prompt():
+    """The mask and bookkeeping a batched call pays once must not be charged B times: from decodes at B = 1 and 8
+    the fit prices B = 4 exactly (per call + 4 x per prompt) and a batch-1 call as before (their sum). Negative
+    control: from B = 1 alone everything is per prompt, and B = 4 is over-priced by 3 x the per-call part."""
+    once = {"draft": 0.05, "target": 0.08, "verify": 0.0, "other": 0.01}
+    both = SectionOverheads.fit(_batch_decodes([1, 8], once, ar_call=0.07, ar_prompt=0.01))
+    for K, L in [(3, 6), (5, 12)]:
+        for section in TRUE:
+            at_four = once[section] + 4 * _truth(section, K, L, 300)
+            assert both.batch_seconds(section, K, L, 300, batch=4) == pytest.approx(at_four, abs=1e-9)
+            assert both.seconds(section, K, L, 300) == pytest.approx(once[section] + _truth(section, K, L, 300),
+                                                                     abs=1e-9)
+    assert both.ar_step_seconds(4) == pytest.approx(0.07 + 4 * 0.01)
+    assert both.ar["target"] == pytest.approx(0.08)  # AR's batch-1 token, as ar_token_seconds reads it
+    assert SectionOverheads.from_json(both.to_json()) == both
+
+    alone = SectionOverheads.fit(_batch_decodes([1], once, ar_call=0.07, ar_prompt=0.01))
+    assert alone.per_call == {} and alone.ar_step_seconds(4) is None
+    over = alone.batch_seconds("target", 3, 6, 300, batch=4) - both.batch_seconds("target", 3, 6, 300, batch=4)
+    assert over == pytest.approx(3 * once["target"], abs=1e-9)

@@ -29,11 +29,12 @@ PROMPT_TOKENS, NEW_TOKENS, PROMPTS = 48, 32, 2
 def _pair(name: str):
     from spectr_repro.launch.config import Composer, expand, parse_arguments
     from spectr_repro.launch.pairs import PairCache
+    from spectr_repro.settings import run_config
 
     with Composer() as composer:
         cfg = expand(composer, parse_arguments([f"model_pair={name}", "hardware=cpu", "method=sd", "num_prompts=1",
                                                 "dataset=humaneval", "logger=disabled"]), use_grid=True)[0]
-    return PairCache(echo=lambda message: None).pair(cfg)
+    return PairCache(echo=lambda message: None).pair(run_config(cfg))
 
 
 def _calibrate(pair, prompt) -> CallCosts:
