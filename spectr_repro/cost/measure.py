@@ -205,8 +205,9 @@ def measure_section_residuals(target, draft, prompt: torch.Tensor, shapes: Itera
     if batch != 1 and not batched:
         raise ValueError("copies of the prompt are decoded together by generate_batch only: pass batched=True")
     context = int(prompt.numel())
-    decode = functools.partial(_decode_batch if batched else _decode_alone, target, prompt=prompt, copies=batch,
-                               temperature=temperature, vocab_size=vocab_size, prefill_chunk=prefill_chunk)
+    decode = functools.partial(functools.partial(_decode_batch, copies=batch) if batched else _decode_alone, target,
+                               prompt=prompt, temperature=temperature, vocab_size=vocab_size,
+                               prefill_chunk=prefill_chunk)
     rows = []
     for K, L in shapes:
         rule = "sd" if K == 1 else "spectr"
@@ -249,7 +250,7 @@ def _stop_after(calls: int) -> Callable[[list[int]], bool]:
     return stop
 
 
-def _decode_alone(target, draft, *, prompt, copies, temperature, vocab_size, prefill_chunk, method, max_new_tokens,
+def _decode_alone(target, draft, *, prompt, temperature, vocab_size, prefill_chunk, method, max_new_tokens,
                   K: int = 1, L: int = 1, should_stop=None) -> tuple[int, dict[str, float]]:
     """One ``generate`` (seed 0, EOS off): its target calls and seconds per section."""
     out = generate(target, draft, prompt, method=method, K=K, L=L, temperature=temperature,
