@@ -13,9 +13,15 @@ each prompt's prefill here is the same work for every contender); the interval i
 
 The prediction is made before any timed round, from costs measured in this process on other inputs: every forward
 at the batch shapes (``cost.measure.measure_forward_costs``), the rules' calls on real blocks drafted from a prompt
-no group decodes, and each section's overhead on real decodes of that prompt at B = 1
+no group decodes, and each section's overhead on real decodes of that prompt at B = 1 and the largest B
 (``cost.measure.measure_section_residuals``). The timed groups' own target calls per prompt are then priced by
 ``cost.batch_speedup.batch_decode_seconds``: what is checked is the cost model at B, not a block efficiency.
+
+With ``retime_repeats`` > 0, the forwards a group makes are timed again just before it, on random tokens over a
+cache as wide as the group's (:func:`retime_forwards`), and the group is priced from those (``predicted``) as well
+as from the calibration alone (``calibration_predicted``). A shared VM's speed moved 1.4-1.6x between two
+calibrations of the same shapes an hour apart (2026-12-07), and not alike for the draft and the target: priced
+from a calibration made an hour before, a group's error is the machine's drift as much as the model's.
 
 A run takes an hour or more on a CPU, so it keeps what it measured as it goes (:class:`BatchCheckpoint`, a JSON
 file beside the output): the calibration once made, then each group once every contender has decoded it. Rerun the
@@ -26,6 +32,7 @@ is the unit kept: its contenders' ratios are only fair when they were timed back
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import json
 import math
@@ -41,6 +48,7 @@ from tqdm.auto import tqdm
 
 from spectr_repro.bench.measure import timed
 from spectr_repro.cost.batch_speedup import batch_decode_seconds
+from spectr_repro.cost.calibration import ForwardCosts
 from spectr_repro.cost.measure import (
     measure_forward_costs,
     measure_rule_seconds,
@@ -91,6 +99,36 @@ def calibrate(pair, prompt: torch.Tensor, contenders: Sequence[Contender], batch
                      source="measured in this process before the timed groups, on a prompt no group decodes")
 
 
+def retime_forwards(pair, prompts: Sequence[torch.Tensor], contenders: Sequence[Contender], batches: Sequence[int],
+                    new_tokens: int, prefill_chunk: int | None = None, repeats: int = 2) -> dict[str, Any]:
+    """The forwards a group of ``prompts`` makes, timed now, as the calibration times them (random tokens, the
+    shapes of ``plan_shapes`` for the batch sizes up to the group's, the prompts' shortest, median and longest first
+    chunks) on one cache as wide as the group's: its longest prompt plus half the new tokens. JSON, as the
+    calibration keeps its forwards."""
+    rules = [c for c in contenders if c[0] != "ar"]
+    Ks, Ls = sorted({K for _, K, _ in rules}), sorted({L for _, _, L in rules})
+    lengths = sorted(int(p.numel()) for p in prompts)
+    firsts = [min(n, int(prefill_chunk or n)) for n in lengths]
+    chunks = sorted({firsts[0], firsts[len(firsts) // 2], firsts[-1]})
+    shapes = plan_shapes(Ks, Ls, chunks, [b for b in batches if b <= len(prompts)])
+    width = lengths[-1] + new_tokens // 2
+    return {role: measure_forward_costs(model, shapes[role], repeats, [width], pair.vocab_size).to_json()
+            for role, model in (("target", pair.target), ("draft", pair.draft))}
+
+
+def group_plan(pool_size: int, batches: Sequence[int], groups: dict[int, int] | None = None) -> list[tuple[int, int]]:
+    """(B, group) in the order they are timed: at each B, groups of B prompts from the start of the pool, as many as
+    ``groups[B]`` (default: every whole group the pool holds). A larger pool than the small B need gives the large B
+    two groups, hence an interval, without doubling the small B's groups."""
+    plan = []
+    for B in batches:
+        count = pool_size // B if groups is None or B not in groups else int(groups[B])
+        if count < 1 or count * B > pool_size:
+            raise ValueError(f"{count} group(s) of {B} need {max(count, 1) * B} prompts; the pool has {pool_size}")
+        plan += [(B, g) for g in range(count)]
+    return plan
+
+
 def decode_group(pair, prompts: Sequence[torch.Tensor], contender: Contender, temperature: float, new_tokens: int,
                  seed: int, prefill_chunk: int | None = None) -> dict[str, Any]:
     """One timed ``generate_batch`` of ``prompts`` (EOS off): wall seconds, tokens, each prompt's target calls."""
@@ -114,14 +152,17 @@ def prompt_pool(prompts_by_dataset: dict[str, Sequence[torch.Tensor]]) -> list[t
 def time_groups(pair, pool: Sequence[tuple[str, torch.Tensor]], contenders: Sequence[Contender],
                 batches: Sequence[int], temperature: float, new_tokens: int, prefill_chunk: int | None = None,
                 done: dict[tuple[int, int], list[dict[str, Any]]] | None = None,
-                on_group: Callable[[list[dict[str, Any]]], None] | None = None) -> list[dict[str, Any]]:
+                on_group: Callable[[list[dict[str, Any]]], None] | None = None,
+                groups: dict[int, int] | None = None, retime_repeats: int = 0) -> list[dict[str, Any]]:
     """One row per (B, group, contender): the group's decode (see the module docstring). ``done`` holds groups
-    timed before (by (B, group)): kept, not decoded again; ``on_group`` gets each new group's rows when it ends."""
+    timed before (by (B, group)): kept, not decoded again; ``on_group`` gets each new group's rows when it ends;
+    ``groups``: how many groups at each B (:func:`group_plan`). ``retime_repeats`` > 0: the group's forwards timed
+    again before its decodes (:func:`retime_forwards`), kept on its AR row as ``forwards``."""
     contenders = [AR, *[c for c in contenders if c != AR]]
     done = done or {}
     if any(B > len(pool) for B in batches):
         raise ValueError(f"a batch of {max(batches)} needs that many prompts; the pool has {len(pool)}")
-    plan = [(B, g) for B in batches for g in range(len(pool) // B)]
+    plan = group_plan(len(pool), batches, groups)
     rows, warm = [], set()
     for turn, (B, g) in enumerate(tqdm(plan, desc=f"batches [{pair.name}]", unit="group", leave=False)):
         if (B, g) in done:
@@ -135,12 +176,16 @@ def time_groups(pair, pool: Sequence[tuple[str, torch.Tensor]], contenders: Sequ
                 decode_group(pair, prompts, contender, temperature, WARMUP_TOKENS, 10**6, prefill_chunk)
         # the order rotates with the group's place in the plan, so a resumed run times each group as a whole run would
         order = contenders[turn % len(contenders):] + contenders[:turn % len(contenders)]
+        forwards = (retime_forwards(pair, prompts, contenders, batches, new_tokens, prefill_chunk, retime_repeats)
+                    if retime_repeats > 0 else None)
         group = []
         for contender in order:
             decoded = decode_group(pair, prompts, contender, temperature, new_tokens, 1000 * g, prefill_chunk)
             group.append({"B": B, "group": g, "datasets": [name for name, _ in chosen], "method": contender[0],
                           "K": contender[1], "L": contender[2], "prompt_tokens": [int(p.numel()) for p in prompts],
                           **decoded})
+            if forwards is not None and contender == AR:
+                group[-1]["forwards"] = forwards
         rows += group
         if on_group is not None:
             on_group(group)
@@ -223,9 +268,17 @@ def summarise(rows: Sequence[dict[str, Any]], costs: CallCosts, new_tokens: int,
               prefill_chunk: int | None = None) -> list[dict[str, Any]]:
     """Per (rule, K, L, B): the measured speed-up over AR at the same B with its interval, end to end and after the
     prefill (``decode_``), tokens per call, and the cost model's speed-ups for the same groups (their own calls per
-    prompt) with their errors."""
-    def predicted(row, prefill: bool) -> float:
-        return batch_decode_seconds(costs, row["method"], row["K"], row["L"], row["prompt_tokens"], row["calls"],
+    prompt) with their errors. Groups whose forwards were timed again before them (``forwards`` on their AR row) are
+    priced from those, and from ``costs`` alone as ``calibration_predicted`` / ``calibration_error``."""
+    def group_costs(base) -> CallCosts:
+        forwards = base.get("forwards")
+        if not forwards:
+            return costs
+        return dataclasses.replace(costs, target=ForwardCosts.from_json(forwards["target"]),
+                                   draft=ForwardCosts.from_json(forwards["draft"]))
+
+    def predicted(row, prefill: bool, with_costs: CallCosts) -> float:
+        return batch_decode_seconds(with_costs, row["method"], row["K"], row["L"], row["prompt_tokens"], row["calls"],
                                     new_tokens, prefill_chunk, prefill)
 
     ar = {(r["B"], r["group"]): r for r in rows if r["method"] == "ar"}
@@ -246,9 +299,14 @@ def summarise(rows: Sequence[dict[str, Any]], costs: CallCosts, new_tokens: int,
                 return row["seconds"] - (0.0 if prefill else row["prefill_s"])
 
             measured, low, high = interval([seconds(base) / seconds(row) for base, row in pairs])
-            prediction = statistics.fmean(predicted(base, prefill) / predicted(row, prefill) for base, row in pairs)
+            prediction = statistics.fmean(predicted(base, prefill, group_costs(base))
+                                          / predicted(row, prefill, group_costs(base)) for base, row in pairs)
             cell |= {f"{prefix}speedup": measured, f"{prefix}speedup_low": low, f"{prefix}speedup_high": high,
                      f"{prefix}predicted": prediction, f"{prefix}error": prediction / measured - 1.0}
+            if any(base.get("forwards") for base, _ in pairs):
+                static = statistics.fmean(predicted(base, prefill, costs) / predicted(row, prefill, costs)
+                                          for base, row in pairs)
+                cell |= {f"{prefix}calibration_predicted": static, f"{prefix}calibration_error": static / measured - 1}
         summary.append(cell)
     return summary
 
@@ -268,8 +326,11 @@ def rescore(result: dict[str, Any]) -> list[dict[str, Any]]:
 def bench_batches(pair, prompts_by_dataset: dict[str, Sequence[torch.Tensor]], calibration_prompt: torch.Tensor,
                   contenders: Sequence[Contender], batches: Sequence[int], temperature: float,
                   new_tokens: int, prefill_chunk: int | None = None,
-                  checkpoint: BatchCheckpoint | None = None) -> dict[str, Any]:
-    """Calibrate, time the groups, summarise (see the module docstring); with ``checkpoint``, from what it kept."""
+                  checkpoint: BatchCheckpoint | None = None, groups: dict[int, int] | None = None,
+                  retime_repeats: int = 0) -> dict[str, Any]:
+    """Calibrate, time the groups, summarise (see the module docstring); with ``checkpoint``, from what it kept.
+    ``groups``: how many groups at each B (default: every whole group of the pool); ``retime_repeats`` > 0: each
+    group's forwards timed again just before it (:func:`retime_forwards`)."""
     pool = prompt_pool(prompts_by_dataset)
     lengths = sorted(int(p.numel()) for _, p in pool)
     if checkpoint is not None and checkpoint.costs is not None:
@@ -281,18 +342,32 @@ def bench_batches(pair, prompts_by_dataset: dict[str, Sequence[torch.Tensor]], c
             checkpoint.save_costs(costs)
     rows = time_groups(pair, pool, contenders, batches, temperature, new_tokens, prefill_chunk,
                        done=checkpoint.done() if checkpoint else None,
-                       on_group=checkpoint.add_group if checkpoint else None)
+                       on_group=checkpoint.add_group if checkpoint else None, groups=groups,
+                       retime_repeats=retime_repeats)
     cells = summarise(rows, costs, new_tokens, prefill_chunk)
     # the costs are kept with the groups: the prediction can be scored again from the file (``rescore``)
     result: dict[str, Any] = {"cells": cells, "groups": rows, "costs_source": costs.source, "costs": costs.to_json()}
-    for prefix in ("", "decode_"):
-        errors = [abs(c[f"{prefix}error"]) for c in cells]
-        result |= {f"{prefix}median_abs_error": statistics.median(errors), f"{prefix}worst_abs_error": max(errors)}
+    result |= error_summary(cells)
     result["settings"] = {"batches": list(batches), "datasets": list(prompts_by_dataset), "prompts": len(pool),
                           "temperature": temperature, "max_new_tokens": new_tokens, "prefill_chunk": prefill_chunk,
-                          "contenders": [list(c) for c in contenders]}
+                          "contenders": [list(c) for c in contenders], "groups": groups,
+                          "retime_repeats": retime_repeats}
     return result
 
 
-__all__ = ["AR", "BatchCheckpoint", "bench_batches", "calibrate", "checkpoint_identity", "decode_group", "interval",
-           "prompt_pool", "rescore", "summarise", "time_groups"]
+def error_summary(cells: Sequence[dict[str, Any]]) -> dict[str, float]:
+    """Median and worst |error| of the cells' predictions, end to end and after the prefill (``decode_``), and of
+    the calibration's alone (``calibration_``) where the groups' forwards were timed again."""
+    summary = {}
+    for prefix in ("", "decode_"):
+        for source in ("", "calibration_"):
+            errors = [abs(c[f"{prefix}{source}error"]) for c in cells if f"{prefix}{source}error" in c]
+            if errors:
+                summary |= {f"{prefix}{source}median_abs_error": statistics.median(errors),
+                            f"{prefix}{source}worst_abs_error": max(errors)}
+    return summary
+
+
+__all__ = ["AR", "BatchCheckpoint", "bench_batches", "calibrate", "checkpoint_identity", "decode_group",
+           "error_summary", "group_plan", "interval", "prompt_pool", "rescore", "retime_forwards", "summarise",
+           "time_groups"]

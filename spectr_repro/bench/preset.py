@@ -144,8 +144,11 @@ def _batches(pair, spec, temperature: float, new_tokens: int, chunk, checkpoint:
         kept = BatchCheckpoint(checkpoint, identity)
         if kept.note:
             print(kept.note, file=sys.stderr)
+    groups = spec.get("groups")
     return bench_batches(pair, prompts, calibration_prompt, [tuple(c) for c in spec.contenders],
-                         [int(b) for b in spec.B], temperature, new_tokens, chunk, kept)
+                         [int(b) for b in spec.B], temperature, new_tokens, chunk, kept,
+                         groups={int(b): int(n) for b, n in groups.items()} if groups else None,
+                         retime_repeats=int(spec.get("retime_repeats", 0)))
 
 
 def checkpoint_path(out: Path) -> Path:

@@ -122,6 +122,14 @@ def batch_markdown(result: dict[str, Any], pair_name: str) -> str:
               f"{100 * result['median_abs_error']:.1f} %, worst {100 * result['worst_abs_error']:.1f} %; after the "
               f"prefill, median {100 * result['decode_median_abs_error']:.1f} %, worst "
               f"{100 * result['decode_worst_abs_error']:.1f} % ({len(result['cells'])} cells)."]
+    if "calibration_median_abs_error" in result:
+        lines[-1] = lines[-1].replace("Prediction (", "Prediction (each group's forwards timed again just before it; "
+                                      "the rest ", 1)
+        lines += ["", "From the calibration alone (no forward timed again): end to end, median |error| "
+                  f"{100 * result['calibration_median_abs_error']:.1f} %, worst "
+                  f"{100 * result['calibration_worst_abs_error']:.1f} %; after the prefill, median "
+                  f"{100 * result['decode_calibration_median_abs_error']:.1f} %, worst "
+                  f"{100 * result['decode_calibration_worst_abs_error']:.1f} %."]
     return "\n".join(lines)
 
 

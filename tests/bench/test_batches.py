@@ -153,6 +153,16 @@ def test_the_batch_bench_runs_on_the_tiny_pair(tmp_path, monkeypatch):
     # the calibration decoded at B = 1 and 2: its overheads are split into per call and per prompt, and kept
     overheads = results["batches"]["costs"]["overheads"]
     assert set(overheads["per_call"]) == {"draft", "target", "verify", "other"} and "per_prompt" in overheads["ar"]
+    # the preset times each group's forwards again just before it, on the group's width: kept on its AR row
+    for row in groups:
+        if row["method"] == "ar":
+            widths = {p["context"] for role in ("target", "draft") for p in row["forwards"][role]}
+            assert widths == {max(row["prompt_tokens"]) + 4 // 2}
+            assert any(p["rows"] == 2 * row["B"] for p in row["forwards"]["target"])  # spectr's K = 2 rows
+        else:
+            assert "forwards" not in row
+    assert all("calibration_predicted" in c for c in cells)
+    assert "From the calibration alone" in tables.markdown(results)
 
 
 def test_a_batch_that_does_not_fit_is_refused_before_any_model_loads(tmp_path, monkeypatch, capsys):
@@ -251,3 +261,45 @@ def test_a_split_overhead_is_charged_once_per_call_and_per_prompt_in_a_batch():
         forwards = sum(section_forward_seconds(COSTS.target, COSTS.draft, 1, 4, None, active).values())
         return forwards + active * (0.003 + 0.002) + 0.03
     assert sd == pytest.approx(call(2) + 2 * call(1))
+
+
+def test_the_group_plan_gives_large_batches_their_own_count_of_groups():
+    """A pool of 16: by default every whole group (16 at B = 1); with ``groups`` the small B take the pool's start
+    and B = 8 two groups, the only way a one-hour run gives B = 8 an interval."""
+    from spectr_repro.bench.batches import group_plan
+
+    assert group_plan(16, [1, 8]) == [(1, g) for g in range(16)] + [(8, 0), (8, 1)]
+    assert group_plan(16, [1, 2, 8], {1: 8, 2: 4, 8: 2}) == ([(1, g) for g in range(8)] + [(2, g) for g in range(4)]
+                                                               + [(8, 0), (8, 1)])
+    with pytest.raises(ValueError, match="3 group.* of 8 need 24 prompts; the pool has 16"):
+        group_plan(16, [8], {8: 3})
+
+
+def test_a_group_whose_forwards_were_timed_again_is_priced_from_them_and_from_the_calibration():
+    """The AR row of a group carries the forwards timed just before it: ``predicted`` prices the group from them,
+    ``calibration_predicted`` from the calibration alone. Negative control: a group without them has no
+    calibration_ fields, and its prediction is the calibration's."""
+    fast_draft = linear_costs(0.002, 0.0001)  # the draft 10x cheaper now than when calibrated
+    forwards = {"target": COSTS.target.to_json(), "draft": fast_draft.to_json()}
+
+    def rows(with_forwards: bool):
+        ar = {"B": 2, "group": 0, "method": "ar", "K": 1, "L": 1, "prompt_tokens": [50, 60], "seconds": 4.0,
+              "prefill_s": 1.0, "tokens": 16, "calls": [8, 8]}
+        if with_forwards:
+            ar["forwards"] = forwards
+        sd = {"B": 2, "group": 0, "method": "sd", "K": 1, "L": 4, "prompt_tokens": [50, 60], "seconds": 3.0,
+              "prefill_s": 1.2, "tokens": 16, "calls": [3, 4]}
+        return [ar, sd]
+
+    def speedup(costs):
+        return (batch_decode_seconds(costs, "ar", 1, 1, [50, 60], [8, 8], 8)
+                / batch_decode_seconds(costs, "sd", 1, 4, [50, 60], [3, 4], 8))
+
+    [retimed] = summarise(rows(True), COSTS, 8)
+    now = CallCosts(COSTS.target, fast_draft, COSTS.rule_seconds)
+    assert retimed["predicted"] == pytest.approx(speedup(now))
+    assert retimed["calibration_predicted"] == pytest.approx(speedup(COSTS))
+    assert retimed["predicted"] > 1.05 * retimed["calibration_predicted"]  # a cheaper draft: a larger speed-up
+    assert retimed["calibration_error"] == pytest.approx(retimed["calibration_predicted"] / retimed["speedup"] - 1)
+    [static] = summarise(rows(False), COSTS, 8)
+    assert "calibration_predicted" not in static and static["predicted"] == pytest.approx(speedup(COSTS))
