@@ -66,6 +66,12 @@ AR: Contender = ("ar", 1, 1)
 WARMUP_TOKENS = 4
 
 
+def rule_Ks_Ls(contenders: Sequence[Contender]) -> tuple[list[int], list[int]]:
+    """The K and the L values of the speculative contenders (AR has none), sorted."""
+    rules = [c for c in contenders if c[0] != "ar"]
+    return sorted({K for _, K, _ in rules}), sorted({L for _, _, L in rules})
+
+
 def calibrate(pair, prompt: torch.Tensor, contenders: Sequence[Contender], batches: Sequence[int],
               temperature: float, new_tokens: int, prefill_tokens: Sequence[int], prefill_chunk: int | None = None,
               repeats: int = 3) -> CallCosts:
@@ -80,7 +86,7 @@ def calibrate(pair, prompt: torch.Tensor, contenders: Sequence[Contender], batch
     1.31 s and 1.35 s. The sections' overheads come from ``generate_batch``, the path the groups time, at B = 1 and at
     the largest B (copies of ``prompt``): what a call pays once apart from what it pays per prompt."""
     rules = [c for c in contenders if c[0] != "ar"]
-    Ks, Ls = sorted({K for _, K, _ in rules}), sorted({L for _, _, L in rules})
+    Ks, Ls = rule_Ks_Ls(contenders)
     widths = sorted({int(n) + new_tokens // 2 for n in prefill_tokens})
     chunks = sorted({min(int(n), int(prefill_chunk or n)) for n in prefill_tokens})
     shapes = plan_shapes(Ks, Ls, chunks, batches)
@@ -105,8 +111,7 @@ def retime_forwards(pair, prompts: Sequence[torch.Tensor], contenders: Sequence[
     shapes of ``plan_shapes`` for the batch sizes up to the group's, the prompts' shortest, median and longest first
     chunks) on one cache as wide as the group's: its longest prompt plus half the new tokens. JSON, as the
     calibration keeps its forwards."""
-    rules = [c for c in contenders if c[0] != "ar"]
-    Ks, Ls = sorted({K for _, K, _ in rules}), sorted({L for _, _, L in rules})
+    Ks, Ls = rule_Ks_Ls(contenders)
     lengths = sorted(int(p.numel()) for p in prompts)
     firsts = [min(n, int(prefill_chunk or n)) for n in lengths]
     chunks = sorted({firsts[0], firsts[len(firsts) // 2], firsts[-1]})
@@ -282,6 +287,7 @@ def summarise(rows: Sequence[dict[str, Any]], costs: CallCosts, new_tokens: int,
                                     new_tokens, prefill_chunk, prefill)
 
     ar = {(r["B"], r["group"]): r for r in rows if r["method"] == "ar"}
+    priced = {id(base): group_costs(base) for base in ar.values()}  # each group's costs, parsed once
     cells: dict[tuple, list[tuple[dict, dict]]] = {}
     for row in rows:
         if row["method"] == "ar":
@@ -299,8 +305,8 @@ def summarise(rows: Sequence[dict[str, Any]], costs: CallCosts, new_tokens: int,
                 return row["seconds"] - (0.0 if prefill else row["prefill_s"])
 
             measured, low, high = interval([seconds(base) / seconds(row) for base, row in pairs])
-            prediction = statistics.fmean(predicted(base, prefill, group_costs(base))
-                                          / predicted(row, prefill, group_costs(base)) for base, row in pairs)
+            prediction = statistics.fmean(predicted(base, prefill, priced[id(base)])
+                                          / predicted(row, prefill, priced[id(base)]) for base, row in pairs)
             cell |= {f"{prefix}speedup": measured, f"{prefix}speedup_low": low, f"{prefix}speedup_high": high,
                      f"{prefix}predicted": prediction, f"{prefix}error": prediction / measured - 1.0}
             if any(base.get("forwards") for base, _ in pairs):
@@ -369,5 +375,5 @@ def error_summary(cells: Sequence[dict[str, Any]]) -> dict[str, float]:
 
 
 __all__ = ["AR", "BatchCheckpoint", "bench_batches", "calibrate", "checkpoint_identity", "decode_group",
-           "error_summary", "group_plan", "interval", "prompt_pool", "rescore", "retime_forwards", "summarise",
-           "time_groups"]
+           "error_summary", "group_plan", "interval", "prompt_pool", "rescore", "retime_forwards", "rule_Ks_Ls",
+           "summarise", "time_groups"]

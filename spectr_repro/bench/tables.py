@@ -118,13 +118,13 @@ def batch_markdown(result: dict[str, Any], pair_name: str) -> str:
     for c in result["cells"]:
         lines.append(f"| {c['method']} | {c['K']} | {c['L']} | {c['B']} | {c['groups']} | {c['tokens_per_call']:.2f} | "
                      f"{measured(c, '')} | {measured(c, 'decode_')} |")
-    lines += ["", f"Prediction ({result['costs_source']}): end to end, median |error| "
+    retimed = "calibration_median_abs_error" in result
+    source = ("each group's forwards timed again just before it; the rest " if retimed else "") + result["costs_source"]
+    lines += ["", f"Prediction ({source}): end to end, median |error| "
               f"{100 * result['median_abs_error']:.1f} %, worst {100 * result['worst_abs_error']:.1f} %; after the "
               f"prefill, median {100 * result['decode_median_abs_error']:.1f} %, worst "
               f"{100 * result['decode_worst_abs_error']:.1f} % ({len(result['cells'])} cells)."]
-    if "calibration_median_abs_error" in result:
-        lines[-1] = lines[-1].replace("Prediction (", "Prediction (each group's forwards timed again just before it; "
-                                      "the rest ", 1)
+    if retimed:
         lines += ["", "From the calibration alone (no forward timed again): end to end, median |error| "
                   f"{100 * result['calibration_median_abs_error']:.1f} %, worst "
                   f"{100 * result['calibration_worst_abs_error']:.1f} %; after the prefill, median "

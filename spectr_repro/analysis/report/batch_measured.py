@@ -126,7 +126,6 @@ def _figure(cells: pd.DataFrame, labels: dict[str, str]) -> Figure:
     return figure
 
 
-
 def retimed(bench: dict) -> str:
     """What the calibration alone gave, where each group's forwards were timed again just before it."""
     if "calibration_median_abs_error" not in bench:
@@ -134,5 +133,6 @@ def retimed(bench: dict) -> str:
     return (" Each group's forwards were timed again just before it (a shared VM's speed drifts within the hour); "
             f"from the calibration alone: {100 * bench['calibration_median_abs_error']:.1f} % (worst "
             f"{100 * bench['calibration_worst_abs_error']:.1f} %) end to end.")
+
 
 __all__ = ["batch_measured_section", "crossover", "find_batch_bench", "load_cells"]
