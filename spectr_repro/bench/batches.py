@@ -125,6 +125,10 @@ def group_plan(pool_size: int, batches: Sequence[int], groups: dict[int, int] | 
     """(B, group) in the order they are timed: at each B, groups of B prompts from the start of the pool, as many as
     ``groups[B]`` (default: every whole group the pool holds). A larger pool than the small B need gives the large B
     two groups, hence an interval, without doubling the small B's groups."""
+    unknown = sorted(set(groups or {}) - set(batches))
+    if unknown:
+        raise ValueError(f"groups are asked at B = {', '.join(map(str, unknown))}, which is not among B = "
+                         f"{', '.join(map(str, batches))}")
     plan = []
     for B in batches:
         count = pool_size // B if groups is None or B not in groups else int(groups[B])
@@ -269,25 +273,27 @@ def interval(values: Sequence[float]) -> tuple[float, float, float]:
     return mean, mean - half, mean + half
 
 
+def group_costs(costs: CallCosts, base: dict[str, Any]) -> CallCosts:
+    """``costs`` with the forwards timed again just before the group of AR row ``base``, where it has them."""
+    forwards = base.get("forwards")
+    if not forwards:
+        return costs
+    return dataclasses.replace(costs, target=ForwardCosts.from_json(forwards["target"]),
+                               draft=ForwardCosts.from_json(forwards["draft"]))
+
+
 def summarise(rows: Sequence[dict[str, Any]], costs: CallCosts, new_tokens: int,
               prefill_chunk: int | None = None) -> list[dict[str, Any]]:
     """Per (rule, K, L, B): the measured speed-up over AR at the same B with its interval, end to end and after the
     prefill (``decode_``), tokens per call, and the cost model's speed-ups for the same groups (their own calls per
     prompt) with their errors. Groups whose forwards were timed again before them (``forwards`` on their AR row) are
     priced from those, and from ``costs`` alone as ``calibration_predicted`` / ``calibration_error``."""
-    def group_costs(base) -> CallCosts:
-        forwards = base.get("forwards")
-        if not forwards:
-            return costs
-        return dataclasses.replace(costs, target=ForwardCosts.from_json(forwards["target"]),
-                                   draft=ForwardCosts.from_json(forwards["draft"]))
-
     def predicted(row, prefill: bool, with_costs: CallCosts) -> float:
         return batch_decode_seconds(with_costs, row["method"], row["K"], row["L"], row["prompt_tokens"], row["calls"],
                                     new_tokens, prefill_chunk, prefill)
 
     ar = {(r["B"], r["group"]): r for r in rows if r["method"] == "ar"}
-    priced = {id(base): group_costs(base) for base in ar.values()}  # each group's costs, parsed once
+    priced = {id(base): group_costs(costs, base) for base in ar.values()}  # each group's costs, parsed once
     cells: dict[tuple, list[tuple[dict, dict]]] = {}
     for row in rows:
         if row["method"] == "ar":
@@ -315,6 +321,36 @@ def summarise(rows: Sequence[dict[str, Any]], costs: CallCosts, new_tokens: int,
                 cell |= {f"{prefix}calibration_predicted": static, f"{prefix}calibration_error": static / measured - 1}
         summary.append(cell)
     return summary
+
+
+def seconds_against_prediction(result: dict[str, Any]) -> dict[str, Any]:
+    """Where a run's prediction went wrong, from its file alone: per B, the median of measured over predicted seconds
+    after the prefill, for AR and for the rules (each group priced as ``summarise`` prices it); and, for groups whose
+    forwards were timed again, the median of those forwards' seconds over the calibration's at the same shapes (the
+    machine's drift between the calibration and the groups)."""
+    costs, new_tokens = CallCosts.from_json(result["costs"]), int(result["settings"]["max_new_tokens"])
+    chunk = result["settings"].get("prefill_chunk")
+    ar = {(r["B"], r["group"]): r for r in result["groups"] if r["method"] == "ar"}
+    priced = {key: group_costs(costs, base) for key, base in ar.items()}
+    ratios: dict[str, dict[int, list[float]]] = {"ar": {}, "rules": {}}
+    for row in result["groups"]:
+        predicted = batch_decode_seconds(priced[(row["B"], row["group"])], row["method"], row["K"], row["L"],
+                                         row["prompt_tokens"], row["calls"], new_tokens, chunk, False)
+        kind = "ar" if row["method"] == "ar" else "rules"
+        ratios[kind].setdefault(row["B"], []).append((row["seconds"] - row["prefill_s"]) / predicted)
+    out: dict[str, Any] = {kind: {B: statistics.median(v) for B, v in sorted(by_B.items())}
+                           for kind, by_B in ratios.items()}
+    for role in ("target", "draft"):
+        calibrated = {_shape(p): p["seconds"] for p in result["costs"][role]}
+        again = [p["seconds"] / calibrated[_shape(p)] for base in ar.values() if base.get("forwards")
+                 for p in base["forwards"][role] if _shape(p) in calibrated]
+        if again:
+            out[f"{role}_drift"] = (statistics.median(again), len(again))
+    return out
+
+
+def _shape(point: dict[str, Any]) -> tuple:
+    return point["rows"], point["tokens"], point["logits"], point.get("context")
 
 
 def rescore(result: dict[str, Any]) -> list[dict[str, Any]]:
@@ -358,6 +394,7 @@ def bench_batches(pair, prompts_by_dataset: dict[str, Sequence[torch.Tensor]], c
                           "temperature": temperature, "max_new_tokens": new_tokens, "prefill_chunk": prefill_chunk,
                           "contenders": [list(c) for c in contenders], "groups": groups,
                           "retime_repeats": retime_repeats}
+    result["seconds_against_prediction"] = seconds_against_prediction(result)
     return result
 
 
@@ -375,5 +412,5 @@ def error_summary(cells: Sequence[dict[str, Any]]) -> dict[str, float]:
 
 
 __all__ = ["AR", "BatchCheckpoint", "bench_batches", "calibrate", "checkpoint_identity", "decode_group",
-           "error_summary", "group_plan", "interval", "prompt_pool", "rescore", "retime_forwards", "rule_Ks_Ls",
-           "summarise", "time_groups"]
+           "error_summary", "group_costs", "group_plan", "interval", "prompt_pool", "rescore", "retime_forwards",
+           "rule_Ks_Ls", "seconds_against_prediction", "summarise", "time_groups"]

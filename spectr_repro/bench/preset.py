@@ -15,7 +15,7 @@ import torch
 from omegaconf import OmegaConf
 
 from spectr_repro.bench import suites
-from spectr_repro.bench.batches import BatchCheckpoint, bench_batches, checkpoint_identity
+from spectr_repro.bench.batches import BatchCheckpoint, bench_batches, checkpoint_identity, group_plan
 from spectr_repro.bench.contenders import encode_prompts
 from spectr_repro.cost import calibration
 from spectr_repro.cost.measure import measure_forward_costs, plan_shapes
@@ -49,7 +49,19 @@ def compose_preset(name: str, device: str):
             check_batch_fits(run_config(whole), max(int(b) for b in batches.B),
                              max(int(c[1]) for c in batches.contenders), max(int(c[2]) for c in batches.contenders),
                              f"bench.batches.B (preset {name})")
+            check_groups(batches, name)
     return cfg.bench, cfg.hardware
+
+
+def check_groups(batches, name: str) -> None:
+    """``bench.batches.groups`` refused at the door (UsageError), before any model loads, where the pool of
+    ``prompts_per_dataset`` × datasets cannot hold the groups it asks for or it names a B the preset does not time."""
+    groups = batches.get("groups")
+    try:
+        group_plan(int(batches.prompts_per_dataset) * len(batches.datasets), [int(b) for b in batches.B],
+                   {int(b): int(n) for b, n in groups.items()} if groups else None)
+    except ValueError as error:
+        raise UsageError(f"bench.batches.groups (preset {name}): {error}") from None
 
 
 def predicted_pick(replay_summary: str, hardware, preset, pair, prompts, calibrate=None) -> dict:

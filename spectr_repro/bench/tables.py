@@ -130,7 +130,23 @@ def batch_markdown(result: dict[str, Any], pair_name: str) -> str:
                   f"{100 * result['calibration_worst_abs_error']:.1f} %; after the prefill, median "
                   f"{100 * result['decode_calibration_median_abs_error']:.1f} %, worst "
                   f"{100 * result['decode_calibration_worst_abs_error']:.1f} %."]
+    if result.get("seconds_against_prediction"):  # runs from 2026-12-08 keep it; earlier: docs/speed.md's prose
+        lines += ["", where_the_error_is(result["seconds_against_prediction"])]
     return "\n".join(lines)
 
 
-__all__ = ["PROFILE_HEADER", "TARGETS", "batch_markdown", "markdown"]
+def where_the_error_is(found: dict[str, Any]) -> str:
+    """``bench.batches.seconds_against_prediction`` (as kept in the file: JSON) in a sentence."""
+    Bs = ", ".join(str(B) for B in found["ar"])
+    text = (f"Measured over predicted seconds after the prefill (medians at B = {Bs}): AR "
+            + ", ".join(f"{v:.2f}" for v in found["ar"].values()) + "; the rules "
+            + ", ".join(f"{v:.2f}" for v in found["rules"].values()) + ".")
+    drift = [f"{found[f'{role}_drift'][0]:.2f}x ({role}, median of {found[f'{role}_drift'][1]} shapes)"
+             for role in ("target", "draft") if f"{role}_drift" in found]
+    if drift:
+        text += (" The forwards timed again before the groups took " + " and ".join(drift)
+                 + " the calibration's seconds at the same shapes.")
+    return text
+
+
+__all__ = ["PROFILE_HEADER", "TARGETS", "batch_markdown", "markdown", "where_the_error_is"]

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import re
+from pathlib import Path
 
 import pytest
 
@@ -15,6 +16,7 @@ from spectr_repro.bench.batches import interval, summarise
 from spectr_repro.cost.batch_speedup import batch_decode_seconds
 from spectr_repro.cost.calibration import ForwardCosts
 from spectr_repro.cost.model import CallCosts, section_forward_seconds
+from spectr_repro.errors import UsageError
 
 
 def linear_costs(fixed: float, per_token: float) -> ForwardCosts:
@@ -163,6 +165,11 @@ def test_the_batch_bench_runs_on_the_tiny_pair(tmp_path, monkeypatch):
             assert "forwards" not in row
     assert all("calibration_predicted" in c for c in cells)
     assert "From the calibration alone" in tables.markdown(results)
+    # where the error is, kept with the run: per B for AR and the rules, and the forwards' drift since the calibration
+    found = results["batches"]["seconds_against_prediction"]
+    assert set(found["ar"]) == set(found["rules"]) == {1, 2} and all(v > 0 for v in found["rules"].values())
+    assert found["target_drift"][1] > 0
+    assert "Measured over predicted seconds after the prefill" in tables.markdown(results)
 
 
 def test_a_batch_that_does_not_fit_is_refused_before_any_model_loads(tmp_path, monkeypatch, capsys):
@@ -273,6 +280,24 @@ def test_the_group_plan_gives_large_batches_their_own_count_of_groups():
                                                                + [(8, 0), (8, 1)])
     with pytest.raises(ValueError, match="3 group.* of 8 need 24 prompts; the pool has 16"):
         group_plan(16, [8], {8: 3})
+    with pytest.raises(ValueError, match="groups are asked at B = 16, which is not among B = 1, 8"):
+        group_plan(16, [1, 8], {16: 1})
+
+
+def test_groups_the_pool_cannot_hold_are_refused_at_the_door():
+    """``bench.batches.groups`` is checked when the preset composes, before any model loads: a pool of 2 × 8 cannot
+    give B = 8 three groups, and a B the preset does not time is named. The shipped presets pass (negative control)."""
+    from omegaconf import OmegaConf
+
+    spec = {"B": [1, 8], "prompts_per_dataset": 8, "datasets": ["humaneval", "gsm8k"]}
+    preset_module.check_groups(OmegaConf.create(spec | {"groups": {1: 8, 8: 2}}), "ok")
+    with pytest.raises(UsageError, match=r"bench.batches.groups \(preset bad\): 3 group\(s\) of 8 need 24 prompts"):
+        preset_module.check_groups(OmegaConf.create(spec | {"groups": {8: 3}}), "bad")
+    with pytest.raises(UsageError, match="not among B = 1, 8"):
+        preset_module.check_groups(OmegaConf.create(spec | {"groups": {4: 1}}), "bad")
+    for name in ("batch_tiny", "batch_qwen", "batch_qwen_short"):
+        batches = OmegaConf.load(Path(preset_module.__file__).parents[1] / "conf" / "bench" / f"{name}.yaml").batches
+        preset_module.check_groups(batches, name)
 
 
 def test_a_group_whose_forwards_were_timed_again_is_priced_from_them_and_from_the_calibration():
