@@ -201,6 +201,9 @@ def test_the_committed_batch_tables_are_the_committed_files(monkeypatch):
     assert altered != expected
 
 
+CALIBRATION_KEYS = ("calibration_predicted", "decode_calibration_predicted")
+
+
 def test_the_committed_batch_bench_predictions_are_the_cost_models_now():
     """The full preset's committed cells are what today's cost model predicts from the run's own calibration and
     groups (``bench.batches.rescore``): a change to the model that moves a committed prediction fails here until the
@@ -212,10 +215,35 @@ def test_the_committed_batch_bench_predictions_are_the_cost_models_now():
     assert len(again) == len(result["cells"]) == 32
     for old, new in zip(result["cells"], again):
         assert {k: old[k] for k in ("method", "K", "L", "B")} == {k: new[k] for k in ("method", "K", "L", "B")}
-        for key in ("predicted", "decode_predicted", "speedup"):
-            assert new[key] == pytest.approx(old[key], rel=1e-9), (old["method"], old["K"], old["L"], old["B"], key)
+        for key in ("predicted", "decode_predicted", "speedup", *CALIBRATION_KEYS):
+            if key in old:  # calibration_: groups whose forwards were timed again before them
+                assert new[key] == pytest.approx(old[key], rel=1e-9), (old["method"], old["K"], old["L"], old["B"], key)
+    # Negative control: the target's forwards twice as dear, in the calibration and in each group's own timing
     dearer = json.loads(json.dumps(result))
-    for point in dearer["costs"]["target"]:
-        point["seconds"] *= 2
+    forwards = [row["forwards"]["target"] for row in dearer["groups"] if row.get("forwards")]
+    for points in [dearer["costs"]["target"], *forwards]:
+        for point in points:
+            point["seconds"] *= 2
     moved = rescore(dearer)
-    assert any(abs(m["predicted"] / c["predicted"] - 1) > 0.05 for m, c in zip(moved, result["cells"]))
+    for key in ("predicted", "calibration_predicted") if forwards else ("predicted",):
+        assert any(abs(m[key] / c[key] - 1) > 0.05 for m, c in zip(moved, result["cells"])), key
+
+
+def test_docs_quote_where_the_committed_batch_benchs_error_is():
+    """docs/speed.md quotes ``seconds_against_prediction`` of the committed file (it predates the field, so the
+    sentence is prose, not the generated block): a new run or a model change that moves it fails here. Negative
+    control: AR's seconds 10 % dearer give another sentence."""
+    from spectr_repro.bench.batches import seconds_against_prediction
+    from spectr_repro.bench.tables import where_the_error_is
+
+    result = json.loads((REPO / "results" / "speedup_batch" / "bench_batch.json").read_text())["batches"]
+    speed = (REPO / "docs" / "speed.md").read_text()
+    if "seconds_against_prediction" in result:
+        pytest.fail("the committed run keeps its own breakdown: drop the quoted sentence from docs/speed.md's prose")
+    sentence = where_the_error_is(json.loads(json.dumps(seconds_against_prediction(result))))
+    assert f"> {sentence}" in speed
+    slower = json.loads(json.dumps(result))
+    for row in slower["groups"]:
+        if row["method"] == "ar":
+            row["seconds"] += 0.1 * (row["seconds"] - row["prefill_s"])
+    assert where_the_error_is(seconds_against_prediction(slower)) != sentence
