@@ -102,7 +102,7 @@ def batch_section(context: ReportContext) -> str | None:
 
 def _figure(table: pd.DataFrame, labels: dict[str, str]) -> Figure:
     accelerators = list(dict.fromkeys(table["accelerator"]))
-    figure = Figure(figsize=(3.2 * len(accelerators) + 1.6, 3.2))
+    figure = Figure(figsize=(3.2 * len(accelerators) + 1.6, 3.2), layout="constrained")  # the legend off the panels
     axes = figure.subplots(1, len(accelerators), sharey=True, squeeze=False)[0]
     for ax, accelerator in zip(axes, accelerators):
         part = table[(table["accelerator"] == accelerator) & (table["method"] != "ar")]
