@@ -54,3 +54,33 @@ def test_the_script_writes_a_csv_marked_as_a_model(tmp_path):
     assert {"H100", "H200", "A100-80GB"} <= set(table["accelerator"])
     assert set(table["B"]) == {1, 2, 4, 8, 16, 32, 64, 128, 256}
     assert {"ar", "sd", "spectr", "spectr_gbv", "sbvf"} == set(table["method"])
+
+
+def test_the_script_takes_tokens_per_call_from_a_batch_bench(tmp_path):
+    """--batch-bench: the rules the bench timed, each at its tokens over its target calls pooled over every group
+    (not a mean of ratios); AR at 1. A file that is not a batch bench, or both sources at once: exit 2, no CSV."""
+    import json
+
+    import pandas as pd
+
+    from tests.script_helpers import load_script
+
+    def row(method, K, L, tokens, calls):
+        return {"method": method, "K": K, "L": L, "tokens": tokens, "calls": calls}
+
+    groups = [row("ar", 1, 1, 64, [32, 32]), row("sd", 1, 4, 64, [10, 6]), row("sd", 1, 4, 32, [8]),
+              row("spectr", 3, 6, 64, [4, 4])]
+    bench = tmp_path / "bench_batch.json"
+    bench.write_text(json.dumps({"batches": {"groups": groups}}))
+    script = load_script("gpu_speedups")
+    out = tmp_path / "speedups.csv"
+    assert script.main(["--batch-bench", str(bench), "--out", str(out)]) == 0
+    table = pd.read_csv(out)
+    tau = table.groupby(["method", "K", "L"])["tokens_per_call"].first().to_dict()
+    assert tau == {("ar", 1, 1): 1.0, ("sd", 1, 4): 96 / 24, ("spectr", 3, 6): 8.0}
+    assert set(table["tokens_source"]) == {f"batch bench {bench}"}
+    (tmp_path / "other.json").write_text(json.dumps({"cells": []}))
+    out.unlink()
+    assert script.main(["--batch-bench", str(tmp_path / "other.json"), "--out", str(out)]) == 2
+    assert script.main(["--batch-bench", str(bench), "--replay-summary", "x.csv", "--out", str(out)]) == 2
+    assert not out.exists()
