@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from spectr_repro.cost.batch_speedup import LABEL, assumed_tokens_per_call, batch_speedups
 from spectr_repro.cost.roofline import accelerator
 from spectr_repro.cost.shapes import pair_shapes
@@ -84,3 +86,34 @@ def test_the_script_takes_tokens_per_call_from_a_batch_bench(tmp_path):
     assert script.main(["--batch-bench", str(tmp_path / "other.json"), "--out", str(out)]) == 2
     assert script.main(["--batch-bench", str(bench), "--replay-summary", "x.csv", "--out", str(out)]) == 2
     assert not out.exists()
+
+
+def test_docs_gpu_table_is_what_the_script_writes_from_the_committed_batch_bench(tmp_path, monkeypatch):
+    """docs/speed.md's gpu-batch-tables block is the script's output for the committed batch bench, run as the block
+    names it: a new bench file or a model change that moves a number fails here until the block is regenerated.
+    Negative control: the rules' calls 10 % more numerous give another block."""
+    import json
+    import shutil
+
+    from spectr_repro.docblocks import read_block
+    from tests.script_helpers import load_script
+
+    repo = Path(__file__).resolve().parents[2]
+    bench = repo / "results" / "speedup_batch" / "bench_batch.json"
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "results" / "speedup_batch").mkdir(parents=True)
+    shutil.copy(repo / "docs" / "speed.md", tmp_path / "docs" / "speed.md")
+    shutil.copy(bench, tmp_path / "results" / "speedup_batch" / "bench_batch.json")
+    monkeypatch.chdir(tmp_path)
+    script = load_script("gpu_speedups")
+    args = ["--batch-bench", "results/speedup_batch/bench_batch.json", "--docs", "docs/speed.md", "--out", "x.csv"]
+    committed = read_block((repo / "docs" / "speed.md").read_text(), "gpu-batch-tables")
+    assert script.main(args) == 0
+    assert read_block((tmp_path / "docs" / "speed.md").read_text(), "gpu-batch-tables") == committed, \
+        "docs/speed.md is stale: python scripts/gpu_speedups.py --batch-bench ... --docs docs/speed.md"
+    data = json.loads(bench.read_text())
+    for row in data["batches"]["groups"]:
+        row["calls"] = [round(1.1 * c) for c in row["calls"]] if row["method"] != "ar" else row["calls"]
+    (tmp_path / "results" / "speedup_batch" / "bench_batch.json").write_text(json.dumps(data))
+    assert script.main(args) == 0
+    assert read_block((tmp_path / "docs" / "speed.md").read_text(), "gpu-batch-tables") != committed
