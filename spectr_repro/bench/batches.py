@@ -140,13 +140,16 @@ def group_plan(pool_size: int, batches: Sequence[int], groups: dict[int, int] | 
 
 def decode_group(pair, prompts: Sequence[torch.Tensor], contender: Contender, temperature: float, new_tokens: int,
                  seed: int, prefill_chunk: int | None = None) -> dict[str, Any]:
-    """One timed ``generate_batch`` of ``prompts`` (EOS off): wall seconds, tokens, each prompt's target calls."""
+    """One timed ``generate_batch`` of ``prompts`` (EOS off): wall seconds, tokens, each prompt's target calls, and
+    the engine's seconds by section (``sections_s``: prefill, draft, target, verify and its total), so that a miss
+    can be traced to a section from the file alone."""
     method, K, L = contender
     seconds, out = timed(pair.device, lambda: generate_batch(
         pair.target, None if method == "ar" else pair.draft, [p.to(pair.device) for p in prompts], method=method,
         K=K, L=L, temperature=temperature, max_new_tokens=new_tokens, seeds=[seed + i for i in range(len(prompts))],
         eos_token_ids=(), vocab_size=pair.vocab_size, prefill_chunk=prefill_chunk))
-    return {"seconds": seconds, "prefill_s": out.stats["time_s"].get("prefill", 0.0),
+    sections = {name: float(value) for name, value in out.stats["time_s"].items()}
+    return {"seconds": seconds, "prefill_s": sections.get("prefill", 0.0), "sections_s": sections,
             "tokens": sum(len(o.new_tokens) for o in out.outputs), "calls": [o.target_calls for o in out.outputs]}
 
 

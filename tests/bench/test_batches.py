@@ -165,6 +165,13 @@ def test_the_batch_bench_runs_on_the_tiny_pair(tmp_path, monkeypatch):
             assert "forwards" not in row
     assert all("calibration_predicted" in c for c in cells)
     assert "From the calibration alone" in tables.markdown(results)
+    # each decode's seconds by engine section, kept: a miss can be traced to a section from the file
+    for row in groups:
+        sections = row["sections_s"]
+        assert {"prefill", "draft", "target", "verify", "total"} <= set(sections)
+        assert sections["prefill"] == row["prefill_s"] and sections["total"] <= row["seconds"]
+        assert sum(v for k, v in sections.items() if k != "total") <= sections["total"]
+        assert (sections["draft"] > 0) == (row["method"] != "ar")
     # where the error is, kept with the run: per B for AR and the rules, and the forwards' drift since the calibration
     found = results["batches"]["seconds_against_prediction"]
     assert set(found["ar"]) == set(found["rules"]) == {1, 2} and all(v > 0 for v in found["rules"].values())
