@@ -25,6 +25,7 @@ import contextlib
 import math
 from collections.abc import Iterator
 
+import numpy as np
 import torch
 
 from spectr_repro.verify.base import Outcome, Verifier, VerifyResult
@@ -95,9 +96,10 @@ class DirectExcess:
     def __init__(self, p: torch.Tensor, q: torch.Tensor) -> None:
         self.p, self.q = p, q
 
-    def __call__(self, row: torch.Tensor, w: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
-        """H at rows ``row`` [Q] (long) for w, c [Q] float64 (w, c >= 0): [Q] float64."""
+    def __call__(self, row: np.ndarray, w: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+        """H at rows ``row`` [Q] (host integers) for w, c [Q] float64 (w, c >= 0): [Q] float64."""
         per_chunk = max(1, _DIRECT_ELEMENTS // self.p.shape[-1])
+        row = torch.as_tensor(row, device=self.p.device)
         parts = []
         for lo in range(0, row.shape[0], per_chunk):
             index = row[lo : lo + per_chunk]
@@ -138,14 +140,16 @@ class SortedExcess:
         view.neg_ratio, view.p_upto, view.q_upto = self.neg_ratio[:n], self.p_upto[:n], self.q_upto[:n]
         return view
 
-    def __call__(self, row: torch.Tensor, w: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
-        """H at rows ``row`` [Q] (long) for w, c [Q] float64 (w, c >= 0): [Q] float64."""
-        n = self.neg_ratio.shape[0]
+    def __call__(self, row: np.ndarray, w: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+        """H at rows ``row`` [Q] (host integers) for w, c [Q] float64 (w, c >= 0): [Q] float64."""
+        device = w.device
         threshold = torch.where(w > 0, c / w, torch.inf)  # w = 0: nothing is positive
-        # Every query is looked up in every row ([n, Q] binary searches, no [Q, V] gather), then its own kept.
-        count = torch.searchsorted(self.neg_ratio, (-threshold).expand(n, -1).contiguous())  # ratio > c / w
-        count = count.gather(0, row.unsqueeze(0)).squeeze(0)
-        flat = row * self.p_upto.shape[-1] + count
+        # Each query is looked up in its own row only: one binary search each (the rows are known on the host).
+        count = torch.empty(len(row), dtype=torch.long, device=device)
+        for r in np.unique(row).tolist():
+            asks = torch.as_tensor(np.flatnonzero(row == r), device=device)
+            count[asks] = torch.searchsorted(self.neg_ratio[r], threshold[asks].neg())  # ratio > c / w
+        flat = torch.as_tensor(row, device=device) * self.p_upto.shape[-1] + count
         mass = w * self.p_upto.view(-1)[flat] - c * self.q_upto.view(-1)[flat]
         return mass.clamp_min_(0.0)
 
@@ -154,6 +158,26 @@ def _row_place(probs: torch.Tensor, row: int, depth: int) -> tuple[int, int, tor
     """Where row ``probs[row, depth]`` lies in memory: the same for every view of a block that reads it."""
     return (probs.untyped_storage().data_ptr(), probs.storage_offset() + row * probs.stride(0)
             + depth * probs.stride(1), probs.dtype)
+
+
+def _shared_prefix_lengths(rows: list[list[int]] | None, L: int) -> np.ndarray:
+    """[K, K] host integers: how many first tokens drafts k and o share (L for a draft and itself); [[L]] for K = 1
+    (rows None). A state of owner o and committed length j matches draft k iff j <= this[k, o]."""
+    if rows is None:
+        return np.full((1, 1), L)
+    tokens = np.asarray(rows)  # [K, L]
+    differ = tokens[:, None, :] != tokens[None, :, :]  # [K, K, L]
+    return np.where(differ.any(-1), differ.argmax(-1), L)  # the first position where they differ
+
+
+def _spans(starts: np.ndarray, end: int) -> tuple[np.ndarray, np.ndarray]:
+    """(state, position), host integers, of every position m in starts[i] .. end - 1, state by state, positions
+    ascending: what ``[(i, m) for i, start in enumerate(starts) for m in range(start, end)]`` lists."""
+    counts = np.clip(end - starts, 0, None)
+    state = np.repeat(np.arange(len(starts)), counts)
+    first = np.cumsum(counts) - counts  # where each state's run begins
+    position = starts[state] + np.arange(len(state)) - first[state]
+    return state, position
 
 
 class RecursiveBlockVerification(Verifier):
@@ -243,7 +267,8 @@ class RecursiveBlockVerification(Verifier):
         segment), each one pass over a row, or one sort of the draft's L rows when the queries exceed
         SORT_ABOVE_QUERIES_PER_ROW per row (one sort shared by drafts with the same first L - 1 tokens). So
         distinct drafts cost ~K * (L + 1) row passes (bv's expectation: L - 1). Identical drafts cost one sort of
-        L rows plus [L, states] binary searches. Host reads: one (the draft tokens) for K > 1, none for K = 1.
+        L rows plus one binary search per query. Host reads: one (the draft tokens) for K > 1, none for K = 1 (the
+        states' lengths and owners are host integers).
         """
         device = draft_probs.device
         tokens = draft_tokens.long().to(device)
@@ -254,24 +279,28 @@ class RecursiveBlockVerification(Verifier):
         p_drawn = target_probs[:, :L].gather(-1, drawn).squeeze(-1).double()  # [K, L]: p, q of each draft token
         q_drawn = draft_probs.gather(-1, drawn).squeeze(-1).double()
         positions = torch.arange(L + 1, device=device).unsqueeze(-1)  # [L + 1, 1]: absolute stop positions
-        committed, owners = [0], [0]  # host: each state's committed length and the draft it came from
+        shared_prefix = _shared_prefix_lengths(rows, L)  # [K, K] on the host: drafts' common first tokens
+        # Host: each state's committed length and the draft it came from (long tensors: millions of states at K = 7,
+        # L = 24 when the drafts agree).
+        committed = np.zeros(1, dtype=np.int64)
+        owners = np.zeros(1, dtype=np.int64)
         w = torch.ones(1, dtype=torch.float64, device=device)
         c = torch.zeros_like(w)
         mass = torch.ones_like(w)
         total = torch.zeros((), dtype=torch.float64, device=device)
         sorted_rows: dict[tuple[int, ...], SortedExcess] = {}
         for k in range(K):
-            match = [s for s, (j, o) in enumerate(zip(committed, owners))
-                     if rows is None or rows[k][:j] == rows[o][:j]]
-            if not match:
-                continue
-            matched = set(match)
-            keep = [s for s in range(len(committed)) if s not in matched]
+            # A state matches draft k when draft k carries its owner's first j tokens.
+            matches = committed <= shared_prefix[k][owners]
+            match, keep = np.flatnonzero(matches), np.flatnonzero(~matches)
             M = len(match)
-            j_host = [committed[s] for s in match]
-            # Z queries: (position m, state i) for j_i < m < L, in the order of a [L + 1, M] flattening.
-            z_at = [(m, i) for i, start in enumerate(j_host) for m in range(start + 1, L)]
-            queries = 2 * M + len(z_at)
+            if not M:
+                continue
+            j_host = committed[match]
+            # Z queries: (position m, state i) for j_i < m < L, state by state, in the order of a [L + 1, M]
+            # flattening.
+            z_state, z_position = _spans(j_host + 1, L)
+            queries = 2 * M + len(z_state)
             excess = self._shared_sorted(target_probs, draft_probs, k, L)
             if excess is not None:
                 pass  # sorted earlier in this block (shared_block)
@@ -282,10 +311,10 @@ class RecursiveBlockVerification(Verifier):
                 if path not in sorted_rows:
                     sorted_rows[path] = self._sorted(target_probs, draft_probs, k, L)
                 excess = sorted_rows[path]
-            pick = torch.tensor(match, device=device)
-            j = torch.tensor(j_host, device=device)  # [M]
+            pick = torch.as_tensor(match, device=device)
+            j = torch.as_tensor(j_host, device=device)  # [M]
             w_s, c_s, mass_s = w[pick], c[pick], mass[pick]
-            current_mass = excess(j, w_s, c_s)  # H(w, c): the unnormalised mass of r
+            current_mass = excess(j_host, w_s, c_s)  # H(w, c): the unnormalised mass of r
             p_x, q_x = p_drawn[k, j], q_drawn[k, j]  # p, q of draft k's token after z, per state
             first_ratio = torch.where(current_mass > 0, (w_s * p_x - c_s * q_x).clamp_min(0) / (current_mass * q_x),
                                       0.0).nan_to_num_(0.0)  # r(X) / q(X)
@@ -299,15 +328,14 @@ class RecursiveBlockVerification(Verifier):
             weights = torch.stack(weights)  # [L + 1, M]
             # One batch of H queries: Z_m = H(w_m, 1) inside each segment, and H(w, c + H(w, c)) at z (the mass
             # left after a stop at z itself).
-            z_flat = torch.tensor([m * M + i for m, i in z_at], dtype=torch.long, device=device)
-            z_rows = torch.tensor([m for m, _ in z_at], dtype=torch.long, device=device)
+            z_flat = torch.as_tensor(z_position * M + z_state, device=device)
             z_weights = weights.view(-1)[z_flat]
             c_again = c_s + current_mass
-            asked = excess(torch.cat([z_rows, j]), torch.cat([z_weights, w_s]),
+            asked = excess(np.concatenate([z_position, j_host]), torch.cat([z_weights, w_s]),
                            torch.cat([torch.ones_like(z_weights), c_again]))
             z = torch.zeros(L + 1, M, dtype=torch.float64, device=device)
-            z.view(-1)[z_flat] = asked[: len(z_at)]
-            again_mass = asked[len(z_at) :]
+            z.view(-1)[z_flat] = asked[: z_flat.shape[0]]
+            again_mass = asked[z_flat.shape[0] :]
             inner = (positions > j) & (positions < L)  # [L + 1, M]: positions with a Z
             stop = torch.where(inner, clipped_stop_probability(z, weights), 0.0)
             stop[L] = weights[L]
@@ -320,15 +348,15 @@ class RecursiveBlockVerification(Verifier):
             w_next = torch.where(positions == j, w_s, torch.where(z > 0, weights, 1.0))
             c_next = torch.where(positions == j, torch.where(again_mass > 0, c_again, c_s), (z > 0).double())
             # Children (host structure): state i of the batch stops at m in j_i..L-1.
-            child = torch.tensor([m * M + i for i, start in enumerate(j_host) for m in range(start, L)],
-                                 dtype=torch.long, device=device)
-            kept = torch.tensor(keep, dtype=torch.long, device=device)
+            child_state, child_position = _spans(j_host, L)
+            child = torch.as_tensor(child_position * M + child_state, device=device)
+            kept = torch.as_tensor(keep, device=device)
             w = torch.cat([w[kept], w_next.view(-1)[child]])
             c = torch.cat([c[kept], c_next.view(-1)[child]])
             mass = torch.cat([mass[kept], (mass_s * stop_law).view(-1)[child]])
-            committed = [committed[s] for s in keep] + [m for start in j_host for m in range(start, L)]
-            owners = [owners[s] for s in keep] + [k] * (len(committed) - len(keep))
-        j_final = torch.tensor(committed, dtype=torch.float64, device=device)
+            committed = np.concatenate([committed[keep], child_position])
+            owners = np.concatenate([owners[keep], np.full_like(child_position, k)])
+        j_final = torch.as_tensor(committed, dtype=torch.float64, device=device)
         return total + (mass * (j_final + 1)).sum()
 
     def _law(self, draft_tokens, draft_probs, target_probs, state) -> list[Outcome]:

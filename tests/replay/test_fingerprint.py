@@ -7,6 +7,9 @@ would pool two versions of a rule.
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -15,6 +18,7 @@ from spectr_repro.replay.fingerprint import rule_fingerprint, rules_fingerprint
 from spectr_repro.verify import VERIFIERS, get_verifier
 
 SAMPLED = ["spectr_gbv"]
+COMMITTED = Path(__file__).resolve().parents[2] / "results"
 
 
 @pytest.fixture(autouse=True)
@@ -98,3 +102,32 @@ def test_inputs_are_float64_toys():
     tokens, draft_probs, target_probs = fingerprint._toy_block(3, 0, 2, 2)
     assert draft_probs.dtype == target_probs.dtype == torch.float64
     assert tuple(tokens.shape) == (2, 2) and tuple(target_probs.shape) == (2, 3, 3)
+
+
+def _rules_unlike_the_last_seal() -> dict[str, list[str]]:
+    """{committed replay group: the rules whose fingerprint at this commit differs from its last seal's}."""
+    unlike = {}
+    for path in sorted(COMMITTED.glob("*/replay/*/manifest.json")):
+        manifest = json.loads(path.read_text())
+        sealed = manifest["current_rules_fingerprint"]
+        now = rules_fingerprint(list(sealed), manifest["settings"].get("sampled") or [])
+        unlike[path.parent.name] = [rule for rule in sealed if now[rule] != sealed[rule]]
+    return unlike
+
+
+def test_this_commit_keeps_the_rules_the_committed_replays_were_sealed_with(monkeypatch):
+    """The committed grid grows over many sittings (issue 48): a refactor of a rule (rbv's host bookkeeping, say)
+    must keep every value it records, else the report sets the earlier prompts aside as another version. So each
+    committed group's last seal (`current_rules_fingerprint`, with the group's sampled rules) must be this code's.
+    A rule changed on purpose is named here until the folder is sealed again (then the report pools it apart).
+    Negative control: rbv's expected value moved by 1e-6 is named, and only rbv."""
+    unlike = _rules_unlike_the_last_seal()
+    assert unlike, "no committed replay under results/"
+    assert {group: rules for group, rules in unlike.items() if rules} == {}
+
+    verifier_class = type(get_verifier("rbv"))
+    original = verifier_class.expected_emitted
+    monkeypatch.setattr(verifier_class, "expected_emitted",
+                        lambda self, *args, **kwargs: original(self, *args, **kwargs) + 1e-6)
+    fingerprint._replayed_values.cache_clear()
+    assert {tuple(rules) for rules in _rules_unlike_the_last_seal().values()} == {("rbv",)}
