@@ -285,6 +285,12 @@ def group_costs(costs: CallCosts, base: dict[str, Any]) -> CallCosts:
                                draft=ForwardCosts.from_json(forwards["draft"]))
 
 
+def _ar_groups(rows: Sequence[dict[str, Any]], costs: CallCosts) -> dict[tuple[int, int], tuple[dict, CallCosts]]:
+    """{(B, group): (its AR row, the costs that price the group)}: its forwards timed again where it has them
+    (``group_costs``), parsed once."""
+    return {(r["B"], r["group"]): (r, group_costs(costs, r)) for r in rows if r["method"] == "ar"}
+
+
 def summarise(rows: Sequence[dict[str, Any]], costs: CallCosts, new_tokens: int,
               prefill_chunk: int | None = None) -> list[dict[str, Any]]:
     """Per (rule, K, L, B): the measured speed-up over AR at the same B with its interval, end to end and after the
@@ -295,32 +301,31 @@ def summarise(rows: Sequence[dict[str, Any]], costs: CallCosts, new_tokens: int,
         return batch_decode_seconds(with_costs, row["method"], row["K"], row["L"], row["prompt_tokens"], row["calls"],
                                     new_tokens, prefill_chunk, prefill)
 
-    ar = {(r["B"], r["group"]): r for r in rows if r["method"] == "ar"}
-    priced = {id(base): group_costs(costs, base) for base in ar.values()}  # each group's costs, parsed once
-    cells: dict[tuple, list[tuple[dict, dict]]] = {}
+    ar = _ar_groups(rows, costs)
+    cells: dict[tuple, list[tuple[dict, dict, CallCosts]]] = {}
     for row in rows:
         if row["method"] == "ar":
             continue
-        base = ar[(row["B"], row["group"])]
+        base, priced = ar[(row["B"], row["group"])]
         if row["tokens"] != base["tokens"]:
             raise ValueError(f"{row['method']} emitted {row['tokens']} tokens, AR {base['tokens']}: not comparable")
-        cells.setdefault((row["method"], row["K"], row["L"], row["B"]), []).append((base, row))
+        cells.setdefault((row["method"], row["K"], row["L"], row["B"]), []).append((base, row, priced))
     summary = []
     for (method, K, L, B), pairs in sorted(cells.items(), key=lambda item: (item[0][3], item[0][:3])):
         cell = {"method": method, "K": K, "L": L, "B": B, "groups": len(pairs),
-                "tokens_per_call": sum(r["tokens"] for _, r in pairs) / sum(sum(r["calls"]) for _, r in pairs)}
+                "tokens_per_call": sum(r["tokens"] for _, r, _ in pairs) / sum(sum(r["calls"]) for _, r, _ in pairs)}
         for prefix, prefill in (("", True), ("decode_", False)):
             def seconds(row, prefill=prefill):
                 return row["seconds"] - (0.0 if prefill else row["prefill_s"])
 
-            measured, low, high = interval([seconds(base) / seconds(row) for base, row in pairs])
-            prediction = statistics.fmean(predicted(base, prefill, priced[id(base)])
-                                          / predicted(row, prefill, priced[id(base)]) for base, row in pairs)
+            measured, low, high = interval([seconds(base) / seconds(row) for base, row, _ in pairs])
+            prediction = statistics.fmean(predicted(base, prefill, priced) / predicted(row, prefill, priced)
+                                          for base, row, priced in pairs)
             cell |= {f"{prefix}speedup": measured, f"{prefix}speedup_low": low, f"{prefix}speedup_high": high,
                      f"{prefix}predicted": prediction, f"{prefix}error": prediction / measured - 1.0}
-            if any(base.get("forwards") for base, _ in pairs):
+            if any(base.get("forwards") for base, _, _ in pairs):
                 static = statistics.fmean(predicted(base, prefill, costs) / predicted(row, prefill, costs)
-                                          for base, row in pairs)
+                                          for base, row, _ in pairs)
                 cell |= {f"{prefix}calibration_predicted": static, f"{prefix}calibration_error": static / measured - 1}
         summary.append(cell)
     return summary
@@ -333,27 +338,22 @@ def seconds_against_prediction(result: dict[str, Any]) -> dict[str, Any]:
     machine's drift between the calibration and the groups)."""
     costs, new_tokens = CallCosts.from_json(result["costs"]), int(result["settings"]["max_new_tokens"])
     chunk = result["settings"].get("prefill_chunk")
-    ar = {(r["B"], r["group"]): r for r in result["groups"] if r["method"] == "ar"}
-    priced = {key: group_costs(costs, base) for key, base in ar.items()}
+    ar = _ar_groups(result["groups"], costs)
     ratios: dict[str, dict[int, list[float]]] = {"ar": {}, "rules": {}}
     for row in result["groups"]:
-        predicted = batch_decode_seconds(priced[(row["B"], row["group"])], row["method"], row["K"], row["L"],
+        predicted = batch_decode_seconds(ar[(row["B"], row["group"])][1], row["method"], row["K"], row["L"],
                                          row["prompt_tokens"], row["calls"], new_tokens, chunk, False)
         kind = "ar" if row["method"] == "ar" else "rules"
         ratios[kind].setdefault(row["B"], []).append((row["seconds"] - row["prefill_s"]) / predicted)
     out: dict[str, Any] = {kind: {B: statistics.median(v) for B, v in sorted(by_B.items())}
                            for kind, by_B in ratios.items()}
     for role in ("target", "draft"):
-        calibrated = {_shape(p): p["seconds"] for p in result["costs"][role]}
-        again = [p["seconds"] / calibrated[_shape(p)] for base in ar.values() if base.get("forwards")
-                 for p in base["forwards"][role] if _shape(p) in calibrated]
+        calibrated = getattr(costs, role).by_shape()
+        again = [seconds / calibrated[shape] for base, priced in ar.values() if base.get("forwards")
+                 for shape, seconds in getattr(priced, role).by_shape().items() if shape in calibrated]
         if again:
             out[f"{role}_drift"] = (statistics.median(again), len(again))
     return out
-
-
-def _shape(point: dict[str, Any]) -> tuple:
-    return point["rows"], point["tokens"], point["logits"], point.get("context")
 
 
 def rescore(result: dict[str, Any]) -> list[dict[str, Any]]:

@@ -100,6 +100,11 @@ class ForwardCosts:
         same = [(r * t, s) for r, t, k, s in points if k == kind or t == 1]
         return _interpolate(same or [(r * t, s) for r, t, _, s in points], rows * tokens)
 
+    def by_shape(self) -> dict[tuple[int, int, str, int], float]:
+        """{(rows, tokens per row, logits, context): median seconds} of every measured point (two runs' forwards
+        compared shape by shape)."""
+        return {(r, t, k, self._context_of(i)): s for i, (r, t, k, s) in enumerate(self.points)}
+
     def to_json(self) -> list[dict[str, Any]]:
         rows = [{"rows": r, "tokens": t, "logits": k, "seconds": s} for r, t, k, s in self.points]
         for i, row in enumerate(rows):
