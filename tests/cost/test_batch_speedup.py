@@ -117,3 +117,35 @@ def test_docs_gpu_table_is_what_the_script_writes_from_the_committed_batch_bench
     (tmp_path / "results" / "speedup_batch" / "bench_batch.json").write_text(json.dumps(data))
     assert script.main(args) == 0
     assert read_block((tmp_path / "docs" / "speed.md").read_text(), "gpu-batch-tables") != committed
+
+
+def test_docs_assumed_table_is_what_the_script_writes_and_merges_only_alike_rules(tmp_path, monkeypatch, capsys):
+    """docs/speed.md's gpu-batch-assumed block is the script's output under the stated assumption; there the K = 3
+    rules accept alike, so they share a row, while the batch bench's block keeps one row per rule even where two
+    print the same numbers (SpecTr and SpecTr-GBV at K=3 L=6). Negative control: another acceptance gives another
+    block. An accelerator the catalogue lacks is one message, exit 2, nothing written."""
+    import shutil
+
+    from spectr_repro.docblocks import read_block
+    from tests.script_helpers import load_script
+
+    repo = Path(__file__).resolve().parents[2]
+    (tmp_path / "docs").mkdir()
+    shutil.copy(repo / "docs" / "speed.md", tmp_path / "docs" / "speed.md")
+    monkeypatch.chdir(tmp_path)
+    script = load_script("gpu_speedups")
+    committed = read_block((repo / "docs" / "speed.md").read_text(), "gpu-batch-assumed")
+    assert script.main(["--docs", "docs/speed.md", "--out", "x.csv"]) == 0
+    written = read_block((tmp_path / "docs" / "speed.md").read_text(), "gpu-batch-assumed")
+    assert written == committed, "docs/speed.md is stale: python scripts/gpu_speedups.py --docs docs/speed.md"
+    assert "| qwen25coder_1.5b_0.5b: SpecTr, SpecTr-GBV, SBV-F K=3 L=4 |" in written
+    bench_block = read_block((repo / "docs" / "speed.md").read_text(), "gpu-batch-tables")
+    assert "SpecTr K=3 L=6 |" in bench_block and "SpecTr-GBV K=3 L=6 |" in bench_block
+
+    assert script.main(["--acceptance", "0.7", "--docs", "docs/speed.md", "--out", "x.csv"]) == 0
+    other = read_block((tmp_path / "docs" / "speed.md").read_text(), "gpu-batch-assumed")
+    assert other != committed and "--acceptance 0.7" in other
+
+    (tmp_path / "x.csv").unlink()
+    assert script.main(["--doc-accelerator", "Z9000", "--docs", "docs/speed.md", "--out", "x.csv"]) == 2
+    assert "--doc-accelerator Z9000" in capsys.readouterr().err and not (tmp_path / "x.csv").exists()
