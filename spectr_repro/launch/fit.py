@@ -7,8 +7,9 @@ models:
 - positions: prompt + max_new_tokens + the block's L + 1 must fit the pair's ``max_position_embeddings``;
 - memory: both models' weights + the KV caches of both at that many positions, on ``rows + 1`` rows (the engine
   repeats the committed cache over the K drafts: ``repeat_interleave`` holds the original beside the K copies),
-  plus the logits of one target call, must fit the free memory of the device (``psutil`` on a CPU,
-  ``torch.cuda.mem_get_info`` on a GPU), less ``HEADROOM`` for the activations of a forward and the allocator.
+  plus the logits of one target call, must fit ``hardware.memory_gb`` when set (the device's whole memory, as for a
+  batch), else the free memory of the device now (``psutil`` on a CPU, ``torch.cuda.mem_get_info`` on a GPU), less
+  ``HEADROOM`` for the activations of a forward and the allocator.
 
 A bucket that does not fit is one UsageError naming the largest packaged bucket that does (exit 2, nothing written).
 Datasets whose prompts are only known once tokenized are not checked here (their prompts are short).
@@ -87,8 +88,9 @@ def check_context_fits(run: RunConfig, rows: int, block_L: int, window: tuple[in
                        free: int | None = None) -> None:
     """UsageError (one message naming the largest packaged bucket that fits) when ``run``'s dataset fixes a prompt
     length that the pair's context ``window`` ((positions, which model): ``launch.config.context_window``; None:
-    unknown) or the device's free memory (``free``: bytes; None: measured) cannot hold at ``rows`` drafts of
-    ``block_L`` tokens and ``run.max_new_tokens``; nothing for other datasets."""
+    unknown) or the device's memory (``hardware.memory_gb`` when set, else its free memory: ``free`` bytes, None:
+    measured) cannot hold at ``rows`` drafts of ``block_L`` tokens and ``run.max_new_tokens``; nothing for other
+    datasets."""
     try:
         prompt = declared_prompt_tokens(run.dataset_values)
     except ValueError as error:
@@ -98,7 +100,8 @@ def check_context_fits(run: RunConfig, rows: int, block_L: int, window: tuple[in
     pair = pair_config(run.named_pair_values)
     width = width_of(str(run.hardware.dtype or pair.get("dtype") or "float32"))
     new_tokens = run.max_new_tokens
-    available = None
+    memory_gb = run.hardware.memory_gb
+    available, whose = (memory_gb * 1e9, "hardware.memory_gb") if memory_gb else (None, "free")
 
     def fits(tokens: int) -> tuple[bool, str]:
         nonlocal available
@@ -115,8 +118,8 @@ def check_context_fits(run: RunConfig, rows: int, block_L: int, window: tuple[in
         if need.total_bytes > usable:
             return False, (f"{need.total_bytes / 2**30:.1f} GiB (weights {need.weight_bytes / 2**30:.1f} + KV caches "
                            f"of {rows} drafts + 1 at {positions:,} positions {need.cache_bytes / 2**30:.1f}) but "
-                           f"{usable / 2**30:.1f} GiB are free to use ({100 * (1 - HEADROOM):.0f} % of "
-                           f"{available / 2**30:.1f} GiB free)")
+                           f"{usable / 2**30:.1f} GiB are usable ({100 * (1 - HEADROOM):.0f} % of "
+                           f"{available / 2**30:.1f} GiB, {whose})")
         return True, ""
 
     ok, why = fits(prompt)

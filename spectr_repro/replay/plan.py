@@ -25,6 +25,10 @@ the calibration, interpolated in rows x tokens where it did not measure B x K_ma
 estimate, whose forwards read the weights once for all B x K_max rows and pay attention per row over its cached
 context). The rules' seconds per block do not change with B (each prompt's rules run on its own blocks).
 
+A long-input bucket that the context window or the memory cannot hold (``launch.fit.check_context_fits``, the check
+the replay makes before loading: ``hardware.memory_gb`` when set, else the memory free now) is still priced, with a
+note that the replay refuses it and why.
+
 The default ``replay:`` block of config.yaml (datasets null) is no planned replay: ``plan K=3`` prints none.
 """
 
@@ -50,8 +54,8 @@ from spectr_repro.cost import (
 )
 from spectr_repro.cost.model import rule_seconds_per_block
 from spectr_repro.errors import UsageError
-from spectr_repro.launch.config import conf_dir
-from spectr_repro.launch.fit import check_batch_fits
+from spectr_repro.launch.config import conf_dir, context_window
+from spectr_repro.launch.fit import check_batch_fits, check_context_fits
 from spectr_repro.launch.pairs import pair_config_of
 from spectr_repro.logs import format_duration
 from spectr_repro.records import read_record_text
@@ -204,6 +208,10 @@ def _plan_pair(command: str, groups: list, measured: dict[tuple, float], argumen
         if changed:
             group.note = (f"{folder.name} holds a replay with other settings ({', '.join(changed)}): the replay "
                           f"refuses it without force=true")
+        try:  # a long-input bucket the context window or the memory cannot hold: priced, and named here
+            check_context_fits(run, settings.K_max, settings.L_max, context_window(run.pair_values))
+        except UsageError as error:
+            group.note = f"the replay refuses {run.dataset} here: {error}"
         group.block_efficiency, group.block_efficiency_source = _reference_block_efficiency(
             cell, settings, own, pooled, measured)
         group.iterations = math.ceil(run.max_new_tokens / group.block_efficiency)

@@ -84,6 +84,14 @@ def test_the_largest_fitting_bucket_is_named_from_the_pairs_config():
     with pytest.raises(fit.UsageError, match="the largest bucket that fits is dataset=longcode_8k"):
         fit.check_context_fits(cfg, 7, 6, window, free=9 * 2**30)
     fit.check_context_fits(cfg, 7, 6, window, free=32 * 2**30)  # fits with room
+    # hardware.memory_gb, when set, is the device's memory whatever is free now (as for a batch): a reviewer can ask
+    # whether a bucket fits a 24 GB machine while another run holds most of this one's.
+    sized = cfg.model_copy(update={"hardware": cfg.hardware.model_copy(update={"memory_gb": 40.0})})
+    fit.check_context_fits(sized, 7, 6, window, free=1)
+    small = cfg.model_copy(update={"hardware": cfg.hardware.model_copy(update={"memory_gb": 9 * 2**30 / 1e9})})
+    with pytest.raises(fit.UsageError, match=r"GiB, hardware.memory_gb\); the largest bucket that fits is "
+                                             r"dataset=longcode_8k"):
+        fit.check_context_fits(small, 7, 6, window, free=64 * 2**30)
     need = fit.context_need(fit_pair(cfg), 16384, 256, 6, 7, 2)
     assert 3.5e9 < need.weight_bytes < 5.5e9 and need.positions == 16384 + 256 + 7
 

@@ -216,3 +216,17 @@ def test_the_rules_seconds_are_priced_at_each_temperature(offline, capsys):
     rules = 16 * 2.0 + 4 * 40.0
     assert f"+ rules {format_duration(rules)};" in line
     assert format_duration(rules) != format_duration((16 + 4) * 21.0)  # the pooled mean's price
+
+
+def test_a_bucket_the_replay_would_refuse_is_priced_and_named(offline, capsys):
+    """context_qwen in float32 on a 24 GB machine: the 16K bucket needs ~19.1 GiB (weights ~9 + KV caches on 8 rows
+    ~10) where 85 % of 24e9 bytes (19.0 GiB) are usable, so the replay would refuse it before loading; the plan still
+    prices all four buckets and says so for that one alone (the check the replay makes). In bfloat16 (half the
+    bytes) every bucket fits: no note (the control)."""
+    argv = ["experiment=context_qwen", f"output_dir={offline / 'results'}", "hardware.memory_gb=24"]
+    text = _plan(capsys, *argv, "hardware.dtype=float32")
+    assert "4 datasets x 1 temperature x 8 prompts" in _replay_line(text)
+    notes = _lines(text, "note: the replay refuses")
+    assert len(notes) == 1 and "refuses longcode_16k here" in notes[0], text
+    assert "hardware.memory_gb); the largest bucket that fits is dataset=longcode_8k" in notes[0]
+    assert not _lines(_plan(capsys, *argv, "hardware.dtype=bfloat16"), "note: the replay refuses")
