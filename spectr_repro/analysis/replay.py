@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Sequence
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from spectr_repro.analysis.format import AVERAGE, COMPARATORS, interval_text
@@ -173,29 +175,36 @@ def _comparator_cells(per_prompt: pd.DataFrame, comparators, method: str, K: int
             yield comparator, _comparator_cell(comparator, K, L)
 
 
-def differences(frame: pd.DataFrame, comparators=COMPARATORS, resamples: int = RESAMPLES) -> pd.DataFrame:
-    """Every method against each comparator, paired on the same blocks: per dataset and on the average."""
+def differences(frame: pd.DataFrame, comparators=COMPARATORS, resamples: int = RESAMPLES,
+                methods: Sequence[str] | None = None) -> pd.DataFrame:
+    """Every method (or only ``methods``) against each comparator, paired on the same blocks: per dataset and on
+    the average."""
     columns = [*GROUP_KEYS, "dataset", *CELL_KEYS, "comparator", "comparator_K", "difference", "ci_low",
                "ci_high", "prompts", "verdict"]
     if frame.empty:
         return pd.DataFrame(columns=columns)
     per_prompt = _per_prompt(frame)
     datasets = _datasets_of_groups(per_prompt)
-    indexed = per_prompt.set_index([*GROUP_KEYS, *CELL_KEYS, "dataset", "prompt_id"])
+    # (group, cell, dataset) -> {prompt: (tokens, blocks)}: the comparator's side of each pairing, looked up by prompt
+    by_prompt = {keys: dict(zip(part["prompt_id"], zip(part["tokens"], part["blocks"])))
+                 for keys, part in per_prompt.groupby([*GROUP_KEYS, *CELL_KEYS, "dataset"], sort=False)}
     rows = []
     for keys, cell in per_prompt.groupby([*GROUP_KEYS, *CELL_KEYS], sort=False):
         group, (method, K, L) = keys[:2], keys[2:]
+        if methods is not None and method not in methods:
+            continue
         for comparator, other in _comparator_cells(per_prompt, comparators, method, K, L):
             if other == (method, K, L):
                 continue
             strata = {}
             for dataset, part in cell.groupby("dataset", sort=False):
-                index = [(*group, *other, dataset, prompt) for prompt in part["prompt_id"]]
-                theirs = indexed.reindex(index)
-                keep = theirs["tokens"].notna().to_numpy()
+                theirs = by_prompt.get((*group, *other, dataset), {})
+                found = [theirs.get(prompt) for prompt in part["prompt_id"]]
+                keep = np.array([pair is not None for pair in found])
                 if keep.any():
-                    strata[dataset] = (part["tokens"].to_numpy()[keep], part["blocks"].to_numpy()[keep],
-                                       theirs["tokens"].to_numpy()[keep], theirs["blocks"].to_numpy()[keep])
+                    mine = part[["tokens", "blocks"]].to_numpy(dtype=float)[keep]
+                    other_side = np.array([pair for pair in found if pair is not None], dtype=float)
+                    strata[dataset] = (mine[:, 0], mine[:, 1], other_side[:, 0], other_side[:, 1])
             entries = [(d, [s]) for d, s in strata.items()] + ([(AVERAGE, list(strata.values()))]
                                                                 if len(strata) > 1 and set(strata) == datasets[group]
                                                                 else [])

@@ -250,3 +250,50 @@ def test_speedup_exclusion_reads_summary_flags(monkeypatch):
     # a new flag is one entry
     monkeypatch.setitem(stats.SPEEDUP_EXCLUSIONS, "compiled_ar_only", (bool, "compiled AR only"))
     assert speedup_exclusion({"compiled_ar_only": True}) == "compiled AR only"
+
+
+def _scipy_bca(strata, statistic):
+    """The interval scipy.stats.bootstrap gives (BCa, 9999 resamples, seed 0) with the resampling the report used
+    until 2026-12-07: one stratum as paired columns, several as one index sample each."""
+    from scipy.stats import bootstrap
+
+    full = [s.sum(axis=-1) for s in strata]
+    if len(strata) == 1:
+        def function(*columns, axis=-1):
+            return statistic([np.stack([c.sum(axis=axis) for c in columns])])
+        data, paired = tuple(strata[0]), True
+    else:
+        def function(*indices, axis=-1):
+            return statistic([s[:, np.asarray(i, dtype=np.intp)].sum(axis=axis) for s, i in zip(strata, indices)])
+        data, paired = tuple(np.arange(s.shape[1]) for s in strata), False
+    result = bootstrap(data, function, paired=paired, vectorized=True, n_resamples=9999, method="BCa",
+                       rng=np.random.default_rng(0))
+    assert math.isfinite(float(statistic(full)))
+    return float(result.confidence_interval.low), float(result.confidence_interval.high)
+
+
+@pytest.mark.parametrize("sizes", [(12,), (30,), (8, 15, 6)])
+def test_bca_is_scipys_interval(sizes):
+    """The vectorised bootstrap (multinomial counts times columns) gives scipy.stats.bootstrap's BCa interval on
+    skewed paired ratio data: both bounds within 0.1 % of the interval's width (the two draw the same resamples,
+    so they agree to ~1e-4 of the width or to rounding; the sums differ in rounding only). Negative control: the
+    percentile interval of the same resamples, which lacks the bias correction and acceleration, is more than 0.5 %
+    of the width from scipy's BCa on the same data (1.2 % to 8.5 % here)."""
+    rng = np.random.default_rng(sum(sizes))
+    strata = []
+    for n in sizes:
+        calls = rng.integers(3, 12, n).astype(float)
+        a = calls * rng.lognormal(1.0, 0.5, n)
+        strata.append(np.stack([a, calls, a * rng.lognormal(-0.05, 0.2, n), calls]))
+    weights = np.full(len(strata), 1 / len(strata))
+
+    def statistic(sums):
+        return sum(w * (s[0] / s[1] - s[2] / s[3]) for w, s in zip(weights, sums))
+
+    low, high = _scipy_bca(strata, statistic)
+    ours = bootstrap_sums(strata, statistic)
+    assert ours.method == "BCa"
+    assert max(abs(ours.low - low), abs(ours.high - high)) <= 0.001 * (high - low), (ours, low, high)
+    resampled = np.asarray(statistic([stats._resampled_sums(s, 9999, np.random.default_rng(0)) for s in strata]))
+    percentile = np.quantile(resampled, [0.025, 0.975])
+    assert max(abs(percentile[0] - low), abs(percentile[1] - high)) > 0.005 * (high - low)

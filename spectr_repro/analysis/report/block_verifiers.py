@@ -27,8 +27,7 @@ def hsd_differences(blocks: pd.DataFrame) -> pd.DataFrame:
     present = [rule for rule in RULES if rule in set(frame["method"])]
     if not present:
         return pd.DataFrame()
-    table = differences(frame, comparators=AGAINST)
-    return table[table["method"].isin(present)].reset_index(drop=True)
+    return differences(frame, comparators=AGAINST, methods=present).reset_index(drop=True)
 
 
 def block_verifiers_section(context: ReportContext) -> str | None:
