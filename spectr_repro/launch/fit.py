@@ -5,11 +5,13 @@ by :func:`check_context_fits`, which ``launch.config.check_before_loading`` call
 models:
 
 - positions: prompt + max_new_tokens + the block's L + 1 must fit the pair's ``max_position_embeddings``;
-- memory: both models' weights + the KV caches of both at that many positions, on ``rows + 1`` rows (the engine
-  repeats the committed cache over the K drafts: ``repeat_interleave`` holds the original beside the K copies),
-  plus the logits of one target call, must fit ``hardware.memory_gb`` when set (the device's whole memory, as for a
-  batch), else the free memory of the device now (``psutil`` on a CPU, ``torch.cuda.mem_get_info`` on a GPU), less
-  ``HEADROOM`` for the activations of a forward and the allocator.
+- memory: both models' weights + the KV caches of both at that many positions on ``rows`` rows, plus one layer of
+  each model's cache again (transformers replaces a layer's keys and values when the one-prompt engine repeats the
+  committed cache over the K drafts or extends it, so only the layer being replaced is held twice:
+  ``scripts/kv_peak_memory.py``, docs/context.md), plus the logits of one target call, must fit
+  ``hardware.memory_gb`` when set (the device's whole memory, as for a batch), else the free memory of the device
+  now (``psutil`` on a CPU, ``torch.cuda.mem_get_info`` on a GPU), less ``HEADROOM`` for the activations of a forward
+  and the allocator.
 
 A bucket that does not fit is one UsageError naming the largest packaged bucket that does (exit 2, nothing written).
 Datasets whose prompts are only known once tokenized are not checked here (their prompts are short).
@@ -39,7 +41,7 @@ class ContextNeed:
 
     positions: int
     weight_bytes: int
-    cache_bytes: int  # KV caches of target and draft on rows + 1 copies, and one target call's logits
+    cache_bytes: int  # KV caches of target and draft on ``rows`` rows, one layer of each again, the call's logits
 
     @property
     def total_bytes(self) -> int:
@@ -56,7 +58,8 @@ def context_need(pair: dict, prompt_tokens: int, max_new_tokens: int, block_L: i
     except (ValueError, OSError, KeyError):
         return None
     weights = target.params * width + draft.params * width
-    cache = (rows + 1) * positions * (target.kv_bytes_per_token(width) + draft.kv_bytes_per_token(width))
+    cache = rows * positions * (target.kv_bytes_per_token(width) + draft.kv_bytes_per_token(width))
+    cache += rows * positions * sum(m.kv_bytes_per_token(width) // m.layers for m in (target, draft))  # replaced
     logits = rows * (block_L + 1) * target.vocab * 4  # one target call's logits in float32
     return ContextNeed(positions, weights, cache + logits)
 
@@ -117,7 +120,7 @@ def check_context_fits(run: RunConfig, rows: int, block_L: int, window: tuple[in
         usable = int(available * (1 - HEADROOM))
         if need.total_bytes > usable:
             return False, (f"{need.total_bytes / 2**30:.1f} GiB (weights {need.weight_bytes / 2**30:.1f} + KV caches "
-                           f"of {rows} drafts + 1 at {positions:,} positions {need.cache_bytes / 2**30:.1f}) but "
+                           f"of {rows} drafts at {positions:,} positions {need.cache_bytes / 2**30:.1f}) but "
                            f"{usable / 2**30:.1f} GiB are usable ({100 * (1 - HEADROOM):.0f} % of "
                            f"{available / 2**30:.1f} GiB, {whose})")
         return True, ""

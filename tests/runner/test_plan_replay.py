@@ -219,11 +219,11 @@ def test_the_rules_seconds_are_priced_at_each_temperature(offline, capsys):
 
 
 def test_a_bucket_the_replay_would_refuse_is_priced_and_named(offline, capsys):
-    """context_qwen in float32 on a 24 GB machine: the 16K bucket needs ~19.1 GiB (weights ~9 + KV caches on 8 rows
-    ~10) where 85 % of 24e9 bytes (19.0 GiB) are usable, so the replay would refuse it before loading; the plan still
+    """context_qwen in float32 on a 21 GB machine: the 16K bucket needs ~18.1 GiB (weights ~9 + KV caches on 7 rows
+    ~9) where 85 % of 21e9 bytes (16.6 GiB) are usable, so the replay would refuse it before loading; the plan still
     prices all four buckets and says so for that one alone (the check the replay makes). In bfloat16 (half the
     bytes) every bucket fits: no note (the control)."""
-    argv = ["experiment=context_qwen", f"output_dir={offline / 'results'}", "hardware.memory_gb=24"]
+    argv = ["experiment=context_qwen", f"output_dir={offline / 'results'}", "hardware.memory_gb=21"]
     text = _plan(capsys, *argv, "hardware.dtype=float32")
     assert "4 datasets x 1 temperature x 8 prompts" in _replay_line(text)
     notes = _lines(text, "note: the replay refuses")
