@@ -73,6 +73,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     from spectr_repro.logs import setup_logging  # tqdm: --help stays at ~50 ms
 
     setup_logging()
+    from spectr_repro.environment import git_commit
+
+    git_commit()  # read once, now: a checkout during a long run must not relabel the records it writes later
     function = getattr(importlib.import_module(module_name), function_name)
     result = function(rest)
     return int(result or 0)

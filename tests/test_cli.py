@@ -64,3 +64,18 @@ def test_sweep_dash_dash_plan_is_the_plan_command(monkeypatch):
     monkeypatch.setattr(cli.importlib, "import_module", lambda name: fake if name == module_name else None)
     assert cli.main(["sweep", "K=1,3", "--plan"]) == 0
     assert calls == [["K=1,3", "--plan"]]
+
+
+def test_the_commit_is_read_when_a_command_starts(tmp_path, capsys):
+    """A long run's records name the commit its code came from: the entry point reads it before the command runs, so
+    a checkout of another commit during the run (a worktree moved on between budgeted rounds) cannot relabel the
+    prompts it finishes later. `seal --check` on an empty folder reads no environment itself (the control: the cache
+    is empty until the entry point fills it)."""
+    from spectr_repro.__main__ import main
+    from spectr_repro.environment import git_commit
+
+    git_commit.cache_clear()
+    assert git_commit.cache_info().currsize == 0
+    assert main(["seal", "--check", str(tmp_path)]) == 2
+    assert "no replay group" in capsys.readouterr().err
+    assert git_commit.cache_info().currsize == 1
