@@ -280,7 +280,7 @@ class RecursiveBlockVerification(Verifier):
         q_drawn = draft_probs.gather(-1, drawn).squeeze(-1).double()
         positions = torch.arange(L + 1, device=device).unsqueeze(-1)  # [L + 1, 1]: absolute stop positions
         shared_prefix = _shared_prefix_lengths(rows, L)  # [K, K] on the host: drafts' common first tokens
-        # Host: each state's committed length and the draft it came from (long tensors: millions of states at K = 7,
+        # Host: each state's committed length and the draft it came from (int64 arrays: millions of states at K = 7,
         # L = 24 when the drafts agree).
         committed = np.zeros(1, dtype=np.int64)
         owners = np.zeros(1, dtype=np.int64)
