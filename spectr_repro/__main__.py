@@ -13,6 +13,8 @@ import importlib
 import sys
 from collections.abc import Sequence
 
+from spectr_repro.commit import git_commit
+
 # name -> (module, function, one-line description)
 COMMANDS: dict[str, tuple[str, str, str]] = {
     "run": ("spectr_repro.runner.cli", "main_run", "run one cell (method, K, L, T, dataset, model pair)"),
@@ -73,8 +75,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     from spectr_repro.logs import setup_logging  # tqdm: --help stays at ~50 ms
 
     setup_logging()
-    from spectr_repro.environment import git_commit
-
     git_commit()  # read once, now: a checkout during a long run must not relabel the records it writes later
     function = getattr(importlib.import_module(module_name), function_name)
     result = function(rest)

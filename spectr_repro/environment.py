@@ -8,29 +8,12 @@ from __future__ import annotations
 import functools
 import os
 import platform
-import subprocess
 from pathlib import Path
 from typing import Any
 
 import torch
 
-PACKAGE_DIR = Path(__file__).resolve().parent
-
-
-@functools.cache
-def git_commit(short: bool = False) -> str:
-    """The commit of the checkout the package runs from, "+dirty" when tracked files changed;
-    "unknown" outside a git checkout (an installed wheel)."""
-    def git(*args: str) -> str:
-        return subprocess.run(["git", *args], cwd=PACKAGE_DIR, capture_output=True, text=True,
-                              timeout=10).stdout.strip()
-
-    try:
-        commit = git("rev-parse", *(["--short"] if short else []), "HEAD")
-        dirty = git("status", "--porcelain", "--untracked-files=no")
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
-    return (commit + ("+dirty" if dirty else "")) if commit else "unknown"
+from spectr_repro.commit import git_commit
 
 
 @functools.cache

@@ -72,7 +72,7 @@ def test_the_commit_is_read_when_a_command_starts(tmp_path, capsys):
     prompts it finishes later. `seal --check` on an empty folder reads no environment itself (the control: the cache
     is empty until the entry point fills it)."""
     from spectr_repro.__main__ import main
-    from spectr_repro.environment import git_commit
+    from spectr_repro.commit import git_commit
 
     git_commit.cache_clear()
     assert git_commit.cache_info().currsize == 0

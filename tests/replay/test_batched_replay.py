@@ -165,7 +165,9 @@ def test_plan_prices_a_batch_of_prompts_at_b_times_the_rows(tmp_path, monkeypatc
     shapes, cost/shapes.py, 2026-12-05) price the batch too: reading the weights once for B x K_max rows is cheaper
     than B times alone."""
     monkeypatch.setenv(CALIBRATION_ENV_VAR, str(tmp_path / "calibration.json"))
-    argv = ["experiment=replay_qwen", "dataset=humaneval", "replay.num_prompts=9", f"output_dir={tmp_path / 'out'}"]
+    # a stated memory (64 GB): the batch check must not depend on what else holds this machine's memory
+    argv = ["experiment=replay_qwen", "dataset=humaneval", "replay.num_prompts=9", f"output_dir={tmp_path / 'out'}",
+            "hardware.memory_gb=64"]
 
     def model_seconds(batch: int):
         (plan,) = plan_replays([([*argv, f"replay.batch_prompts={batch}"], "replay_qwen")], {})
