@@ -189,3 +189,23 @@ def test_the_budget_stops_before_a_unit_that_would_not_fit():
     message = budget.message(2, 1, 3, "prompt", "replay", ["model_pair=tiny_random", "K=1,2"])
     assert message == ("budget of 1 min reached: kept 2 prompt(s) this run, 1 finished before, 3 left; continue "
                        "with: python -m spectr_repro replay model_pair=tiny_random K=1,2")
+
+
+def test_the_budget_prices_a_kind_it_has_not_timed_from_what_that_kind_took_before():
+    """The grid's case: T = 0.1 batches of 4 min, then a T = 0.7 folder whose batches took 10 min before. Priced at
+    the longest unit of this run (4.4 min) it would start at 54 min of a 60-min budget and end past it; priced at
+    its recorded 10 min, scaled by how much slower this run is than its own records (4.4 / 4 min), it does not."""
+    budget = Budget(minutes=60.0)
+    budget.expect(240.0, kind="T0.1")
+    budget.expect(600.0, kind="T0.7")
+    budget.expect(None, kind="T0.4")  # nothing recorded: no expectation
+    budget.record(264.0, kind="T0.1")
+    budget.started -= 54 * 60
+    assert budget.estimate("T0.7") == 600.0 * 264.0 / 240.0
+    assert budget.spent("T0.7") and budget.stopped
+    assert budget.estimate("T0.4") == 264.0  # no record of it: the longest unit of any kind
+    assert not budget.spent("T0.1")  # its own kind, timed this run: 54 min + 4.4 min < 60 min
+    budget.record(300.0, kind="T0.7")
+    assert budget.estimate("T0.7") == 300.0  # timed this run: its own longest, not the records
+    # negative control: one kind (the estimate before kinds), the T = 0.7 batch would have started
+    assert not Budget(minutes=60.0, started=budget.started, longest_s={None: 264.0}).spent()

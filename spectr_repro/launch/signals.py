@@ -18,7 +18,7 @@ import shlex
 import signal
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Hashable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -80,29 +80,54 @@ class RunProgress:
 @dataclass
 class Budget:
     """A run's time budget: before it starts the next unit (a prompt, a batch, a context), :meth:`spent` says whether
-    the time since the run started plus that unit's estimate (the longest unit this run has done) would exceed it.
-    Before the first unit nothing is known, so a run always does at least one. ``minutes`` None: no budget."""
+    the time since the run started plus that unit's estimate would exceed it. ``minutes`` None: no budget.
+
+    Units come in kinds (the replay's: one per group folder, since a T = 0.7 batch takes several times a T = 0.1
+    one; one kind, None, where they cost alike). A unit's estimate is the longest unit of its kind this run;
+    for a kind not timed yet, what :meth:`expect` said a unit of it took before (e.g. the folder's recorded
+    batches on this machine), scaled by how much slower this run's units are than their own expectations;
+    with neither, the longest unit of any kind. Before the first unit nothing is known, so a run always does
+    at least one."""
 
     minutes: float | None = None
     started: float = field(default_factory=time.monotonic)
-    longest_s: float | None = None  # the longest unit (batch) of this run so far
+    longest_s: dict[Hashable, float] = field(default_factory=dict)  # kind -> the longest unit this run
+    expected_s: dict[Hashable, float] = field(default_factory=dict)  # kind -> a unit's seconds recorded before
     stopped: bool = False  # the run stopped itself because of the budget
 
-    def record(self, seconds: float) -> None:
-        self.longest_s = seconds if self.longest_s is None else max(self.longest_s, seconds)
+    def expect(self, seconds: float | None, kind: Hashable = None) -> None:
+        """What a unit of ``kind`` took before this run (None or <= 0: nothing known)."""
+        if seconds is not None and seconds > 0:
+            self.expected_s[kind] = seconds
+
+    def record(self, seconds: float, kind: Hashable = None) -> None:
+        self.longest_s[kind] = max(self.longest_s.get(kind, seconds), seconds)
 
     @contextlib.contextmanager
-    def unit(self) -> Iterator[None]:
+    def unit(self, kind: Hashable = None) -> Iterator[None]:
         """Times one unit (recorded only when it finishes: a unit that raised is not a duration)."""
         start = time.monotonic()
         yield
-        self.record(time.monotonic() - start)
+        self.record(time.monotonic() - start, kind)
 
-    def spent(self) -> bool:
-        """True (and :attr:`stopped` set) when the next unit would end past the budget."""
-        if self.minutes is None or self.longest_s is None:
+    def estimate(self, kind: Hashable = None) -> float | None:
+        """Seconds the next unit of ``kind`` is expected to take (None: nothing timed this run yet)."""
+        if not self.longest_s:
+            return None
+        if kind in self.longest_s:
+            return self.longest_s[kind]
+        if kind in self.expected_s:
+            slower = [seconds / self.expected_s[seen] for seen, seconds in self.longest_s.items()
+                      if seen in self.expected_s]
+            return self.expected_s[kind] * max(slower, default=1.0)
+        return max(self.longest_s.values())
+
+    def spent(self, kind: Hashable = None) -> bool:
+        """True (and :attr:`stopped` set) when the next unit of ``kind`` would end past the budget."""
+        estimate = self.estimate(kind)
+        if self.minutes is None or estimate is None:
             return False
-        self.stopped = time.monotonic() - self.started + self.longest_s > 60 * self.minutes
+        self.stopped = time.monotonic() - self.started + estimate > 60 * self.minutes
         return self.stopped
 
     def message(self, kept: int, before: int, left: int, noun: str, command: str, argv: Sequence[str]) -> str:

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import statistics
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -48,6 +49,7 @@ from tqdm.auto import tqdm
 from spectr_repro import tracking
 from spectr_repro.analysis.replay import write_summaries
 from spectr_repro.data import encode_prompt
+from spectr_repro.environment import device_name
 from spectr_repro.errors import ResourceError, exit_at_the_door
 from spectr_repro.files import atomic_write_text
 from spectr_repro.launch.claims import Runner
@@ -281,6 +283,8 @@ def _run_group(pairs, runner, group: GroupSettings, progress: Progress) -> None:
     pair = pairs.pair(group.run)
     examples = pairs.examples(group.run, pair.tokenizer, settings.num_prompts)
     label = f"replay {group.dataset} T={group.temperature:g}"
+    progress.budget.expect(recorded_batch_seconds(folder, settings.num_prompts, settings.batch_prompts, group.device,
+                                                  group.run.hardware.dtype), kind=folder)
     claimed: list[tuple[int, Any, Path]] = []  # (index, example, folder) claimed and not replayed yet
     with tqdm(total=len(examples), desc=label, unit="prompt", file=sys.stderr, dynamic_ncols=True) as bar:
         try:
@@ -290,7 +294,7 @@ def _run_group(pairs, runner, group: GroupSettings, progress: Progress) -> None:
                     progress.earlier += 1
                     bar.update()
                     continue
-                if not claimed and progress.budget.spent():
+                if not claimed and progress.budget.spent(kind=folder):
                     return  # before claiming the next batch: it would not fit
                 if not _claim(runner, directory, folder, index, group.force, progress):
                     bar.update()
@@ -324,7 +328,7 @@ def _claim(runner, directory: Path, folder: Path, index: int, force: bool, progr
 def _replay_batch(pair, runner, group: GroupSettings, batch: Sequence[tuple[int, Any, Path]], progress: Progress,
                   bar) -> None:
     """One batch of claimed prompts, timed for the budget."""
-    with progress.budget.unit():
+    with progress.budget.unit(kind=group.folder):  # a folder's batches cost alike (one dataset, one T)
         bar.set_postfix(blocks=_replay_claimed(pair, runner, group, batch, progress))
     bar.update(len(batch))
 
@@ -367,6 +371,21 @@ def _replay_claimed(pair, runner, group: GroupSettings, claimed: Sequence[tuple[
     return written
 
 
+def recorded_batch_seconds(folder: Path, prompts: int, batch_prompts: int, device: str, dtype: str) -> float | None:
+    """The median wall time of the folder's finished batches of ``batch_prompts`` prompts replayed on this device's
+    model in ``dtype``: what the budget expects a batch of this folder to take before this run has timed one
+    (a T = 0.7 batch takes several times a T = 0.1 one). None when there is none."""
+    here, batches = device_name(device), {}
+    for index in range(prompts):
+        done = prompt_state(prompt_directory(folder, index)).done or {}
+        recorded = done.get("environment") or {}
+        seconds = done.get("batch_seconds" if batch_prompts > 1 else "seconds")
+        if (int(done.get("batch_prompts", 1)) == batch_prompts and seconds is not None
+                and recorded.get("device_name") == here and recorded.get("dtype") == dtype):
+            batches[tuple(done.get("batch", [index]))] = float(seconds)
+    return statistics.median(batches.values()) if batches else None
+
+
 def _finished(directory: Path, folder: Path, progress: Progress) -> bool:
     """Finished (verified or from before done.json vouched for its blocks: the latter said once per group)."""
     state = prompt_state(directory)
@@ -378,4 +397,4 @@ def _finished(directory: Path, folder: Path, progress: Progress) -> bool:
 
 
 __all__ = ["BLOCKS_FILE", "Progress", "changed_settings", "check_groups", "main", "parse", "prompt_directory",
-           "prompt_finished", "prompt_state", "write_prompt"]
+           "prompt_finished", "prompt_state", "recorded_batch_seconds", "write_prompt"]

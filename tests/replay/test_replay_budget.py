@@ -10,7 +10,8 @@ import signal
 
 import pytest
 
-from spectr_repro.replay.driver import main, prompt_state
+from spectr_repro.environment import device_name
+from spectr_repro.replay.driver import main, prompt_directory, prompt_state, recorded_batch_seconds, write_prompt
 from tests.process_helpers import stop_once_written
 from tests.replay.test_replay_safety import BASE, prompt_folders, subprocess_replay
 
@@ -73,3 +74,28 @@ def test_a_bad_budget_is_exit_2_with_one_message_before_any_model_loads(tmp_path
     err = capsys.readouterr().err
     assert err.startswith("error: replay.budget_minutes must be a number of minutes > 0") and err.count("\n") == 1
     assert not (tmp_path / "default").exists()
+
+
+def test_a_folders_recorded_batches_on_this_machine_are_what_the_budget_expects_of_it(tmp_path):
+    """The budget's expectation of a folder it has not timed this run: the median of its finished batches' wall
+    times, counting each batch once and only those replayed at this batch size, on this device's model and dtype
+    (a record from another machine or dtype says nothing of this one)."""
+    here = device_name("cpu")
+
+    def finished(index, batch, seconds, name=here, dtype="float32", size=2):
+        write_prompt(prompt_directory(tmp_path, index), [{"block": 0}], {
+            "index": index, "batch": batch, "batch_prompts": size, "batch_seconds": seconds, "seconds": seconds / size,
+            "environment": {"device_name": name, "dtype": dtype}})
+
+    finished(0, [0, 1], 100.0)
+    finished(1, [0, 1], 100.0)  # the same batch: counted once
+    finished(2, [2, 3], 300.0)
+    finished(3, [2, 3], 300.0)
+    finished(4, [4, 5], 200.0)
+    finished(6, [6, 7], 9000.0, name="another CPU")
+    finished(8, [8, 9], 9000.0, dtype="bfloat16")
+    finished(10, [10], 50.0, size=1)  # a batch of one records its own "seconds"
+    assert recorded_batch_seconds(tmp_path, 12, 2, "cpu", "float32") == 200.0  # median of 100, 300, 200
+    assert recorded_batch_seconds(tmp_path, 12, 1, "cpu", "float32") == 50.0
+    assert recorded_batch_seconds(tmp_path, 12, 2, "cpu", "float16") is None
+    assert recorded_batch_seconds(tmp_path / "absent", 12, 2, "cpu", "float32") is None
