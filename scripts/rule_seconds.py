@@ -12,9 +12,10 @@ at K=3, L=6), as ``replay`` drafts them; each kept on its support (``replay.supp
 ``experiment=replay_qwen_grid`` (K 1,3,5,7 x L 6,12,16,20,24, 16 draws, the release sampled).
 
 Timing: every rule alone through ``replay.core.block_estimates`` (so with its shared work and its K = 1 reduction,
-as the replay runs it), one torch thread, seconds a block, one table row per block and the mean per temperature. A
-rule timed alone can cost a little more than inside the replay (sbvf shares sbv's sampler there). The numbers are
-a measurement only on a quiet machine; beside other work only the proportions mean anything.
+as the replay runs it) on ``--device`` (CUDA: synchronised before and after each rule), one torch thread, seconds a
+block, one table row per block and the mean per temperature. A rule timed alone can cost a little more than inside
+the replay (sbvf shares sbv's sampler there). The numbers are a measurement only on a quiet machine; beside other
+work only the proportions mean anything.
 
 ``--values`` writes every (rule, K, L) value of every block as float hex; ``--check-values`` compares them with a
 file written earlier and exits 1 naming the first differences (bitwise: a refactor meant to keep the values must
@@ -52,6 +53,7 @@ def parse_arguments(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model-pair", default="qwen25coder_1.5b_0.5b")
     parser.add_argument("--dtype", default="float32")
+    parser.add_argument("--device", default="cpu", help="where the models and the rules run (cpu, cuda, cuda:1)")
     parser.add_argument("--datasets", default="humaneval,lm1b")
     parser.add_argument("--temperatures", type=_floats, default=[0.1, 0.4, 0.7])
     parser.add_argument("--blocks", type=int, default=2, help="blocks a (dataset, temperature)")
@@ -90,7 +92,7 @@ def draft_blocks(args: argparse.Namespace) -> list[dict]:
     from spectr_repro.engine import drafted_blocks
     from spectr_repro.models import load_pair
 
-    pair = load_pair(args.model_pair, device="cpu", dtype=args.dtype)
+    pair = load_pair(args.model_pair, device=args.device, dtype=args.dtype)
     reference = get_verifier(REFERENCE, check_inputs=False)
     blocks = []
     for dataset in args.datasets.split(","):
@@ -118,13 +120,18 @@ def draft_blocks(args: argparse.Namespace) -> list[dict]:
 def time_rules(blocks: list[dict], args: argparse.Namespace) -> tuple[list[dict[str, float]], list[list]]:
     """(seconds of each rule on each block, every value as [block, rule, K, L, float hex, estimator])."""
     seconds, values = [], []
+    device = torch.device(args.device)
+    synchronize = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)  # time the work, not launches
     for index, block in enumerate(blocks):
         row = {}
+        tokens, draft, target = (block[key].to(device) for key in ("tokens", "draft", "target"))
         for rule in args.rules:
+            synchronize()
             started = time.perf_counter()
-            estimates = block_estimates(block["tokens"], block["draft"], block["target"], [rule], args.K, args.L,
-                                        args.draws, torch.Generator().manual_seed(index),
+            estimates = block_estimates(tokens, draft, target, [rule], args.K, args.L, args.draws,
+                                        torch.Generator(device).manual_seed(index),
                                         sampled=[m for m in args.sampled if m == rule])
+            synchronize()
             row[rule] = time.perf_counter() - started
             values += [[index, e.method, e.K, e.L, float(e.tokens).hex(), e.estimator] for e in estimates]
         seconds.append(row)
@@ -158,7 +165,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_arguments(sys.argv[1:] if argv is None else argv)
     torch.set_num_threads(1)
     if args.load is not None:
-        blocks = torch.load(args.load)
+        blocks = torch.load(args.load, map_location="cpu")  # saved from any device; time_rules moves them to --device
     else:
         blocks = draft_blocks(args)
         if args.save is not None:
