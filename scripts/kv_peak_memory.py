@@ -6,30 +6,23 @@
 
 A random Qwen2 pair (8 layers, 8 KV heads of 32 dims: about 16 kB of KV a position and row for both models, so the
 caches dwarf the weights) drafts its first block of L = 6 after prompts of ``--positions`` tokens (prefill chunks of
-256, as on the CPU). The peak is the process's resident high-water mark (VmHWM, Linux) less its resident memory
-once the models are built; it is printed beside the caches of K rows, of K + 1 rows, and of K rows plus one layer
-of one model on those rows. One thread; nothing is written.
+256, as on the CPU). The peak is the bench's (``bench.measure.PeakMemory``: the resident high-water mark on Linux)
+less the resident memory once the models are built; it is printed beside the caches of K rows, of K + 1 rows, and of
+K rows plus one layer of one model on those rows. One thread; nothing is written.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
+from spectr_repro.bench.measure import PeakMemory, resident_bytes
 from spectr_repro.engine import drafted_blocks
 
 LAYERS, KV_HEADS, HEAD_DIM, VOCAB = 8, 8, 32, 512
-
-
-def _status(field: str) -> int:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith(field):
-            return int(line.split()[1]) * 1024
-    raise OSError(f"no {field} in /proc/self/status (Linux only)")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -47,11 +40,12 @@ def main(argv: list[str] | None = None) -> int:
                          max_position_embeddings=args.positions + 64)
     target, draft = Qwen2ForCausalLM(config).eval(), Qwen2ForCausalLM(config).eval()
     prompts = [torch.randint(0, VOCAB, (args.positions,)).tolist() for _ in range(args.prompts)]
-    loaded = _status("VmRSS")
-    decoding = drafted_blocks(target, draft, prompts, K=args.K, L=6, temperature=0.7, max_new_tokens=8,
-                              seeds=list(range(args.prompts)), vocab_size=VOCAB, prefill_chunk=256)
-    next(iter(decoding))
-    peak = _status("VmHWM") - loaded
+    loaded = resident_bytes()
+    with PeakMemory(torch.device("cpu")) as memory:
+        decoding = drafted_blocks(target, draft, prompts, K=args.K, L=6, temperature=0.7, max_new_tokens=8,
+                                  seeds=list(range(args.prompts)), vocab_size=VOCAB, prefill_chunk=256)
+        next(iter(decoding))
+    peak = memory.peak - loaded
     per_row = args.prompts * args.positions * 2 * LAYERS * 2 * KV_HEADS * HEAD_DIM * 4  # both models, K and V
     mib = 2**20
     print(f"B={args.prompts} K={args.K} positions={args.positions}: peak {peak / mib:.0f} MiB above the built models; "
