@@ -82,6 +82,22 @@ def doc_table(frame: pd.DataFrame, command: str, accelerator: str = "H100", merg
     return "\n".join(lines)
 
 
+def docs_command(args: argparse.Namespace, source: str) -> str:
+    """The command that rewrites the docs block: the options that chose its numbers, their defaults left out."""
+    words = ["python scripts/gpu_speedups.py"]
+    if args.batch_bench is not None:
+        words += ["--batch-bench", str(args.batch_bench)]
+    if args.replay_summary is not None:
+        words += ["--replay-summary", str(args.replay_summary)]
+    if args.temperature is not None:
+        words += ["--temperature", str(args.temperature)]
+    if source == "assumed" and args.acceptance != 0.8:  # the acceptance shapes only the assumed block
+        words += ["--acceptance", str(args.acceptance)]
+    if args.doc_accelerator != "H100":
+        words += ["--doc-accelerator", args.doc_accelerator]
+    return " ".join([*words, "--docs", str(args.docs)])
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path("gpu_speedups_model.csv"))
@@ -128,14 +144,8 @@ def main(argv: list[str] | None = None) -> int:
     table.to_csv(args.out, index=False)
     print(f"wrote {args.out} (a model, not a measurement)")
     if args.docs is not None:
-        options = (("--batch-bench", args.batch_bench), ("--replay-summary", args.replay_summary),
-                   ("--temperature", args.temperature),
-                   ("--acceptance", None if args.batch_bench or args.replay_summary or args.acceptance == 0.8
-                    else args.acceptance),
-                   ("--doc-accelerator", None if args.doc_accelerator == "H100" else args.doc_accelerator))
-        command = " ".join(["python scripts/gpu_speedups.py", *(f"{flag} {value}" for flag, value in options
-                                                                 if value is not None), f"--docs {args.docs}"])
         source = "batch bench" if args.batch_bench else "replay" if args.replay_summary else "assumed"
+        command = docs_command(args, source)
         changed = write_block(args.docs, DOC_BLOCKS[source], doc_table(table, command, args.doc_accelerator,
                                                                        merge_alike=source == "assumed"))
         block = DOC_BLOCKS[source]

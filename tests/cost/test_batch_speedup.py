@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 from pathlib import Path
 
 from spectr_repro.cost.batch_speedup import LABEL, assumed_tokens_per_call, batch_speedups
@@ -149,3 +150,26 @@ def test_docs_assumed_table_is_what_the_script_writes_and_merges_only_alike_rule
     (tmp_path / "x.csv").unlink()
     assert script.main(["--doc-accelerator", "Z9000", "--docs", "docs/speed.md", "--out", "x.csv"]) == 2
     assert "--doc-accelerator Z9000" in capsys.readouterr().err and not (tmp_path / "x.csv").exists()
+
+
+def test_the_docs_command_names_the_options_that_chose_the_numbers_and_leaves_defaults_out():
+    from tests.script_helpers import load_script
+
+    script = load_script("gpu_speedups")
+
+    def command(*words):
+        args = argparse.Namespace(batch_bench=None, replay_summary=None, temperature=None, acceptance=0.8,
+                                  doc_accelerator="H100", docs="docs/speed.md")
+        for key, value in zip(words[::2], words[1::2]):
+            setattr(args, key, value)
+        return script.docs_command(args, "batch bench" if args.batch_bench else "replay" if args.replay_summary
+                                   else "assumed")
+
+    assert command() == "python scripts/gpu_speedups.py --docs docs/speed.md"
+    assert command("acceptance", 0.7, "doc_accelerator", "H200") == (
+        "python scripts/gpu_speedups.py --acceptance 0.7 --doc-accelerator H200 --docs docs/speed.md")
+    # the acceptance shapes only the assumed block: a bench's block does not name it
+    assert command("batch_bench", "b.json", "acceptance", 0.7) == (
+        "python scripts/gpu_speedups.py --batch-bench b.json --docs docs/speed.md")
+    assert command("replay_summary", "s.csv", "temperature", 0.4) == (
+        "python scripts/gpu_speedups.py --replay-summary s.csv --temperature 0.4 --docs docs/speed.md")
