@@ -396,8 +396,8 @@ def check_block_fits(run: RunConfig, block_L: int, key: str = "L") -> None:
     if window is not None and block_L > window[0] - 1:
         size, which = window
         raise UsageError(f"{key}={block_L} cannot fit in a block of model pair {run.model_pair}: "
-                         f"{which} hold at most {size} positions (max_position_embeddings), a block needs L + 1 "
-                         f"(its drafts after at least one context token); use {key} <= {size - 1}")
+                         f"the context window of {which} is {size} positions (max_position_embeddings), a block "
+                         f"needs L + 1 (its drafts after at least one context token); use {key} <= {size - 1}")
 
 
 def check_dataset_sizes(wanted: Iterable[tuple[RunConfig, int]]) -> None:

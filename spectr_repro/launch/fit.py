@@ -112,7 +112,8 @@ def check_context_fits(run: RunConfig, rows: int, block_L: int, window: tuple[in
         positions = tokens + new_tokens + block_L + 1
         if window is not None and positions > window[0]:
             return False, (f"{positions:,} positions (prompt {tokens:,} + max_new_tokens {new_tokens} + a block of "
-                           f"L={block_L} + 1) but {window[1]} hold at most {window[0]:,} (max_position_embeddings)")
+                           f"L={block_L} + 1) but the context window of {window[1]} is {window[0]:,} positions "
+                           f"(max_position_embeddings)")
         if need is None:
             return True, ""
         if available is None:
