@@ -14,7 +14,8 @@ with iterations = ceil(max_new_tokens / the reference's block efficiency): measu
 the reference (method, K, L) (the paper's value for the pair and dataset, at its T=0.4, or a finished cell
 here), else measured in the replay's other groups, else (L+1)/2. Model calls cost what the cells' do (this
 machine's calibration when ``check`` wrote one, else ``hardware.estimate``). The rules' seconds per block
-are the mean ``rule_seconds`` of the finished blocks of the replay's groups (same pair, hardware and grid);
+are the mean ``rule_seconds`` of the finished blocks of the replay's groups (same pair, hardware and grid), of
+those replayed on this device's model where there are any (a record from another CPU says little of this one);
 with none finished they are not estimated (counted 0, and said so).
 
 With ``replay.batch_prompts`` B > 1 the prompts left are priced a batch at a time (full batches, then a short last
@@ -53,6 +54,7 @@ from spectr_repro.cost import (
     prompt_seconds,
 )
 from spectr_repro.cost.model import rule_seconds_per_block
+from spectr_repro.environment import device_name
 from spectr_repro.errors import UsageError
 from spectr_repro.launch.config import conf_dir, context_window
 from spectr_repro.launch.fit import check_batch_fits, check_context_fits
@@ -65,6 +67,7 @@ from spectr_repro.replay.driver import (
     parse,
     prompt_directory,
     prompt_finished,
+    prompt_state,
 )
 from spectr_repro.settings import RunConfig
 
@@ -184,15 +187,25 @@ def _plan_pair(command: str, groups: list, measured: dict[tuple, float], argumen
     if settings.batch_prompts > 1:
         plan.model_note += (f"; {settings.batch_prompts} prompts a batch ({settings.batch_prompts} x "
                             f"{settings.K_max} rows a call)")
-    folders, blocks = [], []
+    folders, blocks, where = [], [], []
     for group in groups:
         folder = group.folder
         changed = [] if group.force else changed_settings(folder, group.meta())
         folders.append((folder, changed))
-        blocks.append([] if changed else _finished_blocks(folder))
-    plan.rule_seconds_per_block, plan.rules_note = rule_seconds_per_block(b for group in blocks for b in group)
+        own = [] if changed else _finished_blocks(folder)
+        blocks.append([block for block, _ in own])
+        where.append([recorded for _, recorded in own])
+    # The rules' seconds: of the blocks replayed on this device's model where there are any (the same rules take
+    # twice as long on another CPU), else of every block.
+    here = device_name(run.hardware.device)
+    timed = [[block for block, recorded in zip(own, on) if recorded == here] for own, on in zip(blocks, where)]
+    if not any(timed):
+        timed = blocks
+    plan.rule_seconds_per_block, plan.rules_note = rule_seconds_per_block(b for group in timed for b in group)
+    if timed is not blocks:
+        plan.rules_note += f" (replayed on this {here})"
     by_temperature: dict[float, list[dict]] = {}
-    for member, own in zip(groups, blocks):
+    for member, own in zip(groups, timed):
         by_temperature.setdefault(member.temperature, []).extend(own)
     per_temperature = {T: rule_seconds_per_block(own)[0] for T, own in by_temperature.items()}
     if sum(seconds is not None for seconds in per_temperature.values()) > 1:
@@ -254,13 +267,16 @@ def _finished_prompts(folder: Path, num_prompts: int) -> int:
     return sum(prompt_finished(prompt_directory(folder, index)) for index in range(num_prompts))
 
 
-def _finished_blocks(folder: Path) -> list[dict]:
-    """The block lines of every finished prompt of the group's folder (those beyond num_prompts too)."""
+def _finished_blocks(folder: Path) -> list[tuple[dict, str | None]]:
+    """(block line, the device model its prompt was replayed on) of every finished prompt of the group's folder
+    (those beyond num_prompts too)."""
     lines = []
     for directory in sorted((folder / "prompts").glob("*")):
-        if prompt_finished(directory):
+        state = prompt_state(directory)
+        if state.finished:
+            recorded = ((state.done or {}).get("environment") or {}).get("device_name")
             text = read_record_text(directory / BLOCKS_FILE)  # as written, or its sealed .gz copy (committed results)
-            lines += [json.loads(line) for line in text.splitlines() if line]
+            lines += [(json.loads(line), recorded) for line in text.splitlines() if line]
     return lines
 
 

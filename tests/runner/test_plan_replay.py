@@ -5,10 +5,12 @@ from __future__ import annotations
 import json
 import math
 import re
+import shutil
 
 import pytest
 
 from spectr_repro.cost import CellSpec, speculative_prompt_seconds
+from spectr_repro.environment import device_name
 from spectr_repro.launch.pairs import pair_config_of
 from spectr_repro.logs import format_duration
 from spectr_repro.plan import main as main_plan
@@ -216,6 +218,26 @@ def test_the_rules_seconds_are_priced_at_each_temperature(offline, capsys):
     rules = 16 * 2.0 + 4 * 40.0
     assert f"+ rules {format_duration(rules)};" in line
     assert format_duration(rules) != format_duration((16 + 4) * 21.0)  # the pooled mean's price
+
+
+def test_the_rules_seconds_are_those_of_this_machine_where_it_replayed_any(offline, capsys):
+    """Two prompts of one group: one replayed on another CPU (rules 90 s a block), one on this machine's (10 s a
+    block). The blocks left are priced at this machine's 10 s, not at the pooled 50 s; with this machine's prompt
+    removed (negative control) the other CPU's are all there is, and they are used."""
+    out = offline / "results"
+    argv = ["experiment=cpu_quick", *PINNED, f"output_dir={out}", "dataset=gsm8k", "temperature=0.4"]
+    [group] = parse(argv)
+    group.folder.mkdir(parents=True)
+    atomic_write_text(group.folder / "replay.json", json.dumps(group.meta(), indent=2) + "\n")
+    for index, (cpu, seconds) in enumerate((("another CPU", 90.0), (device_name("cpu"), 10.0))):
+        write_prompt(prompt_directory(group.folder, index), _blocks((4, seconds), (4, seconds)),
+                     {"prompt_id": f"gsm8k/{index}", "index": index, "new_tokens": 8, "target_calls": 2, "blocks": 2,
+                      "trajectory_block_efficiency": 4.0, "seconds": 50.0, "environment": {"device_name": cpu}})
+    line = _replay_line(_plan(capsys, *argv))
+    assert f"rules 10 s per block, mean of 2 finished replay block(s) here (replayed on this {device_name('cpu')})" \
+        in line
+    shutil.rmtree(prompt_directory(group.folder, 1))
+    assert "rules 90 s per block, mean of 2 finished replay block(s) here)" in _replay_line(_plan(capsys, *argv))
 
 
 def test_a_bucket_the_replay_would_refuse_is_priced_and_named(offline, capsys):
