@@ -42,7 +42,7 @@ from spectr_repro.launch.config import (
     print_help_if_asked,
 )
 from spectr_repro.launch.pairs import PairCache
-from spectr_repro.replay.driver import parse as replay_groups
+from spectr_repro.replay.folders import parse as replay_groups
 from spectr_repro.replay.settings import GroupSettings
 from spectr_repro.verify import Verifier, get_verifier
 from spectr_repro.verify.spectr_gbv import ARITHMETICS, SpecTrGBV
@@ -136,7 +136,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _arguments(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
-    """(this command's options, the Hydra overrides left for ``replay.driver.parse``)."""
+    """(this command's options, the Hydra overrides left for ``replay.folders.parse``)."""
     parser = _Parser(prog="python -m spectr_repro excursions", add_help=False)
     parser.add_argument("--arithmetic", default="release_bf16", help="spectr_gbv's arithmetic (default release_bf16)")
     parser.add_argument("--out", default=None, help="CSV file for the counts (default: print only)")

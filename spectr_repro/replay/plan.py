@@ -2,21 +2,24 @@
 
 An experiment that declares a ``replay:`` block (cpu_quick, paper_main; ``make reproduce`` runs its replay
 after the sweep) gets its lines beside the timed cells (``plan`` adds the calibration its predictions need and
-the total, ``spectr_repro.plan``). The groups (pair, dataset,
-temperature, ...) and their folders are the replay driver's own (``replay.driver.parse``, ``GroupSettings.folder``,
-``prompt_finished``); prompts already finished there are counted and not planned again. Per prompt left:
+the total, ``spectr_repro.plan``). The groups (pair, dataset, temperature, ...) and their folders are the
+replay's own (``replay.folders.parse``, ``GroupSettings.folder``, ``prompt_finished``); prompts already finished
+there are counted and not planned again. Per prompt left:
 
     prefill of target and draft + iterations x (one target call over K_max x (L_max + 1) tokens
                                                 + L_max draft forwards over K_max rows + rules seconds per block)
 
-with iterations = ceil(max_new_tokens / the reference's block efficiency): measured in the group's folder
-(mean ``reference_tokens`` of its finished blocks), else what ``expected_block_efficiency`` gives a cell of
-the reference (method, K, L) (the paper's value for the pair and dataset, at its T=0.4, or a finished cell
-here), else measured in the replay's other groups, else (L+1)/2. Model calls cost what the cells' do (this
-machine's calibration when ``check`` wrote one, else ``hardware.estimate``). The rules' seconds per block
-are the mean ``rule_seconds`` of the finished blocks of the replay's groups (same pair, hardware and grid), of
-those replayed on this device's model where there are any (a record from another CPU says little of this one);
-with none finished they are not estimated (counted 0, and said so).
+with iterations = ceil(max_new_tokens / the reference's block efficiency): measured in the group's folder (mean
+``reference_tokens`` of its finished blocks), else what ``expected_block_efficiency`` gives a cell of the reference
+(method, K, L) (the paper's value for the pair and dataset, at its T=0.4, or a finished cell here), else measured in
+the replay's other groups, else (L+1)/2. Model calls cost what the cells' do (this machine's calibration when
+``check`` wrote one, else ``hardware.estimate``), scaled by what the prompts finished on this machine (device model
+and dtype) took, less their rules, over what that cost model gives the same prompts: the group's own prompts where
+it has some, else all of the replay's (``hardware.estimate`` is fitted to one CPU and dtype; on a 2-core AVX2 Intel
+Xeon in float32 a 1K-token context prompt took 3 times its price). The rules' seconds per block are the mean
+``rule_seconds`` of the finished blocks of the replay's groups (same pair, hardware and grid), of those replayed on
+this device's model in this dtype where there are any (a record from another CPU says little of this one); with none
+finished they are not estimated (counted 0, and said so).
 
 With ``replay.batch_prompts`` B > 1 the prompts left are priced a batch at a time (full batches, then a short last
 one): a batch's prefills are its prompts' (each chunk on the context the earlier ones left), and each of its calls
@@ -61,7 +64,7 @@ from spectr_repro.launch.fit import check_batch_fits, check_context_fits
 from spectr_repro.launch.pairs import pair_config_of
 from spectr_repro.logs import format_duration
 from spectr_repro.records import read_record_text
-from spectr_repro.replay.driver import (
+from spectr_repro.replay.folders import (
     BLOCKS_FILE,
     changed_settings,
     parse,
@@ -116,11 +119,13 @@ class ReplayPlan:
 
     @property
     def rule_seconds(self) -> float:
-        """Each group's blocks at its temperature's seconds per block (the rules' work grows with T: SpecTr's
+        return sum(self.group_rule_seconds(g) for g in self.groups)
+
+    def group_rule_seconds(self, group: ReplayGroup) -> float:
+        """The group's blocks at its temperature's seconds per block (the rules' work grows with T: SpecTr's
         exact rho at T = 0.7 takes several times its T = 0.1 time on the same shapes), else at the pooled mean."""
         pooled = self.rule_seconds_per_block or 0.0
-        return sum((pooled if g.rule_seconds_per_block is None else g.rule_seconds_per_block) * g.blocks
-                   for g in self.groups)
+        return (pooled if group.rule_seconds_per_block is None else group.rule_seconds_per_block) * group.blocks
 
     @property
     def seconds(self) -> float:
@@ -168,6 +173,24 @@ def plan_replays(commands: Sequence[tuple[Sequence[str], str | None]], measured:
     return plans
 
 
+def batch_prices(groups: Sequence) -> dict[Path, float]:
+    """Seconds a batch (``replay.batch_prompts``) of each group's prompts left should take, model calls and rules,
+    at the plan's price: what a budgeted replay expects of a group it has not timed yet (a T = 0.7 batch takes
+    several times a T = 0.1 one, a 16K prompt several times an 8K one). Groups with nothing left are absent."""
+    by_pair: dict[tuple[str, str], list] = {}
+    for group in groups:
+        by_pair.setdefault((group.model_pair, group.run.hardware_name), []).append(group)
+    prices = {}
+    for members in by_pair.values():
+        plan = _plan_pair("", members, {})
+        for member, group in zip(members, plan.groups):
+            if group.to_replay > 0:
+                seconds = group.model_seconds + plan.group_rule_seconds(group)
+                prices[member.folder] = seconds / group.to_replay * min(member.settings.batch_prompts,
+                                                                        group.to_replay)
+    return prices
+
+
 def _plan_pair(command: str, groups: list, measured: dict[tuple, float], arguments: tuple[str, ...] = ()
                ) -> ReplayPlan:
     """The replay groups of one pair and hardware (one experiment's folder)."""
@@ -187,23 +210,21 @@ def _plan_pair(command: str, groups: list, measured: dict[tuple, float], argumen
     if settings.batch_prompts > 1:
         plan.model_note += (f"; {settings.batch_prompts} prompts a batch ({settings.batch_prompts} x "
                             f"{settings.K_max} rows a call)")
-    folders, blocks, where = [], [], []
+    folders, finished = [], []
     for group in groups:
         folder = group.folder
         changed = [] if group.force else changed_settings(folder, group.meta())
         folders.append((folder, changed))
-        own = [] if changed else _finished_blocks(folder)
-        blocks.append([block for block, _ in own])
-        where.append([recorded for _, recorded in own])
-    # The rules' seconds: of the blocks replayed on this device's model where there are any (the same rules take
-    # twice as long on another CPU), else of every block.
-    here = device_name(run.hardware.device)
-    timed = [[block for block, recorded in zip(own, on) if recorded == here] for own, on in zip(blocks, where)]
-    if not any(timed):
-        timed = blocks
+        finished.append([] if changed else _finished(folder))
+    blocks = [[block for prompt in own for block in prompt.blocks] for own in finished]
+    # Seconds are measured on this device's model in this dtype where there are any (the same rules and forwards
+    # take twice as long on another CPU kind), else on whatever replayed the prompts.
+    here = [[prompt for prompt in own if prompt.device == device_name(run.hardware.device)
+             and prompt.dtype == run.dtype] for own in finished]
+    timed = [[block for prompt in own for block in prompt.blocks] for own in here] if any(here) else blocks
     plan.rule_seconds_per_block, plan.rules_note = rule_seconds_per_block(b for group in timed for b in group)
-    if timed is not blocks:
-        plan.rules_note += f" (replayed on this {here})"
+    if any(here):
+        plan.rules_note += f" (replayed on this {device_name(run.hardware.device)} in {run.dtype})"
     by_temperature: dict[float, list[dict]] = {}
     for member, own in zip(groups, timed):
         by_temperature.setdefault(member.temperature, []).extend(own)
@@ -213,7 +234,15 @@ def _plan_pair(command: str, groups: list, measured: dict[tuple, float], argumen
             f"T={T:g} {seconds:.3g} s" for T, seconds in sorted(per_temperature.items()) if seconds is not None
         ) + (", the mean where a temperature has none)" if None in per_temperature.values() else ")")
     pooled = [b["reference_tokens"] for group in blocks for b in group if "reference_tokens" in b]
-    for member, (folder, changed), own in zip(groups, folders, blocks):
+    pair = pair_config_of(run) if calibration is None else None
+    scales = [_measured_over_modelled(CellSpec.of(member.run), pair, member.settings, calibration, own)
+              for member, own in zip(groups, here)]
+    pooled_scale = _pooled_scale(scales)
+    if pooled_scale is not None:
+        prompts = sum(n for _, _, n in filter(None, scales))
+        plan.model_note += (f"; x {pooled_scale:.2f}, what {prompts} prompt(s) finished here took over what it "
+                            f"gives them (each group's own where it has some)")
+    for member, (folder, changed), own, scale in zip(groups, folders, blocks, scales):
         run, settings = member.run, member.settings
         cell = CellSpec.of(run)
         group = ReplayGroup(run.dataset, run.temperature, settings.num_prompts)
@@ -229,8 +258,9 @@ def _plan_pair(command: str, groups: list, measured: dict[tuple, float], argumen
             cell, settings, own, pooled, measured)
         group.iterations = math.ceil(run.max_new_tokens / group.block_efficiency)
         group.blocks = group.to_replay * group.iterations
-        pair = pair_config_of(run) if calibration is None else None
-        group.model_seconds = _model_seconds(cell, pair, settings, calibration, group.to_replay, group.iterations)
+        factor = (scale[0] / scale[1]) if scale else (pooled_scale or 1.0)
+        group.model_seconds = factor * _model_seconds(cell, pair, settings, calibration, group.to_replay,
+                                                      group.iterations)
         group.rule_seconds_per_block = per_temperature[run.temperature]
         plan.groups.append(group)
     return plan
@@ -267,17 +297,62 @@ def _finished_prompts(folder: Path, num_prompts: int) -> int:
     return sum(prompt_finished(prompt_directory(folder, index)) for index in range(num_prompts))
 
 
-def _finished_blocks(folder: Path) -> list[tuple[dict, str | None]]:
-    """(block line, the device model its prompt was replayed on) of every finished prompt of the group's folder
-    (those beyond num_prompts too)."""
-    lines = []
+@dataclass
+class FinishedPrompt:
+    """What the plan reads of one finished prompt: its block lines, its wall time (a batch's share), and where."""
+
+    blocks: list[dict]
+    seconds: float | None  # done.json's (None: not recorded)
+    batch: int  # prompts replayed together with it
+    device: str | None  # the device model it was replayed on
+    dtype: str | None
+
+    @property
+    def model_seconds(self) -> float | None:
+        """Its wall time less its blocks' rules: the model calls, prefill and bookkeeping (None: not recorded)."""
+        if self.seconds is None:
+            return None
+        return self.seconds - sum(block.get("rule_seconds", 0.0) for block in self.blocks)
+
+
+def _finished(folder: Path) -> list[FinishedPrompt]:
+    """Every finished prompt of the group's folder (those beyond num_prompts too)."""
+    prompts = []
     for directory in sorted((folder / "prompts").glob("*")):
         state = prompt_state(directory)
         if state.finished:
-            recorded = ((state.done or {}).get("environment") or {}).get("device_name")
+            done = state.done or {}
+            recorded = done.get("environment") or {}
             text = read_record_text(directory / BLOCKS_FILE)  # as written, or its sealed .gz copy (committed results)
-            lines += [(json.loads(line), recorded) for line in text.splitlines() if line]
-    return lines
+            prompts.append(FinishedPrompt([json.loads(line) for line in text.splitlines() if line],
+                                          done.get("seconds"), int(done.get("batch_prompts", 1)),
+                                          recorded.get("device_name"), recorded.get("dtype")))
+    return prompts
+
+
+def _measured_over_modelled(cell: CellSpec, pair: dict | None, settings, calibration,
+                            prompts: list[FinishedPrompt]) -> tuple[float, float, int] | None:
+    """(measured model seconds, what the cost model gives the same prompts, prompts) of a group's prompts finished
+    on this machine; None without any. Their ratio scales the group's price: the cost model's rates are fitted to
+    one CPU and dtype (conf/hardware/cpu.yaml), its own prompts say what this machine does."""
+    pairs = []
+    for prompt in prompts:
+        measured = prompt.model_seconds
+        modelled = prompt_seconds(cell, pair, calibration, settings.K_max, settings.L_max, len(prompt.blocks),
+                                  prompt.batch)
+        if measured is not None and measured > 0 and modelled:
+            pairs.append((measured, modelled / prompt.batch))
+    if not pairs:
+        return None
+    return sum(m for m, _ in pairs), sum(m for _, m in pairs), len(pairs)
+
+
+def _pooled_scale(scales: list[tuple[float, float, int] | None]) -> float | None:
+    """Measured over modelled, over every group's prompts finished here (the scale of a group without any)."""
+    known = [scale for scale in scales if scale]
+    if not known:
+        return None
+    return sum(m for m, _, _ in known) / sum(m for _, m, _ in known)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -316,5 +391,5 @@ def replay_lines(replays: Sequence[ReplayPlan]) -> list[str]:
     return [line for replay in replays for line in format_replay(replay)]
 
 
-__all__ = ["ReplayGroup", "ReplayPlan", "declares_replay", "format_replay", "plan_replays", "replay_lines",
-           "replay_only"]
+__all__ = ["ReplayGroup", "ReplayPlan", "batch_prices", "declares_replay", "format_replay", "plan_replays",
+           "replay_lines", "replay_only"]

@@ -40,8 +40,8 @@ from spectr_repro.errors import ResourceError, UsageError
 from spectr_repro.launch.pairs import PairCache
 from spectr_repro.launch.stops import stop_checker
 from spectr_repro.records import read_record_text
-from spectr_repro.replay.driver import parse, prompt_directory
 from spectr_repro.replay.fingerprint import rules_fingerprint
+from spectr_repro.replay.folders import parse, prompt_directory
 from spectr_repro.replay.settings import GroupSettings
 from spectr_repro.replay.trajectories import replay_prompts
 

@@ -4,14 +4,14 @@ claim taken over), and a bad budget is one message before any model loads."""
 
 from __future__ import annotations
 
+import json
 import re
 import shlex
 import signal
 
 import pytest
 
-from spectr_repro.environment import device_name
-from spectr_repro.replay.driver import main, prompt_directory, prompt_state, recorded_batch_seconds, write_prompt
+from spectr_repro.replay.driver import main, prompt_state, write_prompt
 from tests.process_helpers import stop_once_written
 from tests.replay.test_replay_safety import BASE, prompt_folders, subprocess_replay
 
@@ -76,26 +76,36 @@ def test_a_bad_budget_is_exit_2_with_one_message_before_any_model_loads(tmp_path
     assert not (tmp_path / "default").exists()
 
 
-def test_a_folders_recorded_batches_on_this_machine_are_what_the_budget_expects_of_it(tmp_path):
-    """The budget's expectation of a folder it has not timed this run: the median of its finished batches' wall
-    times, counting each batch once and only those replayed at this batch size, on this device's model and dtype
-    (a record from another machine or dtype says nothing of this one)."""
-    here = device_name("cpu")
 
-    def finished(index, batch, seconds, name=here, dtype="float32", size=2):
-        write_prompt(prompt_directory(tmp_path, index), [{"block": 0}], {
-            "index": index, "batch": batch, "batch_prompts": size, "batch_seconds": seconds, "seconds": seconds / size,
-            "environment": {"device_name": name, "dtype": dtype}})
+def _slow_down_the_records(folder):
+    """Every finished prompt of a group folder, its blocks' rules said to have taken 100,000 s each (the records
+    rewritten with their done files, so they stay finished and vouched for)."""
+    for prompt in sorted(folder.glob("prompts/*")):
+        done = json.loads((prompt / "done.json").read_text())
+        lines = (prompt / "blocks.jsonl").read_text().splitlines()
+        blocks = [{**json.loads(line), "rule_seconds": 1e5} for line in lines]
+        write_prompt(prompt, blocks, {k: v for k, v in done.items() if k != "records"})
 
-    finished(0, [0, 1], 100.0)
-    finished(1, [0, 1], 100.0)  # the same batch: counted once
-    finished(2, [2, 3], 300.0)
-    finished(3, [2, 3], 300.0)
-    finished(4, [4, 5], 200.0)
-    finished(6, [6, 7], 9000.0, name="another CPU")
-    finished(8, [8, 9], 9000.0, dtype="bfloat16")
-    finished(10, [10], 50.0, size=1)  # a batch of one records its own "seconds"
-    assert recorded_batch_seconds(tmp_path, 12, 2, "cpu", "float32") == 200.0  # median of 100, 300, 200
-    assert recorded_batch_seconds(tmp_path, 12, 1, "cpu", "float32") == 50.0
-    assert recorded_batch_seconds(tmp_path, 12, 2, "cpu", "float16") is None
-    assert recorded_batch_seconds(tmp_path / "absent", 12, 2, "cpu", "float32") is None
+
+@pytest.mark.parametrize("slow", [True, False])
+def test_a_group_the_plan_prices_past_the_budget_is_not_started(tmp_path, capsys, slow):
+    """Two groups (T = 0.1 and 0.7), one prompt of each finished earlier. With the T = 0.7 group's records saying
+    its blocks' rules take 100,000 s, a 60-min budget replays T = 0.1's next prompt (seconds) and stops before
+    T = 0.7's: the plan prices that batch at days, though the longest batch this run is seconds. Negative control
+    (records left as they are): the same budget replays both."""
+    arguments = [*(a for a in BASE if a != "temperature=0.7"), "temperature=0.1,0.7", "max_new_tokens=6",
+                 f"output_dir={tmp_path}"]
+    assert main([*arguments, "num_prompts=1"]) == 0
+    hot = next((tmp_path / "default" / "replay").glob("*__T0.7__*"))
+    if slow:
+        _slow_down_the_records(hot)
+    capsys.readouterr()
+    assert main([*arguments, "num_prompts=2", "replay.budget_minutes=60"]) == 0
+    out = capsys.readouterr().out.strip().splitlines()
+    stopped = BUDGET.match(out[-1])
+    if slow:
+        assert stopped is not None and stopped.groups()[1:4] == ("1", "2", "1"), out[-1]
+        assert not (hot / "prompts" / "0001" / "done.json").exists()
+    else:
+        assert stopped is None and "2 prompt(s) replayed, 2 finished earlier" in out[-1], out[-1]
+        assert prompt_state(hot / "prompts" / "0001").status == "finished"

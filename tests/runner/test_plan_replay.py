@@ -221,9 +221,9 @@ def test_the_rules_seconds_are_priced_at_each_temperature(offline, capsys):
 
 
 def test_the_rules_seconds_are_those_of_this_machine_where_it_replayed_any(offline, capsys):
-    """Two prompts of one group: one replayed on another CPU (rules 90 s a block), one on this machine's (10 s a
-    block). The blocks left are priced at this machine's 10 s, not at the pooled 50 s; with this machine's prompt
-    removed (negative control) the other CPU's are all there is, and they are used."""
+    """Two prompts of one group: one replayed on another CPU (rules 90 s a block), one on this machine's in this
+    dtype (10 s a block). The blocks left are priced at this machine's 10 s, not at the pooled 50 s; with this
+    machine's prompt removed (negative control) the other CPU's are all there is, and they are used."""
     out = offline / "results"
     argv = ["experiment=cpu_quick", *PINNED, f"output_dir={out}", "dataset=gsm8k", "temperature=0.4"]
     [group] = parse(argv)
@@ -232,12 +232,37 @@ def test_the_rules_seconds_are_those_of_this_machine_where_it_replayed_any(offli
     for index, (cpu, seconds) in enumerate((("another CPU", 90.0), (device_name("cpu"), 10.0))):
         write_prompt(prompt_directory(group.folder, index), _blocks((4, seconds), (4, seconds)),
                      {"prompt_id": f"gsm8k/{index}", "index": index, "new_tokens": 8, "target_calls": 2, "blocks": 2,
-                      "trajectory_block_efficiency": 4.0, "seconds": 50.0, "environment": {"device_name": cpu}})
+                      "trajectory_block_efficiency": 4.0, "seconds": 50.0,
+                      "environment": {"device_name": cpu, "dtype": group.run.dtype}})
     line = _replay_line(_plan(capsys, *argv))
-    assert f"rules 10 s per block, mean of 2 finished replay block(s) here (replayed on this {device_name('cpu')})" \
-        in line
+    assert (f"rules 10 s per block, mean of 2 finished replay block(s) here (replayed on this {device_name('cpu')} "
+            f"in {group.run.dtype})") in line
     shutil.rmtree(prompt_directory(group.folder, 1))
     assert "rules 90 s per block, mean of 2 finished replay block(s) here)" in _replay_line(_plan(capsys, *argv))
+
+
+@pytest.mark.parametrize("where", ["here", "another CPU"])
+def test_the_model_calls_are_scaled_by_what_this_machines_prompts_took_over_their_price(offline, capsys, where):
+    """One prompt of 2 blocks finished on this machine in this dtype, in 5 times what the cost model gives such a
+    prompt (plus its 2 s of rules): the prompt left is priced at 5 times the cost model. Negative control: the same
+    prompt replayed on another CPU scales nothing."""
+    out = offline / "results"
+    argv = ["experiment=cpu_quick", *PINNED, f"output_dir={out}", "dataset=gsm8k", "temperature=0.4"]
+    [group] = parse(argv)
+    cell, pair = CellSpec.of(group.run), pair_config_of(group.run)
+    group.folder.mkdir(parents=True)
+    atomic_write_text(group.folder / "replay.json", json.dumps(group.meta(), indent=2) + "\n")
+    priced = speculative_prompt_seconds(cell, pair, 7, 6, 2)  # a prompt of 2 blocks
+    cpu = device_name("cpu") if where == "here" else "another CPU"
+    write_prompt(prompt_directory(group.folder, 0), _blocks((4, 1.0), (4, 1.0)),
+                 {"prompt_id": "gsm8k/0", "index": 0, "new_tokens": 8, "target_calls": 2, "blocks": 2,
+                  "trajectory_block_efficiency": 4.0, "seconds": 2.0 + 5 * priced,
+                  "environment": {"device_name": cpu, "dtype": group.run.dtype}})
+    line = _replay_line(_plan(capsys, *argv))
+    unscaled = speculative_prompt_seconds(cell, pair, 7, 6, math.ceil(32 / 4.0))  # the prompt left
+    scale = 5.0 if where == "here" else 1.0
+    assert f"(model calls {format_duration(scale * unscaled)} + rules" in line, line
+    assert ("x 5.00, what 1 prompt(s) finished here took over what it gives them" in line) == (where == "here")
 
 
 def test_a_bucket_the_replay_would_refuse_is_priced_and_named(offline, capsys):
