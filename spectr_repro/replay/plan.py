@@ -210,29 +210,14 @@ def _plan_pair(command: str, groups: list, measured: dict[tuple, float], argumen
     if settings.batch_prompts > 1:
         plan.model_note += (f"; {settings.batch_prompts} prompts a batch ({settings.batch_prompts} x "
                             f"{settings.K_max} rows a call)")
-    folders, finished = [], []
-    for group in groups:
-        folder = group.folder
-        changed = [] if group.force else changed_settings(folder, group.meta())
-        folders.append((folder, changed))
-        finished.append([] if changed else _finished(folder))
+    folders = [(group.folder, [] if group.force else changed_settings(group.folder, group.meta())) for group in groups]
+    finished = [[] if changed else _finished(folder) for folder, changed in folders]
     blocks = [[block for prompt in own for block in prompt.blocks] for own in finished]
     # Seconds are measured on this device's model in this dtype where there are any (the same rules and forwards
     # take twice as long on another CPU kind), else on whatever replayed the prompts.
     here = [[prompt for prompt in own if prompt.device == device_name(run.hardware.device)
              and prompt.dtype == run.dtype] for own in finished]
-    timed = [[block for prompt in own for block in prompt.blocks] for own in here] if any(here) else blocks
-    plan.rule_seconds_per_block, plan.rules_note = rule_seconds_per_block(b for group in timed for b in group)
-    if any(here):
-        plan.rules_note += f" (replayed on this {device_name(run.hardware.device)} in {run.dtype})"
-    by_temperature: dict[float, list[dict]] = {}
-    for member, own in zip(groups, timed):
-        by_temperature.setdefault(member.temperature, []).extend(own)
-    per_temperature = {T: rule_seconds_per_block(own)[0] for T, own in by_temperature.items()}
-    if sum(seconds is not None for seconds in per_temperature.values()) > 1:
-        plan.rules_note += " (by temperature: " + ", ".join(
-            f"T={T:g} {seconds:.3g} s" for T, seconds in sorted(per_temperature.items()) if seconds is not None
-        ) + (", the mean where a temperature has none)" if None in per_temperature.values() else ")")
+    per_temperature = _price_rules(plan, groups, blocks, here, run)
     pooled = [b["reference_tokens"] for group in blocks for b in group if "reference_tokens" in b]
     pair = pair_config_of(run) if calibration is None else None
     scales = [_measured_over_modelled(CellSpec.of(member.run), pair, member.settings, calibration, own)
@@ -264,6 +249,25 @@ def _plan_pair(command: str, groups: list, measured: dict[tuple, float], argumen
         group.rule_seconds_per_block = per_temperature[run.temperature]
         plan.groups.append(group)
     return plan
+
+
+def _price_rules(plan: ReplayPlan, groups: list, blocks: list[list[dict]], here: list[list[FinishedPrompt]],
+                 run: RunConfig) -> dict[float, float | None]:
+    """The rules' seconds per block, pooled (``plan.rule_seconds_per_block``, said in ``plan.rules_note``) and at
+    each temperature: of the blocks replayed here (``here``, per group) where there are any, else of every block."""
+    timed = [[block for prompt in own for block in prompt.blocks] for own in here] if any(here) else blocks
+    plan.rule_seconds_per_block, plan.rules_note = rule_seconds_per_block(b for group in timed for b in group)
+    if any(here):
+        plan.rules_note += f" (replayed on this {device_name(run.hardware.device)} in {run.dtype})"
+    by_temperature: dict[float, list[dict]] = {}
+    for member, own in zip(groups, timed):
+        by_temperature.setdefault(member.temperature, []).extend(own)
+    per_temperature = {T: rule_seconds_per_block(own)[0] for T, own in by_temperature.items()}
+    if sum(seconds is not None for seconds in per_temperature.values()) > 1:
+        plan.rules_note += " (by temperature: " + ", ".join(
+            f"T={T:g} {seconds:.3g} s" for T, seconds in sorted(per_temperature.items()) if seconds is not None
+        ) + (", the mean where a temperature has none)" if None in per_temperature.values() else ")")
+    return per_temperature
 
 
 def _model_seconds(cell: CellSpec, pair: dict | None, settings, calibration, prompts: int, iterations: int
