@@ -182,7 +182,7 @@ def batch_prices(groups: Sequence) -> dict[Path, float]:
         by_pair.setdefault((group.model_pair, group.run.hardware_name), []).append(group)
     prices = {}
     for members in by_pair.values():
-        plan = _plan_pair("", members, {})
+        plan = _plan_pair("", members, {}, check_fits=False)
         for member, group in zip(members, plan.groups):
             if group.to_replay > 0:
                 seconds = group.model_seconds + plan.group_rule_seconds(group)
@@ -191,9 +191,10 @@ def batch_prices(groups: Sequence) -> dict[Path, float]:
     return prices
 
 
-def _plan_pair(command: str, groups: list, measured: dict[tuple, float], arguments: tuple[str, ...] = ()
-               ) -> ReplayPlan:
-    """The replay groups of one pair and hardware (one experiment's folder)."""
+def _plan_pair(command: str, groups: list, measured: dict[tuple, float], arguments: tuple[str, ...] = (),
+               check_fits: bool = True) -> ReplayPlan:
+    """The replay groups of one pair and hardware (one experiment's folder); ``check_fits`` False: price only (the
+    replay itself checked the batch against the memory at its door, before this memory was its own)."""
     first = groups[0]
     run, settings = first.run, first.settings
     plan = ReplayPlan(command, pair=run.model_pair, hardware=run.hardware_name, K_max=settings.K_max,
@@ -202,7 +203,7 @@ def _plan_pair(command: str, groups: list, measured: dict[tuple, float], argumen
                       K_values=tuple(sorted({*settings.K_values, settings.reference_K})),
                       L_values=tuple(sorted({*settings.L_values, settings.reference_L})),
                       configs=[group.run for group in groups])
-    for group in groups:  # a batch that cannot fit is refused here too, before any pricing
+    for group in groups if check_fits else ():  # a batch that cannot fit is refused here too, before any pricing
         check_batch_fits(group.run, group.settings.batch_prompts, group.settings.K_max, group.settings.L_max,
                          "replay.batch_prompts")
     calibration = calibration_for(run)
